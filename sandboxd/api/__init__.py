@@ -1,0 +1,1 @@
+"""gRPC servicers and interceptors: decode, call the core, encode."""

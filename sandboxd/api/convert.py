@@ -1,0 +1,118 @@
+"""Proto <-> core conversions."""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from sandboxd.backends.base import ExecResult, Limits
+from sandboxd.core.leases import Lease
+from sandboxd.core.lifecycle import SandboxRecord, State
+from sandboxd.core.pools import PoolConfig, WarmPool
+from sandboxd.v1 import common_pb2, exec_pb2, pools_pb2, sandboxes_pb2
+
+
+def ts(seconds: float) -> Timestamp:
+    t = Timestamp()
+    if seconds:
+        t.FromNanoseconds(int(seconds * 1e9))
+    return t
+
+
+def limits_from(msg: common_pb2.Limits) -> Limits:
+    return Limits(
+        memory_bytes=msg.memory_bytes,
+        cpu_millis=msg.cpu_millis,
+        pids=msg.pids,
+        disk_bytes=msg.disk_bytes,
+        max_files=msg.max_files,
+        output_bytes=msg.output_bytes,
+        lifetime_seconds=msg.lifetime_seconds,
+    )
+
+
+def limits_to(limits: Limits) -> common_pb2.Limits:
+    return common_pb2.Limits(
+        memory_bytes=limits.memory_bytes,
+        cpu_millis=limits.cpu_millis,
+        pids=limits.pids,
+        disk_bytes=limits.disk_bytes,
+        max_files=limits.max_files,
+        output_bytes=limits.output_bytes,
+        lifetime_seconds=limits.lifetime_seconds,
+    )
+
+
+def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
+    return PoolConfig(
+        name=spec.name,
+        image=spec.image,
+        min_ready=spec.min_ready,
+        max_size=spec.max_size,
+        limits=limits_from(spec.limits),
+        env=dict(spec.env),
+        labels=dict(spec.labels),
+    )
+
+
+def pool_to(pool: WarmPool) -> pools_pb2.Pool:
+    c = pool.config
+    return pools_pb2.Pool(
+        spec=pools_pb2.PoolSpec(
+            name=c.name,
+            image=c.image,
+            min_ready=c.min_ready,
+            max_size=c.max_size,
+            limits=limits_to(c.limits),
+            env=c.env,
+            labels=c.labels,
+        ),
+        status=pools_pb2.PoolStatus(
+            ready=pool.ready,
+            creating=pool.creating,
+            leased=pool.count(State.LEASED),
+            releasing=pool.count(State.RELEASING),
+            failed_total=pool.failed_total,
+            waiting=pool.waiting,
+            last_error=pool.permanent_error or pool.last_error,
+        ),
+        created_at=ts(c.created_at),
+    )
+
+
+def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
+    return common_pb2.Sandbox(
+        id=rec.sandbox_id,
+        pool=rec.pool,
+        image=rec.image,
+        state=int(rec.state),  # type: ignore[arg-type]
+        lease_id=rec.lease_id if rec.state is State.LEASED else "",
+        labels=rec.labels,
+        limits=limits_to(rec.limits),
+        created_at=ts(rec.entered.get(State.CREATING, 0.0)),
+        ready_at=ts(rec.entered.get(State.READY, 0.0)),
+        leased_at=ts(rec.entered.get(State.LEASED, 0.0)),
+        lease_expires_at=ts(lease.expires_wall if lease and rec.state is State.LEASED else 0.0),
+        failure_reason=rec.failure_reason,
+    )
+
+
+def lease_to(lease: Lease) -> sandboxes_pb2.Lease:
+    return sandboxes_pb2.Lease(
+        id=lease.lease_id,
+        sandbox_ids=lease.sandbox_ids,
+        ttl_seconds=lease.ttl,
+        expires_at=ts(lease.expires_wall),
+    )
+
+
+def exec_result_to(result: ExecResult, stdout: bytes = b"", stderr: bytes = b"") -> exec_pb2.ExecResult:
+    return exec_pb2.ExecResult(
+        outcome=int(result.outcome),  # type: ignore[arg-type]
+        exit_code=result.exit_code,
+        signal=result.signal,
+        stdout=stdout,
+        stderr=stderr,
+        duration_seconds=result.duration,
+        output_truncated=result.output_truncated,
+        detail=result.detail,
+    )

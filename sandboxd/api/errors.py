@@ -1,0 +1,128 @@
+"""One table from sandboxd's error tree to gRPC status codes, applied by one
+interceptor to every RPC, unary or streaming."""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from sandboxd.errors import (
+    AlreadyExists,
+    BackendError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermanentBackendError,
+    ResourceExhausted,
+    SandboxdError,
+    SandboxLost,
+    Unauthenticated,
+)
+
+log = logging.getLogger(__name__)
+
+# Most specific first: the first matching class wins.
+STATUS_OF: list[tuple[type[SandboxdError], grpc.StatusCode]] = [
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (SandboxLost, grpc.StatusCode.FAILED_PRECONDITION),
+    (PermanentBackendError, grpc.StatusCode.FAILED_PRECONDITION),
+    (BackendError, grpc.StatusCode.UNAVAILABLE),
+]
+
+RETRY_AFTER_KEY = "retry-after-seconds"
+
+
+def status_for(error: SandboxdError) -> grpc.StatusCode:
+    for cls, code in STATUS_OF:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _trailers(code: grpc.StatusCode, error: SandboxdError) -> tuple[tuple[str, str | bytes], ...]:
+    if not isinstance(error, ResourceExhausted) or error.retry_after is None:
+        return ()
+    retry = error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(
+            seconds=int(error.retry_after), nanos=int(math.modf(error.retry_after)[0] * 1e9)
+        )
+    )
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=error.message)
+    status.details.add().Pack(retry)
+    return (
+        ("grpc-status-details-bin", status.SerializeToString()),
+        (RETRY_AFTER_KEY, f"{error.retry_after:.3f}"),
+    )
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
+    if isinstance(error, SandboxdError):
+        code = status_for(error)
+        await context.abort(code, error.message, _trailers(code, error))
+    ref = secrets.token_hex(4)
+    log.exception("internal error (ref %s)", ref, exc_info=error)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (ref {ref}); see the server log")
+
+
+def _wrap_unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await fn(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            await _abort(context, e)
+
+    return call
+
+
+def _wrap_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        try:
+            async for item in fn(request, context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            await _abort(context, e)
+
+    return call
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        kw = dict(
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary), **kw)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary(handler.stream_unary), **kw)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream), **kw)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream), **kw)
+        return handler

@@ -1,0 +1,66 @@
+"""SandboxService: acquire, heartbeat, release, inspect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.api.convert import lease_to, sandbox_to
+from sandboxd.core.control import ControlPlane
+from sandboxd.core.lifecycle import State
+from sandboxd.errors import InvalidArgument
+from sandboxd.v1 import sandboxes_pb2, sandboxes_pb2_grpc
+
+
+class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
+    def __init__(self, control: ControlPlane) -> None:
+        self._control = control
+
+    async def Acquire(
+        self, request: sandboxes_pb2.AcquireRequest, context: Any
+    ) -> sandboxes_pb2.AcquireResponse:
+        lease, records = await self._control.acquire(
+            request.pool,
+            request.n,
+            request.min_n,
+            dict(request.labels),
+            request.lease_ttl_seconds,
+            request.timeout_seconds,
+            context.time_remaining(),
+        )
+        return sandboxes_pb2.AcquireResponse(
+            lease=lease_to(lease), sandboxes=[sandbox_to(r, lease) for r in records]
+        )
+
+    async def Heartbeat(
+        self, request: sandboxes_pb2.HeartbeatRequest, context: Any
+    ) -> sandboxes_pb2.HeartbeatResponse:
+        lease = await self._control.heartbeat(request.lease_id, request.ttl_seconds)
+        return sandboxes_pb2.HeartbeatResponse(lease=lease_to(lease))
+
+    async def Release(
+        self, request: sandboxes_pb2.ReleaseRequest, context: Any
+    ) -> sandboxes_pb2.ReleaseResponse:
+        released = await self._control.release(request.lease_id, list(request.sandbox_ids))
+        return sandboxes_pb2.ReleaseResponse(released=released)
+
+    async def GetSandbox(
+        self, request: sandboxes_pb2.GetSandboxRequest, context: Any
+    ) -> sandboxes_pb2.GetSandboxResponse:
+        rec = self._control.get_sandbox(request.sandbox_id)
+        return sandboxes_pb2.GetSandboxResponse(
+            sandbox=sandbox_to(rec, self._control.leases.find(rec.lease_id))
+        )
+
+    async def ListSandboxes(
+        self, request: sandboxes_pb2.ListSandboxesRequest, context: Any
+    ) -> sandboxes_pb2.ListSandboxesResponse:
+        state = None
+        if request.state:
+            try:
+                state = State(request.state)
+            except ValueError as e:
+                raise InvalidArgument("state", f"unknown state {request.state}") from e
+        records = self._control.list_sandboxes(request.pool, state, dict(request.labels))
+        return sandboxes_pb2.ListSandboxesResponse(
+            sandboxes=[sandbox_to(r, self._control.leases.find(r.lease_id)) for r in records]
+        )

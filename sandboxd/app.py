@@ -1,0 +1,121 @@
+"""The one place that builds a sandboxd server from Settings."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sandboxd.api.errors import ErrorInterceptor
+from sandboxd.api.execs import ExecServicer
+from sandboxd.api.files import FileServicer
+from sandboxd.api.pools import PoolServicer
+from sandboxd.api.sandboxes import SandboxServicer
+from sandboxd.backends.base import Backend
+from sandboxd.clock import Clock, SystemClock
+from sandboxd.core.control import ControlPlane
+from sandboxd.core.store import StateStore
+from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, Settings
+from sandboxd.v1 import (
+    exec_pb2,
+    exec_pb2_grpc,
+    files_pb2,
+    files_pb2_grpc,
+    pools_pb2,
+    pools_pb2_grpc,
+    sandboxes_pb2,
+    sandboxes_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = [
+    pools_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
+    sandboxes_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
+    exec_pb2.DESCRIPTOR.services_by_name["ExecService"].full_name,
+    files_pb2.DESCRIPTOR.services_by_name["FileService"].full_name,
+]
+
+
+def make_backend(settings: Settings) -> Backend:
+    cfg = settings.backend
+    if isinstance(cfg, DockerBackendSettings):
+        from sandboxd.backends.docker import DockerBackend, DockerOptions
+
+        return DockerBackend(
+            DockerOptions(
+                instance=settings.instance_id,
+                base_url=cfg.base_url,
+                user=cfg.user,
+                threads=cfg.threads,
+                runtime=cfg.runtime,
+            )
+        )
+    if isinstance(cfg, FakeBackendSettings):
+        from sandboxd.backends.fake import FakeBackend
+
+        return FakeBackend(start_delay=cfg.start_delay_seconds)
+    raise TypeError(f"unknown backend settings {cfg!r}")
+
+
+@dataclass
+class App:
+    settings: Settings
+    server: grpc.aio.Server
+    control: ControlPlane
+    backend: Backend
+    health: health.aio.HealthServicer
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.server.host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.control.start()
+        await self.server.start()
+        for name in ["", *SERVICE_NAMES]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("sandboxd listening on %s (instance %s)", self.address, self.settings.instance_id)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful: stop taking calls, let in-flight ones finish, then stop
+        the pools (leased sandboxes stay for the next start to adopt)."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.settings.server.grace_seconds if grace is None else grace)
+        await self.control.stop()
+        await self.backend.close()
+
+
+def build_app(
+    settings: Settings, *, backend: Backend | None = None, clock: Clock | None = None, persist: bool = True
+) -> App:
+    backend = backend or make_backend(settings)
+    store = StateStore(settings.state_dir / f"{settings.instance_id}.sqlite3" if persist else None)
+    control = ControlPlane(settings, backend, store, clock or SystemClock())
+    limit = settings.server.max_message_bytes
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pools_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(control), server)
+    sandboxes_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(control), server)
+    exec_pb2_grpc.add_ExecServiceServicer_to_server(ExecServicer(control), server)
+    files_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(control), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(f"{settings.server.host}:{settings.server.port}")
+    if port == 0:
+        raise OSError(f"cannot bind {settings.server.host}:{settings.server.port}")
+    return App(settings, server, control, backend, health_servicer, port)

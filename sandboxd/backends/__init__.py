@@ -1,0 +1,1 @@
+"""Where sandboxes run (docker, fake) behind one small port: sandboxd.backends.base."""

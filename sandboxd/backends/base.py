@@ -1,0 +1,152 @@
+"""The backend port: one small async interface per concern.
+
+``Deployment`` is *where* a sandbox runs (create, destroy, list, image check);
+``Runtime`` is *what you do inside* one (exec, tar in, tar out). A backend
+implements both. Every method takes plain dataclasses and raises only
+sandboxd.errors types, so the core never sees engine types.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# Labels every backend puts on what it creates, so a restarted control plane
+# can find (and adopt or destroy) everything that belongs to it.
+LABEL_MANAGED = "sandboxd.managed"
+LABEL_INSTANCE = "sandboxd.instance"
+LABEL_POOL = "sandboxd.pool"
+LABEL_SANDBOX = "sandboxd.sandbox"
+
+WORKSPACE = "/workspace"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-sandbox resource limits; 0 means unlimited/unset at this level."""
+
+    memory_bytes: int = 0
+    cpu_millis: int = 0
+    pids: int = 0
+    disk_bytes: int = 0
+    max_files: int = 0
+    output_bytes: int = 0
+    lifetime_seconds: int = 0
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    sandbox_id: str
+    pool: str
+    image: str
+    limits: Limits
+    env: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BackendSandbox:
+    """A sandbox as the backend sees it (used for adoption after a restart)."""
+
+    sandbox_id: str
+    pool: str
+    handle: str
+    running: bool
+    labels: Mapping[str, str]
+
+
+class ExecOutcome(enum.IntEnum):
+    # Values match sandboxd.v1.ExecOutcome.
+    EXITED = 1
+    TIMED_OUT = 2
+    KILLED = 3
+    OUTPUT_TRUNCATED = 4
+    SANDBOX_LOST = 5
+    OOM_KILLED = 6
+    PIDS_EXHAUSTED = 7
+    DISK_FULL = 8
+    FILE_LIMIT = 9
+
+
+@dataclass(frozen=True)
+class ExecSpec:
+    """A validated exec request. Exactly one of argv/shell is set."""
+
+    argv: tuple[str, ...] = ()
+    shell: str = ""
+    cwd: str = WORKSPACE
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 60.0
+    stdin: bytes = b""
+    output_limit: int = 1 << 20
+    session: str = ""
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    stream: int  # 1 = stdout, 2 = stderr
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    outcome: ExecOutcome
+    exit_code: int
+    duration: float
+    signal: int = 0
+    output_truncated: bool = False
+    detail: str = ""
+    sandbox_gone: bool = False
+    """The backend knows the sandbox itself is dead (not just one stream cut)."""
+
+
+ExecEvent = OutputChunk | ExecResult
+
+
+class Deployment(Protocol):
+    async def create(self, spec: SandboxSpec) -> str:
+        """Creates, starts and health-checks a sandbox; returns its handle.
+        Raises TransientBackendError / PermanentBackendError. Leaves nothing
+        behind when it fails or is cancelled."""
+        ...
+
+    async def destroy(self, handle: str) -> None:
+        """Destroys a sandbox; idempotent (a missing one is not an error)."""
+        ...
+
+    async def list(self) -> list[BackendSandbox]:
+        """Everything this control-plane instance owns on the backend."""
+        ...
+
+    async def image_exists(self, image: str) -> bool: ...
+
+    async def ping(self) -> None:
+        """Raises BackendError when the backend cannot be reached."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Runtime(Protocol):
+    def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
+        """Runs a command; yields output chunks as they come and an
+        ExecResult last. Never raises for what the command does (timeouts,
+        kills, lost sandboxes are outcomes)."""
+        ...
+
+    async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
+        """Extracts a tar stream under ``dest`` (absolute, inside the workspace).
+        Raises ResourceExhausted when the workspace is full, InvalidArgument
+        for a corrupt archive."""
+        ...
+
+    def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
+        """Streams a tar of ``paths`` (relative to ``base``). Raises NotFound
+        naming the first missing path."""
+        ...
+
+
+class Backend(Deployment, Runtime, Protocol):
+    """What the core needs from an engine."""

@@ -1,0 +1,5 @@
+"""Docker engine backend."""
+
+from sandboxd.backends.docker.backend import DockerBackend, DockerOptions
+
+__all__ = ["DockerBackend", "DockerOptions"]

@@ -1,0 +1,368 @@
+"""Sandboxes as containers on a Docker engine.
+
+Management calls (create, remove, list, inspect) go through the ``docker``
+SDK on a bounded thread pool, never on the event loop; exec and file traffic
+goes through the async raw client (rawapi). Containers are hardened by
+default: no network, non-root, no capabilities, no-new-privileges, read-only
+root, and a size- and inode-limited tmpfs as the workspace, so the kernel
+enforces disk bytes and file count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from sandboxd.backends.base import (
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_POOL,
+    LABEL_SANDBOX,
+    WORKSPACE,
+    BackendSandbox,
+    ExecEvent,
+    ExecOutcome,
+    ExecResult,
+    ExecSpec,
+    SandboxSpec,
+)
+from sandboxd.backends.docker.execs import ShellSession, run_oneshot
+from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
+from sandboxd.backends.shell import get_tar_argv, put_tar_argv
+from sandboxd.errors import (
+    BackendError,
+    InvalidArgument,
+    NotFound,
+    PermanentBackendError,
+    ResourceExhausted,
+    SandboxLost,
+    TransientBackendError,
+)
+
+T = TypeVar("T")
+
+_TMP_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class DockerOptions:
+    instance: str
+    base_url: str | None = None
+    user: str = "1000:1000"
+    threads: int = 16
+    runtime: str | None = None
+
+
+def _container_name(sandbox_id: str) -> str:
+    return f"sandboxd-{sandbox_id}"
+
+
+class DockerBackend:
+    def __init__(self, options: DockerOptions) -> None:
+        self._options = options
+        self._pool = ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="sandboxd-docker")
+        self._client = docker.DockerClient(
+            base_url=options.base_url or "unix:///var/run/docker.sock",
+            timeout=60,
+            max_pool_size=options.threads,
+        )
+        self._raw = RawEngine(EngineAddress.parse(options.base_url))
+        self._sessions: dict[str, dict[str, ShellSession]] = {}
+        self._spare: dict[str, ShellSession] = {}
+        self._session_locks: dict[str, asyncio.Lock] = {}
+        self._cleanups: set[asyncio.Future[None]] = set()
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    # -- Deployment ---------------------------------------------------------
+
+    async def ping(self) -> None:
+        try:
+            await self._run(self._client.ping)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"Docker engine unreachable: {e}") from e
+
+    async def image_exists(self, image: str) -> bool:
+        try:
+            await self._run(self._client.images.get, image)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot inspect image {image!r}: {e}") from e
+
+    async def create(self, spec: SandboxSpec) -> str:
+        name = _container_name(spec.sandbox_id)
+        loop = asyncio.get_running_loop()
+        creating = loop.run_in_executor(self._pool, self._create_sync, spec, name)
+        session: ShellSession | None = None
+        try:
+            handle = await asyncio.shield(creating)
+            session = ShellSession(self._raw, handle, self._options.user, dict(spec.env))
+            await session.start()
+            # The spare shell doubles as the health check: a sandbox is READY
+            # only once a command has run in it.
+            async for event in session.run(
+                ExecSpec(shell="true", timeout=30), lambda: self._is_running(handle)
+            ):
+                if isinstance(event, ExecResult) and (
+                    event.outcome is not ExecOutcome.EXITED or event.exit_code != 0
+                ):
+                    raise TransientBackendError(f"health check failed: {event.detail or event.outcome.name}")
+            self._spare[handle] = session
+            return handle
+        except BaseException:
+            # Failed or cancelled half-way: the container must not outlive us,
+            # even one the engine is still creating in the worker thread.
+            cleanup = asyncio.ensure_future(self._cleanup_create(creating, name, session))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
+            await asyncio.shield(cleanup)
+            raise
+
+    async def _cleanup_create(
+        self, creating: asyncio.Future[str], name: str, session: ShellSession | None
+    ) -> None:
+        with contextlib.suppress(BaseException):
+            await creating
+        if session is not None:
+            await session.close()
+        await self._remove_by_name(name)
+
+    def _create_sync(self, spec: SandboxSpec, name: str) -> str:
+        limits = spec.limits
+        uid, _, gid = self._options.user.partition(":")
+        owner = f",uid={uid},gid={gid or uid}" if uid.isdigit() else ""
+        workspace = "rw,exec,nosuid,nodev,mode=0755" + owner
+        if limits.disk_bytes:
+            workspace += f",size={limits.disk_bytes}"
+        if limits.max_files:
+            workspace += f",nr_inodes={limits.max_files}"
+        labels = {
+            **{k: v for k, v in spec.labels.items()},
+            LABEL_MANAGED: "true",
+            LABEL_INSTANCE: self._options.instance,
+            LABEL_POOL: spec.pool,
+            LABEL_SANDBOX: spec.sandbox_id,
+        }
+        kwargs: dict[str, Any] = dict(
+            image=spec.image,
+            command=["sleep", "infinity"],
+            name=name,
+            labels=labels,
+            detach=True,
+            init=True,
+            network_mode="none",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            tmpfs={
+                WORKSPACE: workspace,
+                "/tmp": f"rw,exec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes=4096",
+            },
+            user=self._options.user,
+            working_dir=WORKSPACE,
+            environment={"HOME": WORKSPACE, **spec.env},
+            hostname="sandbox",
+            stop_signal="SIGKILL",
+        )
+        if limits.memory_bytes:
+            kwargs["mem_limit"] = limits.memory_bytes
+            kwargs["memswap_limit"] = limits.memory_bytes
+        if limits.cpu_millis:
+            kwargs["nano_cpus"] = limits.cpu_millis * 1_000_000
+        if limits.pids:
+            kwargs["pids_limit"] = limits.pids
+        if self._options.runtime:
+            kwargs["runtime"] = self._options.runtime
+        try:
+            container = self._client.containers.create(**kwargs)
+            container.start()
+            return str(container.id)
+        except docker.errors.ImageNotFound as e:
+            raise PermanentBackendError(f"image {spec.image!r} is not present on the engine") from e
+        except docker.errors.APIError as e:
+            if e.is_client_error() and e.status_code != 409:
+                raise PermanentBackendError(f"the engine rejected the sandbox spec: {e.explanation}") from e
+            raise TransientBackendError(f"container create failed: {e.explanation}") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"container create failed: {e}") from e
+
+    async def _remove_by_name(self, name: str) -> None:
+        with contextlib.suppress(BackendError):
+            await self._run(self._remove_sync, name)
+
+    def _remove_sync(self, ref: str) -> None:
+        try:
+            self._client.api.remove_container(ref, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code == 409 and "already in progress" in str(e.explanation):
+                return
+            raise TransientBackendError(f"container remove failed: {e.explanation}") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"container remove failed: {e}") from e
+
+    async def destroy(self, handle: str) -> None:
+        sessions = list(self._sessions.pop(handle, {}).values())
+        spare = self._spare.pop(handle, None)
+        if spare is not None:
+            sessions.append(spare)
+        self._session_locks.pop(handle, None)
+        for session in sessions:
+            await session.close()
+        await self._run(self._remove_sync, handle)
+
+    async def list(self) -> list[BackendSandbox]:
+        try:
+            containers = await self._run(
+                self._client.api.containers,
+                all=True,
+                filters={"label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"]},
+            )
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot list containers: {e}") from e
+        out = []
+        for c in containers:
+            labels = c.get("Labels") or {}
+            out.append(
+                BackendSandbox(
+                    sandbox_id=labels.get(LABEL_SANDBOX, ""),
+                    pool=labels.get(LABEL_POOL, ""),
+                    handle=str(c["Id"]),
+                    running=c.get("State") == "running",
+                    labels=labels,
+                )
+            )
+        return out
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+        for sessions in self._sessions.values():
+            for session in sessions.values():
+                await session.close()
+        for session in self._spare.values():
+            await session.close()
+        self._sessions.clear()
+        self._spare.clear()
+        await self._run(self._client.close)
+        self._pool.shutdown(wait=False)
+
+    async def _is_running(self, handle: str) -> bool:
+        try:
+            state = await self._run(self._client.api.inspect_container, handle)
+        except docker.errors.NotFound:
+            return False
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            # Cannot tell; do not declare it lost on a hiccup.
+            return True
+        return bool(state.get("State", {}).get("Running"))
+
+    # -- Runtime ------------------------------------------------------------
+
+    async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
+        def alive() -> Any:
+            return self._is_running(handle)
+
+        try:
+            if not spec.session:
+                async for event in run_oneshot(self._raw, handle, self._options.user, spec, alive):
+                    yield event
+                return
+            session = await self._session(handle, spec.session)
+            async for event in session.run(spec, alive):
+                yield event
+        except (NotFound, SandboxLost):
+            yield ExecResult(
+                ExecOutcome.SANDBOX_LOST, -1, 0.0, detail="the sandbox is not running", sandbox_gone=True
+            )
+
+    async def _session(self, handle: str, name: str) -> ShellSession:
+        lock = self._session_locks.setdefault(handle, asyncio.Lock())
+        async with lock:
+            sessions = self._sessions.setdefault(handle, {})
+            session = sessions.get(name)
+            if session is not None and not session.dead:
+                return session
+            spare = self._spare.pop(handle, None)
+            if spare is not None and not spare.dead:
+                session = spare
+            else:
+                env = await self._container_env(handle)
+                session = ShellSession(self._raw, handle, self._options.user, env)
+                await session.start()
+            sessions[name] = session
+            return session
+
+    async def _container_env(self, handle: str) -> dict[str, str]:
+        # Container env is inherited by every exec; nothing extra to pass.
+        return {}
+
+    async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
+        exec_id = await self._raw.exec_create(
+            handle, put_tar_argv(dest), stdin=True, env={}, workdir=WORKSPACE, user=self._options.user
+        )
+        channel = await self._raw.exec_start(exec_id)
+        stderr = bytearray()
+
+        async def drain() -> None:
+            while (frame := await channel.read_frame()) is not None:
+                if frame[0] == 2 and len(stderr) < 8192:
+                    stderr.extend(frame[1])
+
+        reader = asyncio.create_task(drain())
+        try:
+            async for chunk in chunks:
+                await channel.write(chunk)
+            channel.close_stdin()
+            await reader
+        except (ConnectionError, OSError) as e:
+            raise SandboxLost(f"upload stream cut: {e}") from e
+        finally:
+            reader.cancel()
+            await channel.close()
+        info = await self._raw.exec_inspect(exec_id)
+        code = info.get("ExitCode")
+        message = stderr.decode(errors="replace").strip()
+        if code == 28:
+            raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
+        if code == 3:
+            raise InvalidArgument("path", f"cannot create directory {dest!r}: {message}")
+        if code != 0:
+            raise InvalidArgument("tar", f"extraction failed: {message or f'exit {code}'}")
+
+    async def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
+        exec_id = await self._raw.exec_create(
+            handle, get_tar_argv(base, paths), stdin=False, env={}, workdir=WORKSPACE, user=self._options.user
+        )
+        channel = await self._raw.exec_start(exec_id)
+        stderr = bytearray()
+        try:
+            while (frame := await channel.read_frame()) is not None:
+                stream, data = frame
+                if stream == 1:
+                    yield data
+                elif len(stderr) < 8192:
+                    stderr.extend(data)
+        finally:
+            await channel.close()
+        info = await self._raw.exec_inspect(exec_id)
+        code = info.get("ExitCode")
+        message = stderr.decode(errors="replace").strip()
+        if code == 3:
+            missing = message.split("missing:", 1)[-1].splitlines()[0] if "missing:" in message else base
+            raise NotFound(f"no such file or directory in the sandbox: {missing}")
+        if code != 0:
+            raise BackendError(f"reading files failed: {message or f'exit {code}'}")

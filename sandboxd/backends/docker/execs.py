@@ -1,0 +1,356 @@
+"""Exec inside Docker containers: one-shot processes and persistent shells.
+
+Both run through the engine's hijacked exec stream (rawapi). Timeouts and
+output caps kill the whole process tree by environment tag (see
+sandboxd.backends.shell), so background children die too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from sandboxd.backends.base import (
+    WORKSPACE,
+    ExecEvent,
+    ExecOutcome,
+    ExecResult,
+    ExecSpec,
+    OutputChunk,
+)
+from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
+from sandboxd.backends.shell import (
+    EXEC_TAG_VAR,
+    SESSION_TAG_VAR,
+    ansi_c_quote,
+    kill_argv,
+    session_command,
+)
+from sandboxd.errors import BackendError
+
+# After a kill, how long we wait for the stream to end before giving up on it.
+_DRAIN_AFTER_KILL = 5.0
+
+IsAlive = Callable[[], Awaitable[bool]]
+
+
+class _Budget:
+    """Caps captured output and remembers why the command was stopped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.truncated = False
+
+    def take(self, data: bytes) -> bytes:
+        room = self.limit - self.used
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        self.used += len(data)
+        return data
+
+
+async def kill_tree(engine: RawEngine, container: str, tag_var: str, tag: str) -> None:
+    try:
+        exec_id = await engine.exec_create(
+            container, kill_argv(tag_var, tag), stdin=False, env={}, workdir="/", user=""
+        )
+        channel = await engine.exec_start(exec_id)
+        while await channel.read_frame() is not None:
+            pass
+        await channel.close()
+    except BackendError:
+        # The container may be gone, which kills the tree anyway.
+        pass
+
+
+async def run_oneshot(
+    engine: RawEngine, container: str, user: str, spec: ExecSpec, is_alive: IsAlive
+) -> AsyncIterator[ExecEvent]:
+    tag = secrets.token_hex(8)
+    argv = list(spec.argv) if spec.argv else ["bash", "-c", spec.shell]
+    env = {**spec.env, EXEC_TAG_VAR: tag}
+    started = time.monotonic()
+    exec_id = await engine.exec_create(
+        container, argv, stdin=bool(spec.stdin), env=env, workdir=spec.cwd or WORKSPACE, user=user
+    )
+    channel = await engine.exec_start(exec_id)
+    feeder: asyncio.Task[None] | None = None
+    if spec.stdin:
+        feeder = asyncio.create_task(_feed(channel, spec.stdin))
+    budget = _Budget(spec.output_limit)
+    deadline = started + spec.timeout
+    stopped: ExecOutcome | None = None
+    # The kill runs beside the reader: the engine finishes an exec only once
+    # its output is consumed, so pausing the reader to kill would deadlock.
+    killer: asyncio.Task[None] | None = None
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if stopped is None and remaining <= 0:
+                stopped = ExecOutcome.TIMED_OUT
+                killer = asyncio.create_task(kill_tree(engine, container, EXEC_TAG_VAR, tag))
+                deadline = time.monotonic() + _DRAIN_AFTER_KILL
+                continue
+            if stopped is not None and remaining <= 0:
+                break
+            frame = await channel.next_frame(remaining)
+            if isinstance(frame, TimeoutError):
+                continue
+            if frame is None:
+                break
+            stream, data = frame
+            data = budget.take(data)
+            if data:
+                yield OutputChunk(stream, data)
+            if budget.truncated and stopped is None:
+                stopped = ExecOutcome.OUTPUT_TRUNCATED
+                killer = asyncio.create_task(kill_tree(engine, container, EXEC_TAG_VAR, tag))
+                deadline = time.monotonic() + _DRAIN_AFTER_KILL
+    finally:
+        if feeder is not None:
+            feeder.cancel()
+        await channel.close()
+        if killer is not None:
+            await _finish(killer)
+    duration = time.monotonic() - started
+    info = await _inspect_quietly(engine, exec_id)
+    exit_code = info.get("ExitCode")
+    if stopped is not None:
+        yield ExecResult(
+            stopped,
+            -1,
+            duration,
+            signal=9,
+            output_truncated=budget.truncated,
+            detail=_stop_detail(stopped, spec),
+        )
+        return
+    if exit_code is None or info.get("Running"):
+        if not await is_alive():
+            yield ExecResult(
+                ExecOutcome.SANDBOX_LOST, -1, duration, detail="the sandbox stopped", sandbox_gone=True
+            )
+            return
+        yield ExecResult(ExecOutcome.SANDBOX_LOST, -1, duration, detail="the exec stream was cut")
+        return
+    yield ExecResult(ExecOutcome.EXITED, int(str(exit_code)), duration)
+
+
+async def _finish(task: asyncio.Task[None]) -> None:
+    with contextlib.suppress(TimeoutError, BackendError):
+        await asyncio.wait_for(task, 10)
+
+
+async def _feed(channel: ExecChannel, data: bytes) -> None:
+    try:
+        await channel.write(data)
+        channel.close_stdin()
+    except (ConnectionError, OSError):
+        pass
+
+
+async def _inspect_quietly(engine: RawEngine, exec_id: str) -> dict[str, object]:
+    try:
+        return await engine.exec_inspect(exec_id)
+    except BackendError:
+        return {}
+
+
+def _stop_detail(outcome: ExecOutcome, spec: ExecSpec) -> str:
+    if outcome is ExecOutcome.TIMED_OUT:
+        return f"killed the process tree after {spec.timeout:g}s"
+    return f"output passed {spec.output_limit} bytes; killed the process tree"
+
+
+class ShellSession:
+    """A bash kept open through an exec stream: one command at a time, state
+    (cwd, exported variables, functions) carried between commands."""
+
+    def __init__(self, engine: RawEngine, container: str, user: str, env: dict[str, str]) -> None:
+        self._engine = engine
+        self._container = container
+        self._user = user
+        self._env = env
+        self._tag = secrets.token_hex(8)
+        self._lock = asyncio.Lock()
+        self._channel: ExecChannel | None = None
+        self._exec_id = ""
+        self.dead = False
+
+    async def start(self) -> None:
+        env = {**self._env, SESSION_TAG_VAR: self._tag}
+        self._exec_id = await self._engine.exec_create(
+            self._container,
+            ["bash", "--noprofile", "--norc"],
+            stdin=True,
+            env=env,
+            workdir=WORKSPACE,
+            user=self._user,
+        )
+        self._channel = await self._engine.exec_start(self._exec_id)
+
+    async def close(self) -> None:
+        self.dead = True
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def run(self, spec: ExecSpec, is_alive: IsAlive) -> AsyncIterator[ExecEvent]:
+        async with self._lock:
+            async for event in self._run_locked(spec, is_alive):
+                yield event
+
+    async def _run_locked(self, spec: ExecSpec, is_alive: IsAlive) -> AsyncIterator[ExecEvent]:
+        if self._channel is None or self.dead:
+            raise BackendError("session is closed")
+        channel = self._channel
+        marker = f"__SBXD_{secrets.token_hex(8)}__".encode()
+        tag = secrets.token_hex(8)
+        command = spec.shell if spec.shell else " ".join(ansi_c_quote(a) for a in spec.argv)
+        started = time.monotonic()
+        try:
+            await channel.write(
+                session_command(
+                    command,
+                    tag=tag,
+                    marker=marker.decode(),
+                    cwd=spec.cwd,
+                    env=dict(spec.env),
+                    stdin=spec.stdin,
+                )
+            )
+        except (ConnectionError, OSError):
+            self.dead = True
+            yield await self._lost(started, is_alive)
+            return
+        budget = _Budget(spec.output_limit)
+        splitters = {1: _MarkerSplitter(marker), 2: _MarkerSplitter(marker)}
+        deadline = started + spec.timeout
+        stopped: ExecOutcome | None = None
+        escalated = False
+        killers: list[asyncio.Task[None]] = []
+        while not (splitters[1].exit_code is not None and splitters[2].done):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if stopped is None:
+                    stopped = ExecOutcome.TIMED_OUT
+                    killers.append(
+                        asyncio.create_task(kill_tree(self._engine, self._container, EXEC_TAG_VAR, tag))
+                    )
+                    deadline = time.monotonic() + 2.0
+                    continue
+                if not escalated:
+                    # The command is a shell builtin (e.g. an endless loop):
+                    # only killing the shell stops it.
+                    escalated = True
+                    self.dead = True
+                    killers.append(
+                        asyncio.create_task(
+                            kill_tree(self._engine, self._container, SESSION_TAG_VAR, self._tag)
+                        )
+                    )
+                    deadline = time.monotonic() + 2.0
+                    continue
+                break
+            frame = await channel.next_frame(remaining)
+            if isinstance(frame, TimeoutError):
+                continue
+            if frame is None:
+                self.dead = True
+                break
+            stream, data = frame
+            splitter = splitters.get(stream)
+            if splitter is None or splitter.done:
+                continue
+            out = budget.take(splitter.feed(data))
+            if out:
+                yield OutputChunk(stream, out)
+            if budget.truncated and stopped is None:
+                stopped = ExecOutcome.OUTPUT_TRUNCATED
+                killers.append(
+                    asyncio.create_task(kill_tree(self._engine, self._container, EXEC_TAG_VAR, tag))
+                )
+                deadline = time.monotonic() + 2.0
+        duration = time.monotonic() - started
+        for killer in killers:
+            await _finish(killer)
+        if self.dead:
+            await self.close()
+        if stopped is not None:
+            detail = _stop_detail(stopped, spec)
+            if escalated:
+                detail += "; the session shell was restarted (cwd and environment reset)"
+            yield ExecResult(
+                stopped, -1, duration, signal=9, output_truncated=budget.truncated, detail=detail
+            )
+            return
+        if splitters[1].exit_code is None:
+            yield await self._ended(started, is_alive)
+            return
+        yield ExecResult(ExecOutcome.EXITED, splitters[1].exit_code, duration)
+
+    async def _ended(self, started: float, is_alive: IsAlive) -> ExecResult:
+        info = await _inspect_quietly(self._engine, self._exec_id)
+        code = info.get("ExitCode")
+        if isinstance(code, int) and await is_alive():
+            return ExecResult(
+                ExecOutcome.EXITED,
+                code,
+                time.monotonic() - started,
+                detail="the session shell exited; the next command starts a new session",
+            )
+        return await self._lost(started, is_alive)
+
+    async def _lost(self, started: float, is_alive: IsAlive) -> ExecResult:
+        alive = await is_alive()
+        detail = "the session stream was cut" if alive else "the sandbox stopped"
+        return ExecResult(
+            ExecOutcome.SANDBOX_LOST, -1, time.monotonic() - started, detail=detail, sandbox_gone=not alive
+        )
+
+
+class _MarkerSplitter:
+    """Passes a stream's bytes through until the end marker; holds back a
+    possible partial marker at the edge of a frame."""
+
+    def __init__(self, marker: bytes) -> None:
+        self._marker = marker
+        self._pending = b""
+        self._tail = b""
+        self.done = False
+        self.exit_code: int | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            if self.exit_code is None:
+                self._parse_code(data)
+            return b""
+        buf = self._pending + data
+        idx = buf.find(self._marker)
+        if idx < 0:
+            keep = len(self._marker) - 1
+            self._pending = buf[-keep:] if len(buf) > keep else buf
+            return buf[: len(buf) - len(self._pending)]
+        self._pending = b""
+        self.done = True
+        self._tail = b""
+        self._parse_code(buf[idx + len(self._marker) :])
+        return buf[:idx]
+
+    def _parse_code(self, data: bytes) -> None:
+        self._tail += data
+        if b"\n" not in self._tail:
+            return
+        text = self._tail.split(b"\n", 1)[0].strip()
+        if text:
+            try:
+                self.exit_code = int(text)
+            except ValueError:
+                self.exit_code = -1
+        else:
+            self.exit_code = 0

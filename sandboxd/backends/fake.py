@@ -1,0 +1,312 @@
+"""An in-memory backend: a real adapter for fast tests of everything above
+the engine. Sandboxes are dictionaries of files; exec understands a small
+shell (echo, cat, pwd, cd, export, env, true, false, exit N, sleep S, and
+``;``-separated lists), keeps session state, and honours timeouts and output
+caps. Failures can be injected: transient create errors, missing images,
+slow starts, sandboxes that die.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import io
+import posixpath
+import shlex
+import tarfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+from sandboxd.backends.base import (
+    WORKSPACE,
+    BackendSandbox,
+    ExecEvent,
+    ExecOutcome,
+    ExecResult,
+    ExecSpec,
+    OutputChunk,
+    SandboxSpec,
+)
+from sandboxd.errors import (
+    InvalidArgument,
+    NotFound,
+    PermanentBackendError,
+    ResourceExhausted,
+    TransientBackendError,
+)
+
+
+@dataclass
+class _Shell:
+    cwd: str = WORKSPACE
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class FakeSandbox:
+    spec: SandboxSpec
+    handle: str
+    files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=lambda: {WORKSPACE})
+    sessions: dict[str, _Shell] = field(default_factory=dict)
+    running: bool = True
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+class FakeBackend:
+    def __init__(self, *, start_delay: float = 0.0, images: set[str] | None = None) -> None:
+        self.start_delay = start_delay
+        self.images: set[str] | None = images
+        """Images that exist; None = every image exists."""
+        self.sandboxes: dict[str, FakeSandbox] = {}
+        self.transient_failures = 0
+        """The next this-many creates fail with a transient error."""
+        self.creates = 0
+        self.destroys = 0
+        self.max_concurrent_creates = 0
+        self._creating = 0
+        self._counter = 0
+
+    # -- Deployment ---------------------------------------------------------
+
+    async def ping(self) -> None:
+        return None
+
+    async def image_exists(self, image: str) -> bool:
+        return self.images is None or image in self.images
+
+    async def create(self, spec: SandboxSpec) -> str:
+        self.creates += 1
+        self._creating += 1
+        self.max_concurrent_creates = max(self.max_concurrent_creates, self._creating)
+        try:
+            if self.start_delay:
+                await asyncio.sleep(self.start_delay)
+            if not await self.image_exists(spec.image):
+                raise PermanentBackendError(f"image {spec.image!r} is not present on the engine")
+            if self.transient_failures > 0:
+                self.transient_failures -= 1
+                raise TransientBackendError("injected transient create failure")
+            self._counter += 1
+            handle = f"fake-{self._counter}"
+            self.sandboxes[handle] = FakeSandbox(spec, handle)
+            return handle
+        finally:
+            self._creating -= 1
+
+    async def destroy(self, handle: str) -> None:
+        if self.sandboxes.pop(handle, None) is not None:
+            self.destroys += 1
+
+    async def list(self) -> builtins.list[BackendSandbox]:
+        return [
+            BackendSandbox(s.spec.sandbox_id, s.spec.pool, h, s.running, dict(s.spec.labels))
+            for h, s in self.sandboxes.items()
+        ]
+
+    async def close(self) -> None:
+        return None
+
+    def kill(self, handle: str) -> None:
+        """Simulates a sandbox dying (container gone, node lost)."""
+        self.sandboxes[handle].running = False
+
+    # -- Runtime ------------------------------------------------------------
+
+    def _get(self, handle: str) -> FakeSandbox:
+        box = self.sandboxes.get(handle)
+        if box is None:
+            raise NotFound(f"no sandbox {handle}")
+        return box
+
+    async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
+        started = time.monotonic()
+        box = self.sandboxes.get(handle)
+        if box is None or not box.running:
+            yield ExecResult(
+                ExecOutcome.SANDBOX_LOST, -1, 0.0, detail="the sandbox stopped", sandbox_gone=True
+            )
+            return
+        shell = box.sessions.setdefault(spec.session, _Shell()) if spec.session else _Shell()
+        if spec.cwd:
+            shell.cwd = spec.cwd
+        out: list[OutputChunk] = []
+        used = 0
+        truncated = False
+
+        def emit(stream: int, data: bytes) -> None:
+            nonlocal used, truncated
+            room = spec.output_limit - used
+            if len(data) > room:
+                truncated = True
+                data = data[: max(room, 0)]
+            used += len(data)
+            if data:
+                out.append(OutputChunk(stream, data))
+            if truncated:
+                raise _Truncated
+
+        command = spec.shell or " ".join(shlex.quote(a) for a in spec.argv)
+        code = 0
+        outcome = ExecOutcome.EXITED
+        try:
+            code = await asyncio.wait_for(
+                self._run(box, shell, command, dict(spec.env), spec.stdin, emit), spec.timeout
+            )
+        except TimeoutError:
+            outcome = ExecOutcome.TIMED_OUT
+        except _Truncated:
+            outcome = ExecOutcome.OUTPUT_TRUNCATED
+        for chunk in out:
+            yield chunk
+        if not box.running:
+            yield ExecResult(
+                ExecOutcome.SANDBOX_LOST,
+                -1,
+                time.monotonic() - started,
+                detail="the sandbox stopped",
+                sandbox_gone=True,
+            )
+            return
+        if outcome is not ExecOutcome.EXITED:
+            yield ExecResult(outcome, -1, time.monotonic() - started, signal=9, output_truncated=truncated)
+            return
+        yield ExecResult(ExecOutcome.EXITED, code, time.monotonic() - started)
+
+    async def _run(
+        self,
+        box: FakeSandbox,
+        shell: _Shell,
+        command: str,
+        env: Mapping[str, str],
+        stdin: bytes,
+        emit: object,
+    ) -> int:
+        code = 0
+        for part in command.split(";"):
+            words = shlex.split(part)
+            if not words:
+                continue
+            try:
+                code = await self._builtin(box, shell, words, {**shell.env, **env}, stdin, emit)
+            except _Exit as e:
+                return e.code
+        return code
+
+    async def _builtin(
+        self,
+        box: FakeSandbox,
+        shell: _Shell,
+        words: builtins.list[str],
+        env: dict[str, str],
+        stdin: bytes,
+        emit: object,
+    ) -> int:
+        assert callable(emit)
+        name, args = words[0], words[1:]
+        if name == "true":
+            return 0
+        if name == "false":
+            return 1
+        if name == "echo":
+            emit(1, (" ".join(args) + "\n").encode())
+            return 0
+        if name == "pwd":
+            emit(1, (shell.cwd + "\n").encode())
+            return 0
+        if name == "cd":
+            target = posixpath.normpath(posixpath.join(shell.cwd, args[0] if args else WORKSPACE))
+            if target not in box.dirs:
+                emit(2, f"cd: {target}: No such file or directory\n".encode())
+                return 1
+            shell.cwd = target
+            return 0
+        if name == "export":
+            for a in args:
+                k, _, val = a.partition("=")
+                shell.env[k] = val
+            return 0
+        if name == "env":
+            emit(1, "".join(f"{k}={val}\n" for k, val in env.items()).encode())
+            return 0
+        if name == "cat":
+            if not args:
+                emit(1, stdin)
+                return 0
+            for a in args:
+                path = posixpath.normpath(posixpath.join(shell.cwd, a))
+                if path not in box.files:
+                    emit(2, f"cat: {a}: No such file or directory\n".encode())
+                    return 1
+                emit(1, box.files[path][0])
+            return 0
+        if name == "yes":
+            while True:
+                emit(1, b"y\n" * 512)
+                await asyncio.sleep(0)
+        if name == "sleep":
+            await asyncio.sleep(float(args[0]))
+            return 0
+        if name == "exit":
+            raise _Exit(int(args[0]) if args else 0)
+        emit(2, f"{name}: command not found\n".encode())
+        return 127
+
+    async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
+        box = self._get(handle)
+        data = b"".join([c async for c in chunks])
+        limit = box.spec.limits.disk_bytes
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+                for member in tar:
+                    path = posixpath.normpath(posixpath.join(dest, member.name))
+                    if not path.startswith(WORKSPACE):
+                        raise InvalidArgument("tar", f"member {member.name} escapes")
+                    self._mkdirs(box, posixpath.dirname(path))
+                    if member.isdir():
+                        self._mkdirs(box, path)
+                    elif member.isfile():
+                        fh = tar.extractfile(member)
+                        box.files[path] = (fh.read() if fh else b"", member.mode)
+        except tarfile.TarError as e:
+            raise InvalidArgument("tar", f"extraction failed: {e}") from e
+        self._mkdirs(box, dest)
+        if limit and sum(len(c) for c, _ in box.files.values()) > limit:
+            raise ResourceExhausted("workspace is full (bytes)")
+
+    @staticmethod
+    def _mkdirs(box: FakeSandbox, path: str) -> None:
+        while path.startswith(WORKSPACE) and path not in box.dirs:
+            box.dirs.add(path)
+            path = posixpath.dirname(path)
+
+    async def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
+        box = self._get(handle)
+        if base not in box.dirs:  # as the Docker backend: name the missing base itself
+            raise NotFound(f"no such file or directory in the sandbox: {base}")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for rel in paths:
+                root = posixpath.normpath(posixpath.join(base, rel))
+                if root not in box.files and root not in box.dirs:
+                    raise NotFound(f"no such file or directory in the sandbox: {rel}")
+                for path in sorted(box.dirs):  # directory entries, as real tar writes them
+                    if path == root or path.startswith(root + "/"):
+                        info = tarfile.TarInfo(posixpath.relpath(path, base))
+                        info.type, info.mode = tarfile.DIRTYPE, 0o755
+                        tar.addfile(info)
+                for path, (content, mode) in sorted(box.files.items()):
+                    if path == root or path.startswith(root + "/"):
+                        info = tarfile.TarInfo(posixpath.relpath(path, base))
+                        info.size, info.mode = len(content), mode
+                        tar.addfile(info, io.BytesIO(content))
+        yield buf.getvalue()
+
+
+class _Truncated(Exception):
+    pass

@@ -1,0 +1,1 @@
+"""Pools, leases, sandbox lifecycle and the operations the API exposes."""

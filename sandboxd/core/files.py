@@ -1,0 +1,87 @@
+"""Tar building and checking for file transfer. Backends only move tar
+streams; what goes into them and what may come out is decided here."""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import tarfile
+from dataclasses import dataclass
+from typing import IO
+
+from sandboxd.backends.base import WORKSPACE
+from sandboxd.errors import InvalidArgument, NotFound
+
+
+@dataclass(frozen=True)
+class FileData:
+    path: str
+    content: bytes
+    mode: int = 0o644
+
+
+def relative(full: str) -> str:
+    return posixpath.relpath(full, WORKSPACE)
+
+
+def build_tar(files: list[FileData]) -> bytes:
+    """``files`` carry absolute, validated workspace paths."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for f in files:
+            info = tarfile.TarInfo(relative(f.path))
+            info.size = len(f.content)
+            info.mode = f.mode
+            info.uid = info.gid = 0
+            tar.addfile(info, io.BytesIO(f.content))
+    return buf.getvalue()
+
+
+def parse_read_tar(data: bytes, wanted: list[str]) -> list[FileData]:
+    """Pulls the wanted regular files (absolute paths) out of a tar made by
+    the backend's get_tar relative to the workspace."""
+    found: dict[str, FileData] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            full = posixpath.normpath(posixpath.join(WORKSPACE, member.name))
+            if full not in wanted or full in found:
+                continue
+            if not member.isfile():
+                kind = (
+                    "directory" if member.isdir() else "symbolic link" if member.issym() else "special file"
+                )
+                raise InvalidArgument("paths", f"{full} is a {kind}, not a regular file")
+            fh = tar.extractfile(member)
+            content = fh.read() if fh is not None else b""
+            found[full] = FileData(full, content, member.mode & 0o7777)
+    missing = [p for p in wanted if p not in found]
+    if missing:
+        raise NotFound(f"no such file in the sandbox: {missing[0]}")
+    return [found[p] for p in wanted]
+
+
+def check_upload(fileobj: IO[bytes]) -> int:
+    """Refuses tar streams that could write outside the target directory or
+    create device files; returns the member count."""
+    count = 0
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r:*") as tar:
+            for member in tar:
+                count += 1
+                name = member.name
+                norm = posixpath.normpath(name)
+                if name.startswith("/") or norm == ".." or norm.startswith("../"):
+                    raise InvalidArgument("tar", f"member {name[:200]!r} escapes the target directory")
+                if member.isdev() or member.isfifo():
+                    raise InvalidArgument("tar", f"member {name[:200]!r} is a device or FIFO")
+                if member.issym() or member.islnk():
+                    target = member.linkname
+                    base = posixpath.dirname(norm) if member.issym() else ""
+                    resolved = posixpath.normpath(posixpath.join(base, target))
+                    if target.startswith("/") or resolved == ".." or resolved.startswith("../"):
+                        raise InvalidArgument(
+                            "tar", f"link {name[:200]!r} points outside the target directory"
+                        )
+    except tarfile.TarError as e:
+        raise InvalidArgument("tar", f"not a valid tar stream: {e}") from e
+    return count

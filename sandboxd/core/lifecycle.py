@@ -1,0 +1,68 @@
+"""The sandbox lifecycle as an explicit transition table.
+
+    CREATING ──> READY ──> LEASED ──> RELEASING ──> GONE
+        │          │          │                      ^
+        └──────────┴──────────┴──> FAILED ───────────┘
+
+A released sandbox is destroyed, never recycled: its files and processes
+belong to the rollout that used it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sandboxd.backends.base import Limits
+from sandboxd.errors import FailedPrecondition
+
+
+class State(enum.IntEnum):
+    # Values match sandboxd.v1.SandboxState.
+    CREATING = 1
+    READY = 2
+    LEASED = 3
+    RELEASING = 4
+    GONE = 5
+    FAILED = 6
+
+
+TRANSITIONS: dict[tuple[State, State], str] = {
+    (State.CREATING, State.READY): "started and passed its health check",
+    (State.CREATING, State.FAILED): "create failed, timed out or was cancelled",
+    (State.READY, State.LEASED): "handed to an acquirer under a lease",
+    (State.READY, State.RELEASING): "pool shrank, was deleted, or the server is shutting down",
+    (State.READY, State.FAILED): "died while warm; the pool replaces it",
+    (State.LEASED, State.RELEASING): "released by its client, lease expired, or lifetime reached",
+    (State.LEASED, State.FAILED): "lost while leased (container gone)",
+    (State.RELEASING, State.GONE): "destroyed on the backend",
+    (State.FAILED, State.GONE): "remains cleaned up on the backend",
+}
+
+
+@dataclass
+class SandboxRecord:
+    """What the core knows about one sandbox; reconstructible from the backend
+    plus the lease store."""
+
+    sandbox_id: str
+    pool: str
+    image: str
+    limits: Limits
+    state: State = State.CREATING
+    handle: str = ""
+    lease_id: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    failure_reason: str = ""
+    # Wall-clock timestamps per state entered (seconds since the epoch).
+    entered: dict[State, float] = field(default_factory=dict)
+
+    def move(self, to: State, at: float, reason: str = "") -> None:
+        if (self.state, to) not in TRANSITIONS:
+            raise FailedPrecondition(
+                f"sandbox {self.sandbox_id} cannot go from {self.state.name} to {to.name}"
+            )
+        self.state = to
+        self.entered[to] = at
+        if reason:
+            self.failure_reason = reason

@@ -1,0 +1,106 @@
+"""Durable state for one control-plane replica: pool specs and leases in
+SQLite, so a restarted server re-creates its pools and hands clients back the
+sandboxes they hold. SQLite fits one replica on one volume; writes go through
+a single worker thread so the event loop never blocks on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sandboxd.backends.base import Limits
+from sandboxd.core.leases import Lease
+from sandboxd.core.pools import PoolConfig
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pools (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+  id TEXT PRIMARY KEY, pool TEXT NOT NULL, sandboxes TEXT NOT NULL,
+  ttl REAL NOT NULL, expires_wall REAL NOT NULL, labels TEXT NOT NULL
+);
+"""
+
+
+class StateStore:
+    def __init__(self, path: Path | None) -> None:
+        """``path`` None keeps state in memory (tests, throw-away servers)."""
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxd-store")
+        self._path = path
+        self._db: sqlite3.Connection | None = None
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open(self) -> None:
+        await self._run(self._open_sync)
+
+    def _open_sync(self) -> None:
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self._path) if self._path else ":memory:", check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._run(self._db.close)
+            self._db = None
+        self._executor.shutdown(wait=True)
+
+    def _exec(self, sql: str, params: tuple[Any, ...]) -> None:
+        assert self._db is not None
+        with self._db:
+            self._db.execute(sql, params)
+
+    async def save_pool(self, config: PoolConfig) -> None:
+        spec = asdict(config)
+        await self._run(
+            self._exec, "INSERT OR REPLACE INTO pools VALUES (?, ?)", (config.name, json.dumps(spec))
+        )
+
+    async def delete_pool(self, name: str) -> None:
+        await self._run(self._exec, "DELETE FROM pools WHERE name = ?", (name,))
+
+    async def load_pools(self) -> list[PoolConfig]:
+        rows = await self._run(self._query, "SELECT spec FROM pools")
+        out = []
+        for (spec_json,) in rows:
+            spec = json.loads(spec_json)
+            spec["limits"] = Limits(**spec["limits"])
+            out.append(PoolConfig(**spec))
+        return out
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        assert self._db is not None
+        return list(self._db.execute(sql).fetchall())
+
+    async def save_lease(self, lease: Lease) -> None:
+        await self._run(
+            self._exec,
+            "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                lease.lease_id,
+                lease.pool,
+                json.dumps(lease.sandbox_ids),
+                lease.ttl,
+                lease.expires_wall,
+                json.dumps(lease.labels),
+            ),
+        )
+
+    async def delete_lease(self, lease_id: str) -> None:
+        await self._run(self._exec, "DELETE FROM leases WHERE id = ?", (lease_id,))
+
+    async def load_leases(self) -> list[tuple[str, str, list[str], float, float, dict[str, str]]]:
+        rows = await self._run(
+            self._query, "SELECT id, pool, sandboxes, ttl, expires_wall, labels FROM leases"
+        )
+        return [(r[0], r[1], json.loads(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]

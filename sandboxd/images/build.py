@@ -1,0 +1,499 @@
+"""Build the default rollout sandbox image without a container registry.
+
+Rollout hosts cannot pull from Docker Hub or any other registry, so a
+``FROM debian`` Dockerfile is not an option. They can reach a Debian package
+mirror, so the root filesystem is produced with ``debootstrap`` and turned into
+an image with ``docker import``.
+
+debootstrap takes minutes, so the result is cached twice, both keyed by a hash
+of the recipe: as the docker tag ``sandboxd/rollout:<hash>`` (checking it takes
+well under a second) and as a rootfs tarball in ``$SANDBOXD_CACHE_DIR``
+(default ``~/.cache/sandboxd/images``), which survives a wiped docker store and
+re-imports in seconds.
+
+Usage: ``python -m sandboxd.images.build [--force] [--print-tag]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+__all__ = [
+    "DEFAULT_IMAGE_REPO",
+    "RECIPE_VERSION",
+    "ImageBuildError",
+    "debian_mirror",
+    "default_image_tag",
+    "ensure_default_image",
+    "main",
+]
+
+# Bump whenever this module changes what ends up in the image in a way the
+# recipe dict below does not capture, so stale caches are not reused.
+RECIPE_VERSION = "1"
+DEFAULT_IMAGE_REPO = "sandboxd/rollout"
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+PACKAGES: tuple[str, ...] = (
+    "python3",
+    "git",
+    "bash",
+    "coreutils",
+    "grep",
+    "procps",
+    "tar",
+    "ca-certificates",
+)
+SANDBOX_USER = "sandbox"
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+SANDBOX_HOME = "/home/sandbox"
+WORKSPACE_DIR = "/workspace"
+WORKSPACE_MODE = 0o1777
+
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+MIRROR_ENV = "SANDBOXD_DEBIAN_MIRROR"
+CACHE_DIR_ENV = "SANDBOXD_CACHE_DIR"
+
+IMAGE_CHANGES: tuple[str, ...] = (
+    # docker import produces an image with no config at all, not even PATH.
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    # C.UTF-8 ships with libc-bin; without it Python and git fall back to ASCII.
+    "ENV LANG=C.UTF-8",
+    f"WORKDIR {WORKSPACE_DIR}",
+    'CMD ["/bin/bash"]',
+)
+
+# Rollouts never read docs or translations and never run apt (no network), so
+# these only cost image size.
+_STRIP_GLOBS: tuple[str, ...] = (
+    "var/lib/apt/lists/*",
+    "var/cache/apt/*.bin",
+    "var/cache/apt/archives/*.deb",
+    "var/cache/debconf/*-old",
+    "var/lib/dpkg/*-old",
+    "var/log/*.log",
+    "var/log/apt/*",
+    "usr/share/doc/*",
+    "usr/share/man/*",
+    "usr/share/info/*",
+    "usr/share/locale/*",
+    "usr/share/lintian/*",
+)
+
+# Docker mounts its own /dev, /proc and /sys over these, so the host's device
+# nodes that debootstrap created would be dead weight.
+_TAR_EXCLUDES: tuple[str, ...] = ("./dev/*", "./proc/*", "./sys/*")
+
+_SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+_LABEL_RECIPE = "org.sandboxd.recipe"
+
+
+class ImageBuildError(RuntimeError):
+    """The default image could not be found, imported or built."""
+
+
+def _recipe() -> dict[str, object]:
+    return {
+        "recipe_version": RECIPE_VERSION,
+        "suite": SUITE,
+        "variant": VARIANT,
+        "packages": sorted(PACKAGES),
+        "user": {
+            "name": SANDBOX_USER,
+            "uid": SANDBOX_UID,
+            "gid": SANDBOX_GID,
+            "home": SANDBOX_HOME,
+        },
+        "workspace": {"path": WORKSPACE_DIR, "mode": WORKSPACE_MODE},
+        "strip": list(_STRIP_GLOBS),
+        "tar_excludes": list(_TAR_EXCLUDES),
+        "changes": list(IMAGE_CHANGES),
+    }
+
+
+def _recipe_hash() -> str:
+    # The mirror is deliberately left out: any mirror serves the same suite.
+    blob = json.dumps(_recipe(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def default_image_tag() -> str:
+    """Return the tag of the default image for the current recipe."""
+    return f"{DEFAULT_IMAGE_REPO}:{_recipe_hash()}"
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get(CACHE_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "sandboxd" / "images"
+
+
+# ---------------------------------------------------------------- mirror
+
+
+def _apt_source_files() -> list[Path]:
+    files: list[Path] = []
+    main_list = Path("/etc/apt/sources.list")
+    if main_list.is_file():
+        files.append(main_list)
+    parts = Path("/etc/apt/sources.list.d")
+    if parts.is_dir():
+        # apt ignores other suffixes (e.g. "*.list.disabled"), so do we.
+        files.extend(sorted(p for p in parts.iterdir() if p.suffix in (".list", ".sources")))
+    return files
+
+
+def _one_line_sources(text: str) -> Iterator[tuple[str, list[str]]]:
+    pattern = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)")
+    for line in text.splitlines():
+        match = pattern.match(line.split("#", 1)[0].strip())
+        if match:
+            yield match.group(1), [match.group(2)]
+
+
+def _deb822_sources(text: str) -> Iterator[tuple[str, list[str]]]:
+    for paragraph in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        key = ""
+        for line in paragraph.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1].isspace() and key:
+                fields[key] += " " + line.strip()
+            elif ":" in line:
+                key, value = line.split(":", 1)
+                key = key.strip().lower()
+                fields[key] = value.strip()
+        if "deb" not in fields.get("types", "").split():
+            continue
+        if fields.get("enabled", "yes").lower() == "no":
+            continue
+        suites = fields.get("suites", "").split()
+        for uri in fields.get("uris", "").split():
+            yield uri, suites
+
+
+def debian_mirror() -> str:
+    """Return the Debian mirror to bootstrap from.
+
+    ``$SANDBOXD_DEBIAN_MIRROR`` wins; otherwise the first enabled apt source
+    for the suite, because on locked-down hosts that is the one mirror known
+    to be reachable; otherwise deb.debian.org.
+    """
+    override = os.environ.get(MIRROR_ENV)
+    if override:
+        return override.rstrip("/")
+    for path in _apt_source_files():
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        parse = _deb822_sources if path.suffix == ".sources" else _one_line_sources
+        for uri, suites in parse(text):
+            # debootstrap only speaks plain URLs, not apt's mirror+/tor+ schemes.
+            if SUITE in suites and urlsplit(uri).scheme in ("http", "https", "file"):
+                return uri.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+# ---------------------------------------------------------------- docker
+
+
+def _docker_cli() -> str:
+    docker = shutil.which("docker")
+    if docker is None:
+        raise ImageBuildError("docker CLI not found; run scripts/start-docker.sh")
+    return docker
+
+
+def _image_exists(docker: str, tag: str) -> bool:
+    # `docker images -q` separates "no such image" (empty output) from "daemon
+    # unreachable" (non-zero exit), which `docker image inspect` does not.
+    try:
+        proc = subprocess.run(
+            [docker, "images", "--quiet", "--no-trunc", tag],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ImageBuildError("docker did not answer within 60s") from exc
+    if proc.returncode != 0:
+        raise ImageBuildError(
+            f"cannot query docker ({proc.stderr.strip()}); is the daemon running? see scripts/start-docker.sh"
+        )
+    return bool(proc.stdout.strip())
+
+
+def _import_tarball(docker: str, tarball: Path, tag: str, h: str) -> None:
+    cmd = [docker, "import"]
+    for change in (*IMAGE_CHANGES, f"LABEL {_LABEL_RECIPE}={h}"):
+        cmd += ["--change", change]
+    cmd += ["--message", f"sandboxd rollout image, recipe {h}", "-", tag]
+    with tarball.open("rb") as stdin:
+        proc = subprocess.run(cmd, stdin=stdin, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ImageBuildError(
+            f"docker import of {tarball} failed: {proc.stderr.strip()}; "
+            "rerun with --force to rebuild the tarball"
+        )
+
+
+# ---------------------------------------------------------------- rootfs
+
+
+def _host_path_env() -> dict[str, str]:
+    # debootstrap shells out to chroot/mknod/mount, which live in sbin dirs
+    # that a non-login root shell may not have on PATH.
+    env = dict(os.environ)
+    path = env.get("PATH", "").split(os.pathsep)
+    env["PATH"] = os.pathsep.join([*path, *(d for d in _SBIN_DIRS if d not in path)])
+    env["LC_ALL"] = "C"
+    return env
+
+
+def _write_text(path: Path, text: str) -> None:
+    # An absolute symlink inside the rootfs would resolve against the host.
+    if path.is_symlink():
+        path.unlink()
+    path.write_text(text, encoding="utf-8")
+
+
+def _append_entry(path: Path, entry: str, *, name: str, numeric_id: int | None) -> None:
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    for line in text.splitlines():
+        fields = line.split(":")
+        if fields[0] == name:
+            return
+        if numeric_id is not None and len(fields) > 2 and fields[2] == str(numeric_id):
+            raise ImageBuildError(f"{path.name}: id {numeric_id} already taken by {fields[0]!r}")
+    if text and not text.endswith("\n"):
+        text += "\n"
+    _write_text(path, text + entry + "\n")
+
+
+def _configure_rootfs(rootfs: Path) -> None:
+    etc = rootfs / "etc"
+    # Edited by hand because useradd would have to run inside a chroot, and
+    # these four lines are all it would do.
+    _append_entry(
+        etc / "passwd",
+        f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_GID}:{SANDBOX_USER}:{SANDBOX_HOME}:/bin/bash",
+        name=SANDBOX_USER,
+        numeric_id=SANDBOX_UID,
+    )
+    _append_entry(
+        etc / "group",
+        f"{SANDBOX_USER}:x:{SANDBOX_GID}:",
+        name=SANDBOX_USER,
+        numeric_id=SANDBOX_GID,
+    )
+    # Locked password; the entries only keep pwck/su from complaining.
+    _append_entry(etc / "shadow", f"{SANDBOX_USER}:!:19000:0:99999:7:::", name=SANDBOX_USER, numeric_id=None)
+    _append_entry(etc / "gshadow", f"{SANDBOX_USER}:!::", name=SANDBOX_USER, numeric_id=None)
+
+    home = rootfs / SANDBOX_HOME.lstrip("/")
+    home.mkdir(parents=True, exist_ok=True)
+    skel = etc / "skel"
+    if skel.is_dir():
+        shutil.copytree(skel, home, symlinks=True, dirs_exist_ok=True)
+    for dirpath, _dirnames, filenames in os.walk(home):
+        os.chown(dirpath, SANDBOX_UID, SANDBOX_GID)
+        for filename in filenames:
+            os.lchown(os.path.join(dirpath, filename), SANDBOX_UID, SANDBOX_GID)
+    home.chmod(0o755)
+
+    workspace = rootfs / WORKSPACE_DIR.lstrip("/")
+    workspace.mkdir(parents=True, exist_ok=True)
+    # mkdir's mode is filtered by the umask, and the sticky bit needs chmod.
+    workspace.chmod(WORKSPACE_MODE)
+
+    # debootstrap copies these from the build host; docker supplies its own at
+    # run time, and the host's values must not leak into a cached image.
+    resolv = etc / "resolv.conf"
+    if resolv.exists() or resolv.is_symlink():
+        resolv.unlink()
+    _write_text(etc / "hostname", "sandbox\n")
+
+
+def _strip_rootfs(rootfs: Path) -> None:
+    for pattern in _STRIP_GLOBS:
+        for path in rootfs.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve())
+    mounts: list[str] = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            # Field 5 is the mount point, with spaces etc. octal-escaped.
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            if point == prefix or point.startswith(prefix + "/"):
+                mounts.append(point)
+    return mounts
+
+
+def _remove_build_dir(path: Path) -> None:
+    # A debootstrap killed mid-run can leave /proc, /sys or a bind-mounted
+    # host /dev mounted inside the target; rmtree would recurse into them.
+    for point in sorted(_mounts_under(path), key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], check=False, capture_output=True)
+    leftover = _mounts_under(path)
+    if leftover:
+        raise ImageBuildError(f"refusing to delete {path}: still mounted: {leftover}")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _build_tarball(dest: Path, h: str, log: Callable[[str], None]) -> None:
+    if os.geteuid() != 0:
+        raise ImageBuildError("building the image needs root (debootstrap); rerun as root")
+    env = _host_path_env()
+    debootstrap = shutil.which("debootstrap", path=env["PATH"])
+    if debootstrap is None:
+        raise ImageBuildError("debootstrap not found; apt-get install debootstrap")
+    mirror = debian_mirror()
+    cache = dest.parent
+    build_log = cache / f"{h}.build.log"
+    work = Path(tempfile.mkdtemp(prefix=f".{h}.build-", dir=cache))
+    try:
+        rootfs = work / "rootfs"
+        log(f"debootstrap {SUITE} ({VARIANT}) from {mirror}; takes a few minutes")
+        started = time.monotonic()
+        with build_log.open("wb") as out:
+            proc = subprocess.run(
+                [
+                    debootstrap,
+                    f"--variant={VARIANT}",
+                    f"--include={','.join(PACKAGES)}",
+                    SUITE,
+                    str(rootfs),
+                    mirror,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                check=False,
+            )
+        if proc.returncode != 0:
+            raise ImageBuildError(
+                f"debootstrap failed (exit {proc.returncode}), full log in {build_log}:\n{_tail(build_log)}"
+            )
+        log(f"debootstrap done in {time.monotonic() - started:.0f}s")
+        _configure_rootfs(rootfs)
+        _strip_rootfs(rootfs)
+        partial = work / "rootfs.tar"
+        tar_cmd = ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial)]
+        tar_cmd += [f"--exclude={pattern}" for pattern in _TAR_EXCLUDES]
+        tar = subprocess.run([*tar_cmd, "."], capture_output=True, text=True, check=False)
+        if tar.returncode != 0:
+            raise ImageBuildError(f"tar of rootfs failed: {tar.stderr.strip()}")
+        # Same filesystem, so the cached tarball appears complete or not at all.
+        os.replace(partial, dest)
+        log(f"cached rootfs {dest} ({dest.stat().st_size / 2**20:.0f} MiB)")
+    finally:
+        _remove_build_dir(work)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    with lock_path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def ensure_default_image(*, force: bool = False, log: Callable[[str], None] = print) -> str:
+    """Make sure the default rollout image exists in docker; return its tag.
+
+    Cheap when the tag already exists. Otherwise imports the cached rootfs
+    tarball, building it first with debootstrap if it is missing or ``force``
+    is set. Blocking and slow on a cold cache: not for use on an event loop.
+    """
+    h = _recipe_hash()
+    tag = f"{DEFAULT_IMAGE_REPO}:{h}"
+    docker = _docker_cli()
+    if not force and _image_exists(docker, tag):
+        return tag
+
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    tarball = cache / f"{h}.tar"
+    # Concurrent callers (several workers starting at once) wait for one build.
+    with _exclusive(cache / f"{h}.lock"):
+        if not force and _image_exists(docker, tag):
+            return tag
+        # Holding the lock, any build dir left over is from a dead builder.
+        for stale in cache.glob(f".{h}.build-*"):
+            log(f"removing interrupted build {stale}")
+            _remove_build_dir(stale)
+        if force or not tarball.is_file():
+            _build_tarball(tarball, h, log)
+        log(f"importing {tarball} as {tag}")
+        started = time.monotonic()
+        _import_tarball(docker, tarball, tag, h)
+        log(f"imported {tag} in {time.monotonic() - started:.1f}s")
+    return tag
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sandboxd.images.build",
+        description="Build (or reuse) the default rollout sandbox image.",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild with debootstrap even if cached")
+    parser.add_argument(
+        "--print-tag", action="store_true", help="print the image tag and exit without building"
+    )
+    args = parser.parse_args(argv)
+    if args.print_tag:
+        print(default_image_tag())
+        return 0
+
+    # Progress goes to stderr so `TAG=$(python -m sandboxd.images.build)` works.
+    def log(message: str) -> None:
+        print(f"[sandboxd.images] {message}", file=sys.stderr, flush=True)
+
+    try:
+        tag = ensure_default_image(force=args.force, log=log)
+    except ImageBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job on a fresh Debian machine: installs what it needs, starts the
+# sandboxd server on the local Docker engine and runs an example rollout
+# workload against it (groups of sandboxes, commands, files, rewards, release).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+exec python3 -m sandboxd.cli --log-level WARNING example --state-dir "${TMPDIR:-/tmp}/sandboxd-example" "$@"

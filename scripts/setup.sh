@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One-shot, idempotent set-up of a fresh Debian bookworm host (run as root):
+# docker + debootstrap, the sandboxd package, and the default rollout image.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+say() { printf '[setup] %s\n' "$*"; }
+
+if [[ $EUID -ne 0 ]]; then
+    echo "[setup] must run as root (apt, dockerd, debootstrap)" >&2
+    exit 1
+fi
+
+# Checked by command rather than by package so that an existing docker-ce
+# install is accepted instead of conflicting with docker.io.
+missing=()
+command -v dockerd >/dev/null && command -v docker >/dev/null || missing+=(docker.io)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+if ((${#missing[@]})); then
+    say "installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+else
+    say "apt packages present"
+fi
+
+say "starting docker"
+scripts/start-docker.sh
+
+if [[ -f pyproject.toml ]]; then
+    say "installing sandboxd (editable, with dev extras)"
+    # Debian's python3 is marked externally managed (PEP 668); this host is
+    # dedicated to sandboxd, so installing into it is intended.
+    PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[dev]'
+else
+    say "no pyproject.toml; skipping pip install"
+fi
+
+say "ensuring the default rollout image (first run: ~1 min of debootstrap)"
+tag=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.build)
+say "ready: $tag"

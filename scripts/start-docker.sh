@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Make sure a docker daemon is reachable, starting one if needed. Idempotent.
+#
+# Rollout hosts are often containers or VMs without systemd, so dockerd is
+# started by hand. --bridge=none and no iptables because such hosts usually
+# cannot create bridges or touch netfilter, and sandboxes run with
+# `--network none` anyway.
+set -euo pipefail
+
+# dockerd and friends live in sbin, which non-login root shells may lack.
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+LOG=/var/log/sandboxd-dockerd.log
+PIDFILE=/var/run/docker.pid
+CONTAINERD_PIDFILE=/var/run/docker/containerd/containerd.pid
+DEADLINE_S=60
+
+say() { printf '[start-docker] %s\n' "$*"; }
+docker_ok() { command -v docker >/dev/null && timeout 10 docker info >/dev/null 2>&1; }
+# kill -0 alone is not enough: it also succeeds on an unreaped zombie.
+alive() {
+    local state
+    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    [[ -n $state && $state != Z ]]
+}
+# The pidfile may be stale and its pid reused by an unrelated process.
+pidfile_dockerd() {
+    local pid
+    pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+    [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == dockerd ]] && alive "$pid" && echo "$pid"
+}
+
+if docker_ok; then
+    exit 0
+fi
+
+if [[ $EUID -ne 0 ]]; then
+    echo "[start-docker] docker is not reachable and starting it needs root" >&2
+    exit 1
+fi
+
+# Serialise concurrent callers so that only one of them launches dockerd.
+exec 9>/var/run/sandboxd-start-docker.lock
+flock 9
+if docker_ok; then
+    exit 0
+fi
+
+if ! command -v dockerd >/dev/null || ! command -v docker >/dev/null; then
+    say "installing docker.io"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io
+    # On hosts with systemd the package starts the daemon itself.
+    if docker_ok; then
+        exit 0
+    fi
+fi
+
+if running_pid=$(pidfile_dockerd); then
+    # Another invocation (or a slow start) already launched one: just wait.
+    say "dockerd already running (pid $running_pid), waiting for it"
+else
+    # A daemon that died uncleanly leaves pidfiles behind: dockerd refuses to
+    # start over its own, and waits for a containerd that is not there if
+    # containerd's names a dead (or zombie) pid.
+    rm -f "$PIDFILE"
+    if ctr_pid=$(cat "$CONTAINERD_PIDFILE" 2>/dev/null) && ! alive "$ctr_pid"; then
+        rm -f "$CONTAINERD_PIDFILE"
+    fi
+    say "starting dockerd (log: $LOG)"
+    # setsid + nohup + closed stdio so dockerd outlives this script and does
+    # not hold open a pipe of whoever called us (e.g. `$(start-docker.sh)`);
+    # closing fd 9 keeps it from holding the lock forever.
+    setsid nohup dockerd --bridge=none --iptables=false --ip6tables=false \
+        >>"$LOG" 2>&1 </dev/null 9>&- &
+    running_pid=$!
+fi
+
+deadline=$((SECONDS + DEADLINE_S))
+until docker_ok; do
+    if ! alive "$running_pid"; then
+        echo "[start-docker] dockerd exited; last lines of $LOG:" >&2
+        tail -n 30 "$LOG" >&2 || true
+        exit 1
+    fi
+    if ((SECONDS >= deadline)); then
+        echo "[start-docker] docker not ready after ${DEADLINE_S}s; last lines of $LOG:" >&2
+        tail -n 30 "$LOG" >&2 || true
+        exit 1
+    fi
+    sleep 0.5
+done
+say "docker is ready"

@@ -1,0 +1,96 @@
+"""Integration tier: the real server in-process on port 0 against the real
+Docker engine and the default sandbox image."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from sandboxd.app import App, build_app
+from sandboxd.backends.base import LABEL_INSTANCE
+from sandboxd.client import AsyncClient
+from sandboxd.settings import Settings, load_settings
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    from sandboxd.images.build import ensure_default_image
+
+    return ensure_default_image(log=lambda _: None)
+
+
+@pytest.fixture(scope="session")
+def engine() -> docker.DockerClient:
+    client = docker.from_env()
+    client.ping()
+    return client
+
+
+def instance_containers(engine: docker.DockerClient, instance: str) -> list[Any]:
+    return list(engine.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}))
+
+
+async def poll(
+    predicate: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0, what: str = ""
+) -> None:
+    """Polls until ``predicate`` holds, failing after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+            value = await value
+        if value:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.05)
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "instance_id": "it-" + secrets.token_hex(4),
+        "state_dir": str(tmp_path / "state"),
+        "server.port": 0,
+        "leases.reap_interval_seconds": 0.1,
+    }
+    base.update(overrides)
+    return load_settings(None, base)
+
+
+@pytest.fixture
+async def app(tmp_path: Path, engine: docker.DockerClient, image: str) -> AsyncIterator[App]:
+    settings = make_settings(tmp_path)
+    app = build_app(settings)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop(grace=1)
+        # Tests release what they lease, so nothing of this instance may remain.
+        left = await asyncio.to_thread(instance_containers, engine, settings.instance_id)
+        for c in left:
+            with contextlib.suppress(docker.errors.NotFound):
+                await asyncio.to_thread(c.remove, force=True)
+        assert not left, f"leaked containers: {[c.name for c in left]}"
+
+
+@pytest.fixture
+async def client(app: App) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(app.address) as c:
+        yield c
+
+
+@pytest.fixture
+async def pool(client: AsyncClient, image: str) -> str:
+    await client.create_pool("it", image, min_ready=2, max_size=8)
+    return "it"
