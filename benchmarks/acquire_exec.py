@@ -260,7 +260,7 @@ class ServerProcess:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
                 if int(fields[2]) == self.proc.pid:  # pgrp == the group we started
                     pids.append(int(entry.name))
-        return pids
+        return pids or [self.proc.pid]  # a wrapper that exec'd the server
 
     def stop(self, timeout: float = 40.0) -> int | None:
         """SIGTERM to the server (not to a wrapper, which should see its child

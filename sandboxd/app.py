@@ -10,6 +10,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sandboxd.api.auth import Authenticator, AuthInterceptor
 from sandboxd.api.errors import ErrorInterceptor
 from sandboxd.api.execs import ExecServicer
 from sandboxd.api.files import FileServicer
@@ -62,6 +63,24 @@ def make_backend(settings: Settings) -> Backend:
     raise TypeError(f"unknown backend settings {cfg!r}")
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def make_authenticator(settings: Settings) -> Authenticator:
+    tokens = {t.token: name for name, t in settings.tenants.items() if t.token}
+    required = settings.server.require_auth
+    if required is None:
+        # Secure by default: anything reachable from other hosts needs tokens.
+        required = bool(tokens) or settings.server.host not in LOOPBACK_HOSTS
+    if required and not tokens:
+        raise ValueError(
+            f"authentication is required (server.host={settings.server.host!r} is not loopback) "
+            "but no tenant "
+            "has a token: add [tenants.<name>] token=... or set server.require_auth = false"
+        )
+    return Authenticator(tokens, required)
+
+
 @dataclass
 class App:
     settings: Settings
@@ -99,7 +118,8 @@ def build_app(
     control = ControlPlane(settings, backend, store, clock or SystemClock())
     limit = settings.server.max_message_bytes
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        # Outermost first: errors from authentication are mapped like any other.
+        interceptors=[ErrorInterceptor(), AuthInterceptor(make_authenticator(settings))],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),

@@ -21,6 +21,9 @@ class ServerSettings:
     """How long in-flight RPCs may finish on shutdown."""
     max_message_bytes: int = 64 << 20
     """Largest gRPC message accepted or sent."""
+    require_auth: bool | None = None
+    """Require a tenant token on every call; None = required when a tenant has
+    a token or the server listens beyond loopback."""
 
 
 @dataclass
@@ -96,6 +99,35 @@ BackendSettings = DockerBackendSettings | FakeBackendSettings
 
 
 @dataclass
+class LimitCeiling:
+    """Largest limits a tenant may ask for; 0 = no ceiling beyond the server's bounds."""
+
+    memory_bytes: int = 0
+    cpu_millis: int = 0
+    pids: int = 0
+    disk_bytes: int = 0
+    max_files: int = 0
+    output_bytes: int = 0
+    lifetime_seconds: int = 0
+
+
+@dataclass
+class TenantSettings:
+    """One tenant: its bearer token and quotas (0 = unlimited)."""
+
+    token: str = ""
+    """Bearer token the tenant sends as ``authorization: Bearer <token>``."""
+    max_sandboxes: int = 0
+    """Sandboxes the tenant may hold leased at once."""
+    max_memory_bytes: int = 0
+    """Total memory limit of the tenant's leased sandboxes."""
+    creates_per_minute: int = 0
+    """Fresh sandboxes the tenant may lease per minute (every lease consumes one)."""
+    ceiling: LimitCeiling = field(default_factory=LimitCeiling)
+    """Largest limits the tenant's pools and acquires may set."""
+
+
+@dataclass
 class PoolPreset:
     """A pool created at start-up if the store does not already hold it."""
 
@@ -119,6 +151,9 @@ class Settings:
     exec: ExecSettings = field(default_factory=ExecSettings)
     backend: BackendSettings = field(default_factory=DockerBackendSettings)
     presets: list[PoolPreset] = field(default_factory=list)
+    tenants: dict[str, TenantSettings] = field(default_factory=dict)
+    """Tenants by name. When any has a token, every call must authenticate;
+    with none, all calls act as the tenant "default"."""
 
 
 def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -149,9 +184,14 @@ def _build_settings(data: dict[str, Any]) -> Settings:
     else:
         raise InvalidArgument("backend.kind", f"unknown backend {kind!r} (docker or fake)")
     presets = [_build(PoolPreset, p, "presets") for p in data.pop("presets", [])]
+    tenants = {
+        name: _build(TenantSettings, t, f"tenants.{name}")
+        for name, t in dict(data.pop("tenants", {})).items()
+    }
     settings: Settings = _build(Settings, data, "")
     settings.backend = backend
     settings.presets = presets
+    settings.tenants = tenants
     settings.state_dir = Path(settings.state_dir).expanduser()
     return settings
 

@@ -8,6 +8,7 @@ from sandboxd.backends.base import ExecResult, Limits
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.pools import PoolConfig, WarmPool
+from sandboxd.core.tenancy import split_pool_key
 from sandboxd.v1 import common_pb2, exec_pb2, pools_pb2, sandboxes_pb2
 
 
@@ -58,7 +59,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
     c = pool.config
     return pools_pb2.Pool(
         spec=pools_pb2.PoolSpec(
-            name=c.name,
+            name=split_pool_key(c.name)[1],
             image=c.image,
             min_ready=c.min_ready,
             max_size=c.max_size,
@@ -82,7 +83,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
 def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
     return common_pb2.Sandbox(
         id=rec.sandbox_id,
-        pool=rec.pool,
+        pool=split_pool_key(rec.pool)[1],
         image=rec.image,
         state=int(rec.state),  # type: ignore[arg-type]
         lease_id=rec.lease_id if rec.state is State.LEASED else "",

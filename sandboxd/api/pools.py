@@ -25,7 +25,7 @@ class PoolServicer(pools_pb2_grpc.PoolServiceServicer):
     async def ListPools(
         self, request: pools_pb2.ListPoolsRequest, context: Any
     ) -> pools_pb2.ListPoolsResponse:
-        pools = sorted(self._control.pools.values(), key=lambda p: p.config.name)
+        pools = self._control.list_pools()
         return pools_pb2.ListPoolsResponse(pools=[pool_to(p) for p in pools])
 
     async def UpdatePool(

@@ -105,6 +105,20 @@ class ExecResult:
 ExecEvent = OutputChunk | ExecResult
 
 
+@dataclass(frozen=True)
+class SandboxUsage:
+    """What a sandbox uses now; zeros where the backend cannot tell."""
+
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    pids: int = 0
+    disk_bytes: int = 0
+    disk_total_bytes: int = 0
+    files: int = 0
+    files_total: int = 0
+    cpu_seconds: float = 0.0
+
+
 class Deployment(Protocol):
     async def create(self, spec: SandboxSpec) -> str:
         """Creates, starts and health-checks a sandbox; returns its handle.
@@ -121,6 +135,10 @@ class Deployment(Protocol):
         ...
 
     async def image_exists(self, image: str) -> bool: ...
+
+    async def update_limits(self, handle: str, limits: Limits) -> None:
+        """Changes memory, CPU and pids limits of a running sandbox."""
+        ...
 
     async def ping(self) -> None:
         """Raises BackendError when the backend cannot be reached."""
@@ -140,6 +158,10 @@ class Runtime(Protocol):
         """Extracts a tar stream under ``dest`` (absolute, inside the workspace).
         Raises ResourceExhausted when the workspace is full, InvalidArgument
         for a corrupt archive."""
+        ...
+
+    async def usage(self, handle: str) -> SandboxUsage:
+        """Current resource use; raises SandboxLost when the sandbox is gone."""
         ...
 
     def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:

@@ -25,8 +25,10 @@ from sandboxd.backends.base import (
     ExecOutcome,
     ExecResult,
     ExecSpec,
+    Limits,
     OutputChunk,
     SandboxSpec,
+    SandboxUsage,
 )
 from sandboxd.errors import (
     InvalidArgument,
@@ -51,6 +53,7 @@ class FakeSandbox:
     dirs: set[str] = field(default_factory=lambda: {WORKSPACE})
     sessions: dict[str, _Shell] = field(default_factory=dict)
     running: bool = True
+    limits: Limits | None = None
 
 
 class _Exit(Exception):
@@ -98,6 +101,10 @@ class FakeBackend:
             return handle
         finally:
             self._creating -= 1
+
+    async def update_limits(self, handle: str, limits: Limits) -> None:
+        box = self._get(handle)
+        box.limits = limits
 
     async def destroy(self, handle: str) -> None:
         if self.sandboxes.pop(handle, None) is not None:
@@ -256,6 +263,15 @@ class FakeBackend:
             raise _Exit(int(args[0]) if args else 0)
         emit(2, f"{name}: command not found\n".encode())
         return 127
+
+    async def usage(self, handle: str) -> SandboxUsage:
+        box = self._get(handle)
+        return SandboxUsage(
+            disk_bytes=sum(len(c) for c, _ in box.files.values()),
+            disk_total_bytes=box.spec.limits.disk_bytes,
+            files=len(box.files) + len(box.dirs) - 1,
+            files_total=box.spec.limits.max_files,
+        )
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
         box = self._get(handle)

@@ -216,8 +216,14 @@ class _Held:
 
 class AsyncClient:
     def __init__(
-        self, target: str, *, max_message_bytes: int = 64 << 20, metadata: Sequence[tuple[str, str]] = ()
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        max_message_bytes: int = 64 << 20,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
+        """``token`` is the tenant's bearer token, when the server requires one."""
         self.target = target
         self._channel = grpc.aio.insecure_channel(
             target,
@@ -226,7 +232,7 @@ class AsyncClient:
                 ("grpc.max_send_message_length", max_message_bytes),
             ],
         )
-        self._metadata = tuple(metadata)
+        self._metadata = tuple(metadata) + ((("authorization", f"Bearer {token}"),) if token else ())
         self.pools = pools_pb2_grpc.PoolServiceStub(self._channel)
         self.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(self._channel)
         self.execs = exec_pb2_grpc.ExecServiceStub(self._channel)

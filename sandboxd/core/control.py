@@ -20,7 +20,9 @@ from sandboxd.core.files import FileData, build_tar, check_upload, parse_read_ta
 from sandboxd.core.leases import Lease, LeaseTable, new_lease_id
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.pools import PoolConfig, WarmPool
+from sandboxd.core.quotas import Quotas, Usage
 from sandboxd.core.store import StateStore
+from sandboxd.core.tenancy import current_tenant, owns, pool_key, split_pool_key
 from sandboxd.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -62,8 +64,12 @@ class ControlPlane:
         self.pools: dict[str, WarmPool] = {}
         self.leases = LeaseTable()
         self._index: dict[str, SandboxRecord] = {}
-        self._gone: OrderedDict[str, str] = OrderedDict()
+        self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._busy: dict[str, int] = {}
+        self.quotas = Quotas(settings.tenants, clock)
+        # Leased sandboxes per tenant with their memory limit, kept current by
+        # _track so quota checks cost O(1).
+        self._leased_by_tenant: dict[str, dict[str, int]] = {}
         self._reaper: asyncio.Task[None] | None = None
 
     # -- start and stop -----------------------------------------------------
@@ -149,6 +155,10 @@ class ControlPlane:
 
     # -- pools --------------------------------------------------------------
 
+    def usage(self, tenant: str) -> Usage:
+        leased = self._leased_by_tenant.get(tenant, {})
+        return Usage(sandboxes=len(leased), memory_bytes=sum(leased.values()))
+
     def _resolve_limits(self, limits: Limits) -> Limits:
         d = self.settings.limits
         resolved = Limits(
@@ -173,6 +183,7 @@ class ControlPlane:
             value = getattr(resolved, name)
             if not low <= value <= high:
                 raise InvalidArgument(f"spec.limits.{name}", f"must be between {low} and {high}, got {value}")
+        self.quotas.check_ceiling(current_tenant(), resolved, "spec.limits")
         return resolved
 
     def _check_sizes(self, min_ready: int, max_size: int) -> None:
@@ -198,30 +209,42 @@ class ControlPlane:
         return pool
 
     def _track(self, rec: SandboxRecord) -> None:
+        tenant = split_pool_key(rec.pool)[0]
+        if rec.state is State.LEASED:
+            self._leased_by_tenant.setdefault(tenant, {})[rec.sandbox_id] = rec.limits.memory_bytes
+        else:
+            self._leased_by_tenant.get(tenant, {}).pop(rec.sandbox_id, None)
         if rec.state is State.GONE:
             if self._index.pop(rec.sandbox_id, None) is not None:
-                self._gone[rec.sandbox_id] = rec.failure_reason or "released"
+                self._gone[rec.sandbox_id] = (tenant, rec.failure_reason or "released")
                 while len(self._gone) > _GONE_TOMBSTONES:
                     self._gone.popitem(last=False)
         else:
             self._index[rec.sandbox_id] = rec
 
     async def create_pool(self, config: PoolConfig) -> WarmPool:
-        v.pool_name("spec.name", config.name)
+        """Creates a pool of the current tenant; ``config.name`` is the name the
+        tenant chose, stored under the tenant's internal key."""
+        name = v.pool_name("spec.name", config.name)
         v.image_ref("spec.image", config.image)
         self._check_sizes(config.min_ready, config.max_size)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)
-        config = replace(config, limits=self._resolve_limits(config.limits), created_at=self.clock.time())
+        config = replace(
+            config,
+            name=pool_key(current_tenant(), name),
+            limits=self._resolve_limits(config.limits),
+            created_at=self.clock.time(),
+        )
         if config.name in self.pools:
-            raise AlreadyExists(f"pool {config.name!r} already exists")
+            raise AlreadyExists(f"pool {name!r} already exists")
         if not await self.backend.image_exists(config.image):
             raise FailedPrecondition(
                 f"image {config.image!r} is not present on the backend (sandboxd never pulls; "
                 "build or load it first, e.g. `sandboxd image build` for the default image)"
             )
         if config.name in self.pools:
-            raise AlreadyExists(f"pool {config.name!r} already exists")
+            raise AlreadyExists(f"pool {name!r} already exists")
         await self.store.save_pool(config)
         pool = self._add_pool(config)
         if self._reaper is not None:
@@ -229,8 +252,9 @@ class ControlPlane:
         return pool
 
     def get_pool(self, name: str, field: str = "name") -> WarmPool:
+        """The current tenant's pool called ``name``."""
         v.pool_name(field, name)
-        pool = self.pools.get(name)
+        pool = self.pools.get(pool_key(current_tenant(), name))
         if pool is None:
             raise NotFound(f"pool {name!r} not found")
         return pool
@@ -257,11 +281,12 @@ class ControlPlane:
             raise FailedPrecondition(
                 f"pool {name!r} has {leased} leased sandboxes; release them or delete with force"
             )
-        del self.pools[name]
-        for lease in [lease for lease in self.leases.all() if lease.pool == name]:
+        key = pool.config.name
+        del self.pools[key]
+        for lease in [lease for lease in self.leases.all() if lease.pool == key]:
             self.leases.remove(lease.lease_id)
             await self.store.delete_lease(lease.lease_id)
-        await self.store.delete_pool(name)
+        await self.store.delete_pool(key)
         await pool.close(destroy_leased=True)
 
     # -- leases -------------------------------------------------------------
@@ -275,7 +300,11 @@ class ControlPlane:
         ttl: float,
         timeout: float,
         call_remaining: float | None,
+        limits: Limits | None = None,
     ) -> tuple[Lease, list[SandboxRecord]]:
+        """Leases n sandboxes of the current tenant's pool. ``limits`` lowers
+        memory, CPU, pids, output or lifetime for these sandboxes only, within
+        the pool's own limits."""
         pool = self.get_pool(pool_name, "pool")
         n = n or 1
         if n < 1:
@@ -292,15 +321,24 @@ class ControlPlane:
                 f"pool {pool_name!r} holds at most {pool.config.max_size} sandboxes; "
                 f"{need} can never be leased"
             )
+        effective = self._acquire_limits(pool.config.limits, limits)
         wait = timeout or self.settings.pools.max_acquire_wait_seconds
         if call_remaining is not None:
             wait = min(wait, max(0.0, call_remaining - _DEADLINE_MARGIN))
-        records = await pool.acquire(min(n, pool.config.max_size), min_n, wait)
+        tenant = current_tenant()
+        self.quotas.admit(tenant, need, effective.memory_bytes, self.usage(tenant), self._retry_hint(tenant))
+        try:
+            records = await pool.acquire(min(n, pool.config.max_size), min_n, wait)
+        except BaseException:
+            self.quotas.refund(tenant, need)
+            raise
+        if effective != pool.config.limits:
+            records = await self._apply_limits(pool, records, effective)
         now, wall = self.clock.monotonic(), self.clock.time()
-        lifetime = pool.config.limits.lifetime_seconds
+        lifetime = effective.lifetime_seconds
         lease = Lease(
             lease_id=new_lease_id(),
-            pool=pool_name,
+            pool=pool.config.name,
             sandbox_ids=[r.sandbox_id for r in records],
             ttl=ttl,
             expires_at=now + ttl,
@@ -321,9 +359,65 @@ class ControlPlane:
             raise
         return lease, records
 
+    def _acquire_limits(self, ceiling: Limits, asked: Limits | None) -> Limits:
+        if asked is None or asked == Limits():
+            return ceiling
+        for name in ("disk_bytes", "max_files"):
+            value = getattr(asked, name)
+            if value and value != getattr(ceiling, name):
+                raise InvalidArgument(
+                    f"limits.{name}", "the workspace size is fixed by the pool; create a pool for other sizes"
+                )
+        out = {}
+        for name in ("memory_bytes", "cpu_millis", "pids", "output_bytes", "lifetime_seconds"):
+            value, top = getattr(asked, name), getattr(ceiling, name)
+            if value < 0:
+                raise InvalidArgument(f"limits.{name}", f"must be >= 0, got {value}")
+            if value and top and value > top:
+                raise InvalidArgument(f"limits.{name}", f"{value} is above the pool's limit of {top}")
+            out[name] = value or top
+        if out["memory_bytes"] < 16 << 20:
+            raise InvalidArgument("limits.memory_bytes", "must be at least 16 MiB")
+        if out["pids"] < 8:
+            raise InvalidArgument("limits.pids", "must be at least 8")
+        return replace(ceiling, **out)
+
+    async def _apply_limits(
+        self, pool: WarmPool, records: list[SandboxRecord], limits: Limits
+    ) -> list[SandboxRecord]:
+        results = await asyncio.gather(
+            *(self.backend.update_limits(r.handle, limits) for r in records), return_exceptions=True
+        )
+        failed = [r for r, res in zip(records, results, strict=True) if isinstance(res, BaseException)]
+        if failed:
+            for rec in records:
+                pool.fail(rec, "could not apply per-acquire limits")
+            raise FailedPrecondition(
+                f"could not apply the requested limits: {results[records.index(failed[0])]}"
+            )
+        for rec in records:
+            rec.limits = limits
+        return records
+
+    def _retry_hint(self, tenant: str) -> float:
+        """Seconds until one of the tenant's leases expires (at least 0.5, at most 30)."""
+        now = self.clock.monotonic()
+        soonest = min(
+            (
+                lease.expires_at - now
+                for lease in self.leases.all()
+                if split_pool_key(lease.pool)[0] == tenant
+            ),
+            default=1.0,
+        )
+        return round(min(30.0, max(0.5, soonest)), 3)
+
     def get_lease(self, lease_id: str) -> Lease:
         v.object_id("lease_id", lease_id, "lease")
-        return self.leases.get(lease_id)
+        lease = self.leases.get(lease_id)
+        if not owns(lease.pool):
+            raise NotFound(f"lease {lease_id!r} not found (expired, released or never issued)")
+        return lease
 
     async def heartbeat(self, lease_id: str, ttl: float) -> Lease:
         lease = self.get_lease(lease_id)
@@ -335,6 +429,8 @@ class ControlPlane:
     async def release(self, lease_id: str, sandbox_ids: list[str]) -> list[str]:
         v.object_id("lease_id", lease_id, "lease")
         lease = self.leases.find(lease_id)
+        if lease is not None and not owns(lease.pool):
+            lease = None
         if lease is None:
             if self.leases.was_released(lease_id):
                 return []
@@ -363,6 +459,9 @@ class ControlPlane:
         self.leases.remove(lease.lease_id)
         await self.store.delete_lease(lease.lease_id)
         return released
+
+    def list_pools(self) -> list[WarmPool]:
+        return sorted((p for p in self.pools.values() if owns(p.config.name)), key=lambda p: p.config.name)
 
     def _release_one(self, sandbox_id: str, reason: str) -> None:
         rec = self._index.get(sandbox_id)
@@ -399,18 +498,21 @@ class ControlPlane:
     def get_sandbox(self, sandbox_id: str) -> SandboxRecord:
         v.object_id("sandbox_id", sandbox_id, "sandbox")
         rec = self._index.get(sandbox_id)
+        if rec is not None and not owns(rec.pool):
+            rec = None
         if rec is None:
-            why = self._gone.get(sandbox_id)
-            suffix = f" ({why})" if why else ""
+            tenant, why = self._gone.get(sandbox_id, ("", ""))
+            suffix = f" ({why})" if why and tenant == current_tenant() else ""
             raise NotFound(f"sandbox {sandbox_id!r} not found{suffix}")
         return rec
 
     def list_sandboxes(self, pool: str, state: State | None, labels: dict[str, str]) -> list[SandboxRecord]:
-        if pool:
-            self.get_pool(pool, "pool")
+        key = self.get_pool(pool, "pool").config.name if pool else ""
         out = []
         for rec in self._index.values():
-            if pool and rec.pool != pool:
+            if key and rec.pool != key:
+                continue
+            if not owns(rec.pool):
                 continue
             if state is not None and rec.state is not state:
                 continue

@@ -28,3 +28,19 @@ def acting_as(tenant: str) -> Iterator[None]:
         yield
     finally:
         _tenant.reset(token)
+
+
+def pool_key(tenant: str, name: str) -> str:
+    """The internal name of a tenant's pool. Pool names cannot contain '/',
+    so keys of different tenants never collide."""
+    return name if tenant == DEFAULT_TENANT else f"{tenant}/{name}"
+
+
+def split_pool_key(key: str) -> tuple[str, str]:
+    tenant, sep, name = key.partition("/")
+    return (tenant, name) if sep else (DEFAULT_TENANT, key)
+
+
+def owns(key: str) -> bool:
+    """Whether the current tenant owns the pool with this internal key."""
+    return split_pool_key(key)[0] == current_tenant()

@@ -33,9 +33,12 @@ from sandboxd.backends.base import (
     ExecOutcome,
     ExecResult,
     ExecSpec,
+    Limits,
     SandboxSpec,
+    SandboxUsage,
 )
-from sandboxd.backends.docker.execs import ShellSession, run_oneshot
+from sandboxd.backends.docker.cgroups import ContainerProbe
+from sandboxd.backends.docker.execs import ShellSession, Target, kill_tree, run_oneshot
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.shell import get_tar_argv, put_tar_argv
 from sandboxd.errors import (
@@ -80,6 +83,7 @@ class DockerBackend:
         self._spare: dict[str, ShellSession] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._cleanups: set[asyncio.Future[None]] = set()
+        self._probes: dict[str, ContainerProbe | None] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -108,14 +112,13 @@ class DockerBackend:
         creating = loop.run_in_executor(self._pool, self._create_sync, spec, name)
         session: ShellSession | None = None
         try:
-            handle = await asyncio.shield(creating)
-            session = ShellSession(self._raw, handle, self._options.user, dict(spec.env))
+            handle, pid = await asyncio.shield(creating)
+            self._probes[handle] = ContainerProbe.open(pid) if pid else None
+            session = ShellSession(await self._target(handle), dict(spec.env))
             await session.start()
             # The spare shell doubles as the health check: a sandbox is READY
             # only once a command has run in it.
-            async for event in session.run(
-                ExecSpec(shell="true", timeout=30), lambda: self._is_running(handle)
-            ):
+            async for event in session.run(ExecSpec(shell="true", timeout=30)):
                 if isinstance(event, ExecResult) and (
                     event.outcome is not ExecOutcome.EXITED or event.exit_code != 0
                 ):
@@ -132,7 +135,7 @@ class DockerBackend:
             raise
 
     async def _cleanup_create(
-        self, creating: asyncio.Future[str], name: str, session: ShellSession | None
+        self, creating: asyncio.Future[tuple[str, int]], name: str, session: ShellSession | None
     ) -> None:
         with contextlib.suppress(BaseException):
             await creating
@@ -140,7 +143,8 @@ class DockerBackend:
             await session.close()
         await self._remove_by_name(name)
 
-    def _create_sync(self, spec: SandboxSpec, name: str) -> str:
+    def _create_sync(self, spec: SandboxSpec, name: str) -> tuple[str, int]:
+        """Creates and starts the container; returns its id and host pid."""
         limits = spec.limits
         uid, _, gid = self._options.user.partition(":")
         owner = f",uid={uid},gid={gid or uid}" if uid.isdigit() else ""
@@ -189,7 +193,8 @@ class DockerBackend:
         try:
             container = self._client.containers.create(**kwargs)
             container.start()
-            return str(container.id)
+            container.reload()
+            return str(container.id), int(container.attrs.get("State", {}).get("Pid") or 0)
         except docker.errors.ImageNotFound as e:
             raise PermanentBackendError(f"image {spec.image!r} is not present on the engine") from e
         except docker.errors.APIError as e:
@@ -198,6 +203,28 @@ class DockerBackend:
             raise TransientBackendError(f"container create failed: {e.explanation}") from e
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"container create failed: {e}") from e
+
+    async def update_limits(self, handle: str, limits: Limits) -> None:
+        body: dict[str, int] = {}
+        if limits.memory_bytes:
+            body["Memory"] = body["MemorySwap"] = limits.memory_bytes
+        if limits.cpu_millis:
+            body["NanoCpus"] = limits.cpu_millis * 1_000_000
+        if limits.pids:
+            body["PidsLimit"] = limits.pids
+        if body:
+            await self._run(self._update_sync, handle, body)
+
+    def _update_sync(self, handle: str, body: dict[str, int]) -> None:
+        # The SDK's update_container predates PidsLimit; the API takes it.
+        api = self._client.api
+        try:
+            response = api._post_json(api._url("/containers/{0}/update", handle), data=body)
+            api._raise_for_status(response)
+        except docker.errors.NotFound as e:
+            raise SandboxLost("the sandbox's container is gone") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot update limits: {e}") from e
 
     async def _remove_by_name(self, name: str) -> None:
         with contextlib.suppress(BackendError):
@@ -221,6 +248,7 @@ class DockerBackend:
         if spare is not None:
             sessions.append(spare)
         self._session_locks.pop(handle, None)
+        self._probes.pop(handle, None)
         for session in sessions:
             await session.close()
         await self._run(self._remove_sync, handle)
@@ -272,17 +300,48 @@ class DockerBackend:
 
     # -- Runtime ------------------------------------------------------------
 
-    async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-        def alive() -> Any:
-            return self._is_running(handle)
+    async def _probe(self, handle: str) -> ContainerProbe | None:
+        if handle not in self._probes:
+            # Adopted after a restart: look the container's pid up once.
+            try:
+                state = await self._run(self._client.api.inspect_container, handle)
+                pid = int(state.get("State", {}).get("Pid") or 0)
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                pid = 0
+            self._probes[handle] = ContainerProbe.open(pid) if pid else None
+        return self._probes[handle]
 
+    async def _target(self, handle: str) -> Target:
+        probe = await self._probe(handle)
+
+        async def alive() -> bool:
+            return await self._is_running(handle)
+
+        async def kill(var: str, tag: str) -> None:
+            if probe is not None:
+                # From the host: works even when the sandbox cannot fork.
+                await self._run(probe.kill_tagged, f"{var}={tag}".encode())
+            else:
+                await kill_tree(self._raw, handle, var, tag)
+
+        return Target(self._raw, handle, self._options.user, alive, kill, probe)
+
+    async def usage(self, handle: str) -> SandboxUsage:
+        probe = await self._probe(handle)
+        if probe is None:
+            if not await self._is_running(handle):
+                raise SandboxLost("the sandbox's container is gone")
+            return SandboxUsage()
+        return probe.usage()
+
+    async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
         try:
             if not spec.session:
-                async for event in run_oneshot(self._raw, handle, self._options.user, spec, alive):
+                async for event in run_oneshot(await self._target(handle), spec):
                     yield event
                 return
             session = await self._session(handle, spec.session)
-            async for event in session.run(spec, alive):
+            async for event in session.run(spec):
                 yield event
         except (NotFound, SandboxLost):
             yield ExecResult(
@@ -300,15 +359,10 @@ class DockerBackend:
             if spare is not None and not spare.dead:
                 session = spare
             else:
-                env = await self._container_env(handle)
-                session = ShellSession(self._raw, handle, self._options.user, env)
+                session = ShellSession(await self._target(handle), {})
                 await session.start()
             sessions[name] = session
             return session
-
-    async def _container_env(self, handle: str) -> dict[str, str]:
-        # Container env is inherited by every exec; nothing extra to pass.
-        return {}
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
         exec_id = await self._raw.exec_create(

@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
 
 from sandboxd.backends.base import (
     WORKSPACE,
@@ -21,6 +23,7 @@ from sandboxd.backends.base import (
     ExecSpec,
     OutputChunk,
 )
+from sandboxd.backends.docker.cgroups import ContainerProbe, Counters
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
 from sandboxd.backends.shell import (
     EXEC_TAG_VAR,
@@ -35,6 +38,36 @@ from sandboxd.errors import BackendError
 _DRAIN_AFTER_KILL = 5.0
 
 IsAlive = Callable[[], Awaitable[bool]]
+Killer = Callable[[str, str], Coroutine[Any, Any, None]]
+
+
+@dataclass
+class Target:
+    """The container an exec runs in, and how to reach into it."""
+
+    engine: RawEngine
+    container: str
+    user: str
+    is_alive: IsAlive
+    kill: Killer
+    """Kills every process whose environment has ``VAR=tag``: (VAR, tag)."""
+    probe: ContainerProbe | None = None
+
+
+def _explain(target: Target, before: Counters | None, result: ExecResult) -> ExecResult:
+    """Names the limit behind a failed or timed-out command, if one was hit."""
+    if target.probe is None or before is None:
+        return result
+    timed_out = result.outcome is ExecOutcome.TIMED_OUT
+    if result.outcome is not ExecOutcome.EXITED and not timed_out:
+        return result
+    if result.outcome is ExecOutcome.EXITED and result.exit_code == 0:
+        return result
+    reason = target.probe.classify(before, result.exit_code, timed_out)
+    if reason is None:
+        return result
+    outcome, detail = reason
+    return replace(result, outcome=outcome, detail=f"{detail}; {result.detail}" if result.detail else detail)
 
 
 class _Budget:
@@ -68,9 +101,9 @@ async def kill_tree(engine: RawEngine, container: str, tag_var: str, tag: str) -
         pass
 
 
-async def run_oneshot(
-    engine: RawEngine, container: str, user: str, spec: ExecSpec, is_alive: IsAlive
-) -> AsyncIterator[ExecEvent]:
+async def run_oneshot(target: Target, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
+    engine, container, user, is_alive = target.engine, target.container, target.user, target.is_alive
+    before = target.probe.counters() if target.probe else None
     tag = secrets.token_hex(8)
     argv = list(spec.argv) if spec.argv else ["bash", "-c", spec.shell]
     env = {**spec.env, EXEC_TAG_VAR: tag}
@@ -93,7 +126,7 @@ async def run_oneshot(
             remaining = deadline - time.monotonic()
             if stopped is None and remaining <= 0:
                 stopped = ExecOutcome.TIMED_OUT
-                killer = asyncio.create_task(kill_tree(engine, container, EXEC_TAG_VAR, tag))
+                killer = asyncio.create_task(target.kill(EXEC_TAG_VAR, tag))
                 deadline = time.monotonic() + _DRAIN_AFTER_KILL
                 continue
             if stopped is not None and remaining <= 0:
@@ -109,7 +142,7 @@ async def run_oneshot(
                 yield OutputChunk(stream, data)
             if budget.truncated and stopped is None:
                 stopped = ExecOutcome.OUTPUT_TRUNCATED
-                killer = asyncio.create_task(kill_tree(engine, container, EXEC_TAG_VAR, tag))
+                killer = asyncio.create_task(target.kill(EXEC_TAG_VAR, tag))
                 deadline = time.monotonic() + _DRAIN_AFTER_KILL
     finally:
         if feeder is not None:
@@ -121,13 +154,17 @@ async def run_oneshot(
     info = await _inspect_quietly(engine, exec_id)
     exit_code = info.get("ExitCode")
     if stopped is not None:
-        yield ExecResult(
-            stopped,
-            -1,
-            duration,
-            signal=9,
-            output_truncated=budget.truncated,
-            detail=_stop_detail(stopped, spec),
+        yield _explain(
+            target,
+            before,
+            ExecResult(
+                stopped,
+                -1,
+                duration,
+                signal=9,
+                output_truncated=budget.truncated,
+                detail=_stop_detail(stopped, spec),
+            ),
         )
         return
     if exit_code is None or info.get("Running"):
@@ -138,7 +175,7 @@ async def run_oneshot(
             return
         yield ExecResult(ExecOutcome.SANDBOX_LOST, -1, duration, detail="the exec stream was cut")
         return
-    yield ExecResult(ExecOutcome.EXITED, int(str(exit_code)), duration)
+    yield _explain(target, before, ExecResult(ExecOutcome.EXITED, int(str(exit_code)), duration))
 
 
 async def _finish(task: asyncio.Task[None]) -> None:
@@ -171,10 +208,11 @@ class ShellSession:
     """A bash kept open through an exec stream: one command at a time, state
     (cwd, exported variables, functions) carried between commands."""
 
-    def __init__(self, engine: RawEngine, container: str, user: str, env: dict[str, str]) -> None:
-        self._engine = engine
-        self._container = container
-        self._user = user
+    def __init__(self, target: Target, env: dict[str, str]) -> None:
+        self._target = target
+        self._engine = target.engine
+        self._container = target.container
+        self._user = target.user
         self._env = env
         self._tag = secrets.token_hex(8)
         self._lock = asyncio.Lock()
@@ -200,9 +238,9 @@ class ShellSession:
             await self._channel.close()
             self._channel = None
 
-    async def run(self, spec: ExecSpec, is_alive: IsAlive) -> AsyncIterator[ExecEvent]:
+    async def run(self, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
         async with self._lock:
-            async for event in self._run_locked(spec, is_alive):
+            async for event in self._run_locked(spec, self._target.is_alive):
                 yield event
 
     async def _run_locked(self, spec: ExecSpec, is_alive: IsAlive) -> AsyncIterator[ExecEvent]:
@@ -213,6 +251,7 @@ class ShellSession:
         tag = secrets.token_hex(8)
         command = spec.shell if spec.shell else " ".join(ansi_c_quote(a) for a in spec.argv)
         started = time.monotonic()
+        before = self._target.probe.counters() if self._target.probe else None
         try:
             await channel.write(
                 session_command(
@@ -239,9 +278,7 @@ class ShellSession:
             if remaining <= 0:
                 if stopped is None:
                     stopped = ExecOutcome.TIMED_OUT
-                    killers.append(
-                        asyncio.create_task(kill_tree(self._engine, self._container, EXEC_TAG_VAR, tag))
-                    )
+                    killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
                     deadline = time.monotonic() + 2.0
                     continue
                 if not escalated:
@@ -249,11 +286,7 @@ class ShellSession:
                     # only killing the shell stops it.
                     escalated = True
                     self.dead = True
-                    killers.append(
-                        asyncio.create_task(
-                            kill_tree(self._engine, self._container, SESSION_TAG_VAR, self._tag)
-                        )
-                    )
+                    killers.append(asyncio.create_task(self._target.kill(SESSION_TAG_VAR, self._tag)))
                     deadline = time.monotonic() + 2.0
                     continue
                 break
@@ -272,9 +305,7 @@ class ShellSession:
                 yield OutputChunk(stream, out)
             if budget.truncated and stopped is None:
                 stopped = ExecOutcome.OUTPUT_TRUNCATED
-                killers.append(
-                    asyncio.create_task(kill_tree(self._engine, self._container, EXEC_TAG_VAR, tag))
-                )
+                killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
                 deadline = time.monotonic() + 2.0
         duration = time.monotonic() - started
         for killer in killers:
@@ -285,14 +316,16 @@ class ShellSession:
             detail = _stop_detail(stopped, spec)
             if escalated:
                 detail += "; the session shell was restarted (cwd and environment reset)"
-            yield ExecResult(
-                stopped, -1, duration, signal=9, output_truncated=budget.truncated, detail=detail
+            yield _explain(
+                self._target,
+                before,
+                ExecResult(stopped, -1, duration, signal=9, output_truncated=budget.truncated, detail=detail),
             )
             return
         if splitters[1].exit_code is None:
             yield await self._ended(started, is_alive)
             return
-        yield ExecResult(ExecOutcome.EXITED, splitters[1].exit_code, duration)
+        yield _explain(self._target, before, ExecResult(ExecOutcome.EXITED, splitters[1].exit_code, duration))
 
     async def _ended(self, started: float, is_alive: IsAlive) -> ExecResult:
         info = await _inspect_quietly(self._engine, self._exec_id)

@@ -1,0 +1,84 @@
+"""Bearer-token authentication: maps ``authorization: Bearer <token>`` to a
+tenant and runs the call as that tenant. Health checks and reflection stay
+open so probes and tools work without credentials."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from sandboxd.core.tenancy import DEFAULT_TENANT, acting_as
+from sandboxd.errors import Unauthenticated
+
+OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class Authenticator:
+    def __init__(self, tokens: dict[str, str], required: bool) -> None:
+        """``tokens`` maps token -> tenant."""
+        self._tokens = tokens
+        self.required = required
+
+    def tenant_for(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:
+        header = ""
+        for key, value in metadata or ():
+            if key == "authorization":
+                header = value.decode() if isinstance(value, bytes) else value
+        if not header:
+            if self.required:
+                raise Unauthenticated("missing credentials: send 'authorization: Bearer <token>' metadata")
+            return DEFAULT_TENANT
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("malformed authorization metadata: expected 'Bearer <token>'")
+        for known, tenant in self._tokens.items():
+            if hmac.compare_digest(known.encode(), token.strip().encode()):
+                return tenant
+        raise Unauthenticated("unknown token")
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._auth = authenticator
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_SERVICES):
+            return handler
+        auth = self._auth
+        kw = dict(
+            request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+        def unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                with acting_as(auth.tenant_for(context.invocation_metadata())):
+                    return await fn(request, context)
+
+            return call
+
+        def stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+            async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+                with acting_as(auth.tenant_for(context.invocation_metadata())):
+                    async for item in fn(request, context):
+                        yield item
+
+            return call
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kw)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), **kw)
+        return handler

@@ -1,0 +1,59 @@
+"""Shell snippets the snapshot core runs inside a sandbox through the
+ordinary exec path (one-shot or in a session): list the workspace with the
+metadata change detection needs, capture a session's cwd and exported
+environment, and re-apply them after a restore.
+
+Each script starts with a marker comment line, so an adapter without a real
+shell (the fake backend) can recognise and emulate it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sandboxd.backends.base import WORKSPACE
+from sandboxd.backends.shell import ansi_c_quote
+
+LIST_MARKER = "# sandboxd:list"
+STATE_MARKER = "# sandboxd:session-state"
+RESTORE_MARKER = "# sandboxd:restore"
+
+# One record per entry below the workspace: "type mode size mtime ctime" NUL
+# path NUL link-target NUL. ctime cannot be set from user space, so an entry
+# whose (size, mtime, ctime) is unchanged since a listing is unchanged.
+LIST_FORMAT = r"%y %m %s %T@ %C@\0%P\0%l\0"
+_LIST = f"(cd {WORKSPACE} && find . -mindepth 1 -printf '{LIST_FORMAT}')"
+
+# Variables every session has that belong to the shell, not to the rollout.
+SHELL_OWNED = ("PWD", "OLDPWD", "SHLVL", "_")
+
+LIST_SCRIPT = f"{LIST_MARKER}\n{_LIST}\n"
+STATE_SCRIPT = f"{STATE_MARKER}\nprintf '%s\\0' \"$PWD\"; env -0\n"
+
+_FIXUP = (
+    "while IFS= read -r -d '' __sbxd_m && IFS= read -r -d '' __sbxd_p; do "
+    f'chmod "$__sbxd_m" -- "{WORKSPACE}/$__sbxd_p"; done; unset __sbxd_m __sbxd_p'
+)
+
+
+def restore_script(*, fixups: bool, cwd: str = "", env: Mapping[str, str] | None = None) -> str:
+    """Re-applies modes the extracting user's umask dropped (pairs of mode and
+    path on stdin, NUL-separated), prints a listing (taken before the
+    environment changes, so it sees a fresh PATH), then sets the session's
+    exported environment to exactly ``env`` (None: leave it) and changes to
+    ``cwd`` (empty: stay)."""
+    lines = [RESTORE_MARKER]
+    if fixups:
+        lines.append(_FIXUP)
+    lines.append(_LIST)
+    if env is not None:
+        keep = "|".join(["SANDBOXD_*", *SHELL_OWNED, *env])
+        lines.append(
+            'for __sbxd_v in $(compgen -e); do case "$__sbxd_v" in '
+            f'{keep}) ;; *) unset "$__sbxd_v";; esac; done; unset __sbxd_v'
+        )
+        if env:
+            lines.append("export " + " ".join(f"{k}={ansi_c_quote(v)}" for k, v in env.items()))
+    if cwd:
+        lines.append(f"cd -- {ansi_c_quote(cwd)} 2>/dev/null || true")
+    return "\n".join(lines) + "\n"

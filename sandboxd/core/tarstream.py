@@ -1,0 +1,158 @@
+"""A streaming tar reader for the snapshot path: members come out with their
+content while the archive is still arriving, so hashing and storing overlap
+with the transfer. Understands what GNU tar writes (ustar, GNU long names and
+links, pax headers); refuses what a snapshot never needs (sparse files,
+multi-volume archives)."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sandboxd.errors import InvalidArgument
+
+REGULAR = frozenset(b"07\x00")
+HARDLINK = ord("1")
+SYMLINK = ord("2")
+DIRECTORY = ord("5")
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    """Relative, normalised path ('./' stripped)."""
+    type: int
+    """The tar type flag as a byte value (ord('0'), ord('5')...)."""
+    mode: int
+    size: int
+    linkname: str = ""
+
+    @property
+    def is_file(self) -> bool:
+        return self.type in REGULAR
+
+
+class _Reader:
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._it = aiter(chunks)
+        self._buf = bytearray()
+        self._pos = 0
+        self._eof = False
+
+    async def read(self, n: int) -> bytes:
+        while len(self._buf) - self._pos < n:
+            if self._eof:
+                raise InvalidArgument("tar", "archive ends in the middle of a member")
+            try:
+                chunk = await anext(self._it)
+            except StopAsyncIteration:
+                self._eof = True
+                continue
+            if self._pos > 1 << 20:
+                del self._buf[: self._pos]
+                self._pos = 0
+            self._buf += chunk
+        out = bytes(self._buf[self._pos : self._pos + n])
+        self._pos += n
+        return out
+
+    async def drain(self) -> None:
+        """Consumes the rest of the stream (the producer may need to finish)."""
+        if not self._eof:
+            async for _ in self._it:
+                pass
+            self._eof = True
+
+
+def _octal(field: bytes) -> int:
+    if field and field[0] & 0x80:  # GNU base-256 for large numbers
+        value = field[0] & 0x3F
+        for b in field[1:]:
+            value = value << 8 | b
+        return value
+    text = field.split(b"\x00", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError as e:
+        raise InvalidArgument("tar", f"bad number field {field[:20]!r}") from e
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0:
+            break
+        try:
+            length = int(data[pos:space])
+        except ValueError as e:
+            raise InvalidArgument("tar", "bad pax header") from e
+        if length <= 0:
+            break
+        record = data[space + 1 : pos + length - 1]
+        key, _, value = record.partition(b"=")
+        out[key.decode()] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _normalise(name: str) -> str:
+    norm = posixpath.normpath(name)
+    return "" if norm in (".", "") else norm.removeprefix("./")
+
+
+async def read_members(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[Member, bytes]]:
+    """Yields (member, content) for each member; content is empty for all but
+    regular files. Consumes the whole stream."""
+    reader = _Reader(chunks)
+    long_name: str | None = None
+    long_link: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        try:
+            block = await reader.read(512)
+        except InvalidArgument:
+            return  # no end-of-archive blocks: a truncated but clean ending
+        if block == bytes(512):
+            await reader.drain()
+            return
+        type_flag = block[156]
+        size = int(pax["size"]) if "size" in pax else _octal(block[124:136])
+        padded = (size + 511) // 512 * 512
+        if type_flag in (ord("x"), ord("g"), ord("L"), ord("K")):
+            data = (await reader.read(padded))[:size]
+            if type_flag == ord("x"):
+                pax = _pax(data)
+            elif type_flag == ord("L"):
+                long_name = data.rstrip(b"\x00").decode("utf-8", "surrogateescape")
+            elif type_flag == ord("K"):
+                long_link = data.rstrip(b"\x00").decode("utf-8", "surrogateescape")
+            continue
+        if type_flag in (ord("S"), ord("M"), ord("V")):
+            raise InvalidArgument("tar", f"unsupported tar member type {chr(type_flag)!r}")
+        name = _text(block[0:100])
+        if block[257:263] == b"ustar\x00":
+            prefix = _text(block[345:500])
+            if prefix:
+                name = f"{prefix}/{name}"
+        name = pax.get("path", long_name if long_name is not None else name)
+        linkname = pax.get("linkpath", long_link if long_link is not None else _text(block[157:257]))
+        long_name = long_link = None
+        pax = {}
+        has_data = type_flag in REGULAR
+        content = b""
+        if has_data:
+            content = (await reader.read(padded))[:size] if size else b""
+        elif size and type_flag not in (HARDLINK, SYMLINK, DIRECTORY):
+            await reader.read(padded)
+        rel = _normalise(name)
+        if not rel:
+            continue
+        member = Member(rel, type_flag, _octal(block[100:108]) & 0o7777, size if has_data else 0, linkname)
+        yield member, content

@@ -1,0 +1,119 @@
+"""Blobs as files in a local directory (default ``state_dir/blobs``). Writes
+go to a temporary name and are renamed into place, so a crash never leaves a
+key with partial content. Each batch runs in one worker thread hop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sandboxd.errors import BackendError, InvalidArgument, NotFound
+
+T = TypeVar("T")
+_TMP_SUFFIX = ".tmp-"
+
+
+class LocalBlobStore:
+    def __init__(self, root: Path, *, threads: int = 2) -> None:
+        self.root = root
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sandboxd-blobs")
+        self._made: set[Path] = set()
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _path(self, key: str) -> Path:
+        parts = key.split("/")
+        if not key or any(p in ("", ".", "..") for p in parts) or _TMP_SUFFIX in key:
+            raise InvalidArgument("key", f"{key[:100]!r} is not a valid blob key")
+        return self.root.joinpath(*parts)
+
+    async def put_absent(self, blobs: Mapping[str, bytes]) -> int:
+        if not blobs:
+            return 0
+        written: int = await self._run(self._put_sync, dict(blobs))
+        return written
+
+    def _put_sync(self, blobs: dict[str, bytes]) -> int:
+        written = 0
+        try:
+            for key, data in blobs.items():
+                path = self._path(key)
+                if path.exists():
+                    continue
+                parent = path.parent
+                if parent not in self._made:
+                    parent.mkdir(parents=True, exist_ok=True)
+                    self._made.add(parent)
+                tmp = parent / f"{path.name}{_TMP_SUFFIX}{secrets.token_hex(4)}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+                written += len(data)
+        except OSError as e:
+            raise BackendError(f"blob store {self.root}: write failed: {e}") from e
+        return written
+
+    async def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        if not keys:
+            return {}
+        out: dict[str, bytes] = await self._run(self._get_sync, list(keys))
+        return out
+
+    def _get_sync(self, keys: list[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for key in keys:
+            try:
+                out[key] = self._path(key).read_bytes()
+            except FileNotFoundError as e:
+                raise NotFound(f"blob {key} is missing from the store") from e
+            except OSError as e:
+                raise BackendError(f"blob store {self.root}: read of {key} failed: {e}") from e
+        return out
+
+    async def missing(self, keys: Sequence[str]) -> set[str]:
+        if not keys:
+            return set()
+        out: set[str] = await self._run(lambda: {k for k in keys if not self._path(k).exists()})
+        return out
+
+    async def delete_many(self, keys: Sequence[str]) -> None:
+        if keys:
+            await self._run(self._delete_sync, list(keys))
+
+    def _delete_sync(self, keys: list[str]) -> None:
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+
+    async def list_keys(self, prefix: str = "") -> list[str]:
+        out: list[str] = await self._run(self._list_sync, prefix)
+        return out
+
+    def _list_sync(self, prefix: str) -> list[str]:
+        out: list[str] = []
+        if not self.root.exists():
+            return out
+        for dirpath, _dirs, files in os.walk(self.root):
+            rel = os.path.relpath(dirpath, self.root)
+            for name in files:
+                if _TMP_SUFFIX in name:
+                    continue
+                key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+                if key.startswith(prefix):
+                    out.append(key)
+        return out
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)
