@@ -42,11 +42,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import docker
 import docker.errors
@@ -57,6 +57,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sandboxd.backends.base import LABEL_INSTANCE
 from sandboxd.client import AsyncClient, Lease
 from sandboxd.images.build import ensure_default_image
+
+T = TypeVar("T")
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "acquire_exec.json"
 POOL = "bench"
@@ -174,6 +176,52 @@ class CpuMeter:
         busy, total = _cpu_jiffies()
         dt = total - self._start[1]
         return round(100.0 * (busy - self._start[0]) / dt, 1) if dt > 0 else math.nan
+
+
+_ENGINE_COMMS = ("dockerd", "containerd", "runc", "docker-init", "docker-proxy")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _foreign_cpu(ours: set[int]) -> dict[int, float]:
+    """CPU seconds so far of every host process that is not ours, not the
+    container engine and not inside a container: other people's workloads."""
+    out: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in ours:
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            if comm.startswith(_ENGINE_COMMS) or "/docker" in (entry / "cgroup").read_text():
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+class HostMeter:
+    """How busy the host was during a phase: in all (``busy_pct``, ours
+    included) and by other people's host processes (``other_pct``, a lower
+    bound: processes that start and end inside the phase are missed)."""
+
+    def __init__(self, ours: set[int]) -> None:
+        self._ours = ours
+        self._jiffies = _cpu_jiffies()
+        self._foreign = _foreign_cpu(ours)
+
+    def read(self) -> dict[str, float]:
+        busy, total = _cpu_jiffies()
+        dt = total - self._jiffies[1]
+        foreign = _foreign_cpu(self._ours)
+        other = sum(max(0.0, cpu - self._foreign.get(pid, 0.0)) for pid, cpu in foreign.items())
+        if dt <= 0:
+            return {"busy_pct": math.nan, "other_pct": math.nan}
+        return {
+            "busy_pct": round(100.0 * (busy - self._jiffies[0]) / dt, 1),
+            "other_pct": round(100.0 * other * _CLK_TCK / dt, 1),
+        }
 
 
 def background_load(seconds: float = 1.0) -> float:
@@ -542,23 +590,32 @@ async def run_sandboxd(server: ServerProcess, image: str, cfg: Config) -> dict[s
         fill = await bench.wait_quiet(cfg.clients)
         log(f"pool warm: {cfg.clients} READY after {fill:.1f}s")
         out: dict[str, Any] = {"pool_fill_seconds": round(fill, 2)}
-        out.update(await bench.grpc_floor())
+        ours = {os.getpid(), server.proc.pid, *server._server_pids()}
+        load: dict[str, dict[str, float]] = {}
+        out["host_load"] = load
 
-        seq = await bench.acquire_sequential()
+        async def phase(name: str, work: Awaitable[T]) -> T:
+            meter = HostMeter(ours)
+            try:
+                return await work
+            finally:
+                load[name] = meter.read()
+
+        out.update(await phase("grpc_floor", bench.grpc_floor()))
+        seq = await phase("acquire_1", bench.acquire_sequential())
         out["acquire_1"] = summary_ms(seq)
         log(
             f"acquire, 1 client: p50 {percentile(seq, 50) * 1000:.2f} ms, "
             f"p99 {percentile(seq, 99) * 1000:.2f} ms"
         )
-        conc = await bench.acquire_concurrent()
-        out["acquire_n"] = summary_ms(conc)
-        out["acquire_group"] = summary_ms(await bench.acquire_group())
-
-        out["exec"] = await bench.exec_roundtrips()
-
+        out["acquire_n"] = summary_ms(await phase("acquire_n", bench.acquire_concurrent()))
+        out["acquire_group"] = summary_ms(await phase("acquire_group", bench.acquire_group()))
+        out["exec"] = await phase("exec", bench.exec_roundtrips())
         layouts = []
         for sandboxes, sessions in cfg.layouts:
-            layouts.append(await bench.exec_throughput(sandboxes, sessions))
+            layouts.append(
+                await phase(f"throughput_{sandboxes}x{sessions}", bench.exec_throughput(sandboxes, sessions))
+            )
         out["throughput_layouts"] = layouts
         return out
     finally:
@@ -755,6 +812,14 @@ def print_table(report: dict[str, Any]) -> None:
     for g in report["goals"].values():
         mark = "ok  " if g["met"] else ("MISS" if g["met"] is False else "n/a ")
         print(f"goal {mark} {g['what']}: {g['value']} (goal {g['goal']})")
+    load = report["details"].get("host_load", {})
+    if load:
+        print(
+            "other processes' CPU during each phase (share of all CPUs, lower bound): "
+            + ", ".join(f"{name} {v['other_pct']:.0f}%" for name, v in load.items())
+        )
+        if max(v["other_pct"] for v in load.values()) > 10:
+            print("WARNING: other workloads ran during the measurement; rerun on a quiet host (--wait-idle)")
     print(f"leaked containers: {report['leaked']}")
     if report.get("error"):
         print(f"ERROR: {report['error']}")

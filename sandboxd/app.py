@@ -15,10 +15,13 @@ from sandboxd.api.errors import ErrorInterceptor
 from sandboxd.api.execs import ExecServicer
 from sandboxd.api.files import FileServicer
 from sandboxd.api.pools import PoolServicer
+from sandboxd.api.preflight import PreflightServicer
 from sandboxd.api.sandboxes import SandboxServicer
+from sandboxd.api.snapshots import SnapshotServicer
 from sandboxd.backends.base import Backend
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
+from sandboxd.core.snapshots import SnapshotManager, make_snapshot_manager
 from sandboxd.core.store import StateStore
 from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, Settings
 from sandboxd.v1 import (
@@ -28,8 +31,12 @@ from sandboxd.v1 import (
     files_pb2_grpc,
     pools_pb2,
     pools_pb2_grpc,
+    preflight_pb2,
+    preflight_pb2_grpc,
     sandboxes_pb2,
     sandboxes_pb2_grpc,
+    snapshots_pb2,
+    snapshots_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,8 @@ SERVICE_NAMES = [
     sandboxes_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
     exec_pb2.DESCRIPTOR.services_by_name["ExecService"].full_name,
     files_pb2.DESCRIPTOR.services_by_name["FileService"].full_name,
+    preflight_pb2.DESCRIPTOR.services_by_name["PreflightService"].full_name,
+    snapshots_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
 ]
 
 
@@ -89,6 +98,7 @@ class App:
     backend: Backend
     health: health.aio.HealthServicer
     port: int
+    snapshots: SnapshotManager | None = None
 
     @property
     def address(self) -> str:
@@ -96,6 +106,8 @@ class App:
 
     async def start(self) -> None:
         await self.control.start()
+        if self.snapshots is not None:
+            await self.snapshots.start()
         await self.server.start()
         for name in ["", *SERVICE_NAMES]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -106,6 +118,8 @@ class App:
         the pools (leased sandboxes stay for the next start to adopt)."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.server.grace_seconds if grace is None else grace)
+        if self.snapshots is not None:
+            await self.snapshots.stop()
         await self.control.stop()
         await self.backend.close()
 
@@ -130,6 +144,9 @@ def build_app(
     sandboxes_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(control), server)
     exec_pb2_grpc.add_ExecServiceServicer_to_server(ExecServicer(control), server)
     files_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(control), server)
+    preflight_pb2_grpc.add_PreflightServiceServicer_to_server(PreflightServicer(control), server)
+    snapshots = make_snapshot_manager(settings, control, control.clock, persist=persist)
+    snapshots_pb2_grpc.add_SnapshotServiceServicer_to_server(SnapshotServicer(snapshots), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -138,4 +155,4 @@ def build_app(
     port = server.add_insecure_port(f"{settings.server.host}:{settings.server.port}")
     if port == 0:
         raise OSError(f"cannot bind {settings.server.host}:{settings.server.port}")
-    return App(settings, server, control, backend, health_servicer, port)
+    return App(settings, server, control, backend, health_servicer, port, snapshots=snapshots)

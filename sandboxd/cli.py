@@ -45,6 +45,56 @@ async def _serve(settings: Settings) -> None:
     await app.stop()
 
 
+def _bench(argv: list[str]) -> int:
+    """The load harness lives in the source tree's benchmarks/ (not installed)."""
+    try:
+        from benchmarks.load import main as bench_main
+    except ImportError as e:
+        print(
+            f"sandboxd bench: cannot import benchmarks.load ({e}); run it from a sandboxd source "
+            "checkout (the repository root), with the dev extras installed: pip install -e '.[dev]'",
+            file=sys.stderr,
+        )
+        return 2
+    return bench_main(argv)
+
+
+async def _preflight(args: argparse.Namespace) -> int:
+    from sandboxd.client import AsyncClient
+
+    kinds = {
+        1: "image missing",
+        2: "limits invalid",
+        3: "quota too small",
+        4: "capacity too small",
+        5: "backend unhealthy",
+        6: "pool too small",
+        7: "lifetime too short",
+    }
+    limits = {k: v for k, v in [("memory_bytes", args.memory), ("cpu_millis", args.cpu)] if v}
+    async with AsyncClient(args.target, token=args.token) as client:
+        report = await client.preflight(
+            concurrent=args.concurrent,
+            pool=args.pool or "",
+            image=args.image or "",
+            limits=limits,
+            duration=args.duration,
+        )
+    cap = report.capacity
+    print(
+        f"capacity: {cap.memory_bytes / 2**30:.1f} GiB, {cap.cpus} CPUs; "
+        f"needed: {cap.memory_needed_bytes / 2**30:.1f} GiB, {cap.cpus_needed:g} CPUs"
+    )
+    print(
+        f"predicted time to warm {args.concurrent}: {report.predicted_warm_seconds:.1f}s"
+        + (f" (measured start {report.measured_start_seconds:.2f}s)" if report.measured_start_seconds else "")
+    )
+    for p in report.problems:
+        print(f"PROBLEM [{kinds.get(p.kind, p.kind)}] {p.message}" + (f" ({p.field})" if p.field else ""))
+    print("ok: nothing found that would stop the run" if report.ok else f"{len(report.problems)} problem(s)")
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sandboxd", description="Sandbox orchestration for RL rollouts.")
     parser.add_argument("--log-level", default="INFO")
@@ -63,15 +113,36 @@ def main(argv: list[str] | None = None) -> int:
     server_flags(ex)
     ex.add_argument("--groups", type=int, default=2, help="GRPO groups to run")
     ex.add_argument("--group-size", type=int, default=4, help="rollouts per group")
+    pf = sub.add_parser("preflight", help="check a planned run against a server before spending compute")
+    pf.add_argument("--target", default="127.0.0.1:50051")
+    pf.add_argument("--token", help="tenant bearer token")
+    pf.add_argument("--concurrent", type=int, required=True, help="rollouts at once")
+    pf.add_argument("--duration", type=float, default=0.0, help="expected run seconds")
+    pf.add_argument("--pool", help="an existing pool")
+    pf.add_argument("--image", help="or: the image of a pool to be created")
+    pf.add_argument("--memory", type=int, help="memory bytes per sandbox (with --image)")
+    pf.add_argument("--cpu", type=int, help="CPU millicores per sandbox (with --image)")
     image = sub.add_parser("image", help="the default sandbox image")
     image.add_argument("action", choices=["build", "tag"])
     image.add_argument("--force", action="store_true")
+    sub.add_parser(
+        "bench",
+        add_help=False,
+        help="load test: simulated rollouts on sandboxd and a docker baseline "
+        "(python -m benchmarks.load; its flags follow)",
+    )
 
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return _bench(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
+    if args.command == "preflight":
+        return asyncio.run(_preflight(args))
     if args.command == "image":
         from sandboxd.images.build import default_image_tag, ensure_default_image
 

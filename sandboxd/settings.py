@@ -46,6 +46,28 @@ class PoolSettings:
     """Longest an Acquire waits when neither it nor its deadline says less."""
     max_pool_size: int = 10_000
     """Upper bound on any pool's max_size."""
+    max_total_sandboxes: int = 0
+    """Sandboxes in any state across all pools (host or cluster capacity); 0 = no limit.
+    When full, waiting acquirers reclaim other pools' warm sandboxes."""
+    max_total_starting: int = 0
+    """Sandboxes starting at once across all pools (shared fairly); 0 = no limit."""
+    max_create_rate: float = 0.0
+    """Backend create attempts per second across all pools (pacing); 0 = unpaced."""
+    create_attempts: int = 4
+    """Attempts per sandbox on transient backend failures (exponential backoff, jitter)."""
+    scale_down_delay_seconds: float = 30.0
+    """How long demand must stay lower before warm sandboxes above it are
+    destroyed (hysteresis); a pool's idle_seconds overrides it."""
+    rate_headroom: float = 1.5
+    """Warm sandboxes kept for unannounced traffic: acquire rate x start-up latency x this."""
+    rate_window_seconds: float = 30.0
+    """Smoothing window of the acquire rate."""
+    announcement_ttl_seconds: float = 120.0
+    """How long after its due time announced demand counts when SetDemand gives no TTL."""
+    reconcile_interval_seconds: float = 0.5
+    """Longest time between two scaling passes."""
+    liveness_interval_seconds: float = 5.0
+    """Seconds between checks that warm sandboxes still run; 0 = never."""
 
 
 @dataclass
@@ -128,6 +150,56 @@ class TenantSettings:
 
 
 @dataclass
+class S3StoreSettings:
+    """An S3-compatible object store for snapshot blobs (path-style requests,
+    Signature V4)."""
+
+    endpoint: str = ""
+    """Base URL, e.g. http://minio.internal:9000; empty = use the local store."""
+    bucket: str = "sandboxd-snapshots"
+    access_key: str = ""
+    secret_key: str = ""
+    region: str = "us-east-1"
+    prefix: str = ""
+    """Prepended to every key, so several servers can share a bucket."""
+    concurrency: int = 32
+    """Requests in flight at once."""
+
+
+@dataclass
+class SnapshotSettings:
+    blob_dir: Path | None = None
+    """Local blob directory; None = state_dir/blobs. Unused with [snapshots.s3]."""
+    s3: S3StoreSettings = field(default_factory=S3StoreSettings)
+    default_ttl_seconds: float = 7 * 24 * 3600.0
+    """Lifetime of a snapshot that did not ask for one."""
+    max_ttl_seconds: float = 365 * 24 * 3600.0
+    quota_bytes: int = 50 << 30
+    """Stored bytes (distinct blobs) each tenant's snapshots may hold; 0 = unlimited."""
+    tenant_quota_bytes: dict[str, int] = field(default_factory=dict)
+    """Per-tenant overrides of quota_bytes."""
+    gc_interval_seconds: float = 300.0
+    """How often expired snapshots and unreferenced blobs are removed."""
+    exec_timeout_seconds: float = 300.0
+    """Timeout of the listing, state and restore commands run inside sandboxes."""
+
+
+@dataclass
+class TelemetrySettings:
+    metrics_host: str = "127.0.0.1"
+    """Address of the Prometheus scrape endpoint."""
+    metrics_port: int = 0
+    """Port of the Prometheus scrape endpoint (GET /metrics); 0 = off."""
+    otlp_endpoint: str = ""
+    """OTLP/gRPC collector for metrics and traces (e.g. http://collector:4317);
+    empty = off. Needs the ``otlp`` extra."""
+    otlp_interval_seconds: float = 15.0
+    """How often metrics are pushed over OTLP."""
+    service_name: str = "sandboxd"
+    """service.name of the exported telemetry."""
+
+
+@dataclass
 class PoolPreset:
     """A pool created at start-up if the store does not already hold it."""
 
@@ -154,6 +226,8 @@ class Settings:
     tenants: dict[str, TenantSettings] = field(default_factory=dict)
     """Tenants by name. When any has a token, every call must authenticate;
     with none, all calls act as the tenant "default"."""
+    snapshots: SnapshotSettings = field(default_factory=SnapshotSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
 
 def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:

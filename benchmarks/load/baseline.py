@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import posixpath
 import shlex
 import time
@@ -33,7 +34,9 @@ WORKDIR = "/workspace"
 class BaselineDriver:
     name = "baseline"
 
-    def __init__(self, *, run_id: str, image: str, threads: int, snapshots: bool = False, log: Any = None) -> None:
+    def __init__(
+        self, *, run_id: str, image: str, threads: int, snapshots: bool = False, log: Any = None
+    ) -> None:
         self.run_id = run_id
         self.image = image
         self.threads = threads
@@ -53,7 +56,9 @@ class BaselineDriver:
         return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
     async def setup(self, warm_timeout: float) -> dict[str, Any]:
-        self._engine = await asyncio.to_thread(docker.from_env, timeout=warm_timeout, max_pool_size=self.threads)
+        self._engine = await asyncio.to_thread(
+            docker.from_env, timeout=warm_timeout, max_pool_size=self.threads
+        )
         await asyncio.to_thread(self._engine.images.get, self.image)
         # One unmeasured container first, like sandboxd's warm-up: page cache and engine metadata are warm.
         t0 = time.perf_counter()
@@ -85,10 +90,8 @@ class BaselineDriver:
         )
 
     def _remove_image(self, image_id: str) -> None:
-        try:
+        with contextlib.suppress(docker.errors.ImageNotFound):
             self._engine.images.remove(image_id, force=True)
-        except docker.errors.ImageNotFound:
-            pass
 
     # -- the Driver protocol ----------------------------------------------------
 
@@ -106,34 +109,35 @@ class BaselineDriver:
             raise failed[0]
         return boxes
 
-    async def exec(self, box: object, command: str, *, session: bool, timeout: float) -> ExecOutcome:
+    async def exec(self, box: Any, command: str, *, session: bool, timeout: float) -> ExecOutcome:
         argv = ["timeout", "-s", "KILL", f"{timeout:g}", "bash", "-c", command]
-        result = await self._call(getattr(box, "exec_run"), argv, workdir=WORKDIR, demux=True)
-        stdout, stderr = result.output if result.output else (b"", b"")
+        result = await self._call(box.exec_run, argv, workdir=WORKDIR, demux=True)
+        _, stderr = result.output if result.output else (b"", b"")
         if result.exit_code == 137:
             return ExecOutcome("TIMED_OUT", -1, stderr or b"")
         return ExecOutcome("EXITED", int(result.exit_code), stderr or b"")
 
-    async def write(self, box: object, files: Sequence[tuple[str, bytes]]) -> None:
+    async def write(self, box: Any, files: Sequence[tuple[str, bytes]]) -> None:
         for path, content in files:
             encoded = base64.b64encode(content).decode()
             target = posixpath.join(WORKDIR, path)
-            script = f"mkdir -p {shlex.quote(posixpath.dirname(target))} && echo {encoded} | base64 -d > {shlex.quote(target)}"
-            result = await self._call(getattr(box, "exec_run"), ["sh", "-c", script], demux=True)
+            folder = shlex.quote(posixpath.dirname(target))
+            script = f"mkdir -p {folder} && echo {encoded} | base64 -d > {shlex.quote(target)}"
+            result = await self._call(box.exec_run, ["sh", "-c", script], demux=True)
             if result.exit_code != 0:
                 stderr = (result.output[1] or b"").decode(errors="replace") if result.output else ""
                 raise RuntimeError(f"writing {path} exited {result.exit_code}: {stderr[-200:]}")
 
-    async def snapshot(self, box: object) -> None:
-        image = await self._call(getattr(box, "commit"), conf={"Labels": self.labels})
-        self._images.setdefault(getattr(box, "id"), []).append(image.id)
+    async def snapshot(self, box: Any) -> None:
+        image = await self._call(box.commit, conf={"Labels": self.labels})
+        self._images.setdefault(box.id, []).append(image.id)
 
-    async def release(self, boxes: Sequence[object]) -> None:
+    async def release(self, boxes: Sequence[Any]) -> None:
         self.removing += len(boxes)
         try:
-            await asyncio.gather(*(self._call(getattr(b, "remove"), force=True) for b in boxes))
+            await asyncio.gather(*(self._call(b.remove, force=True) for b in boxes))
             for b in boxes:
-                for image_id in self._images.pop(getattr(b, "id"), []):
+                for image_id in self._images.pop(b.id, []):
                     await self._call(self._remove_image, image_id)
         finally:
             self.removing -= len(boxes)

@@ -57,7 +57,7 @@ class Dist:
         return float(round(x)) if self.integer else x
 
     def sample_int(self, rng: random.Random) -> int:
-        return int(round(self.sample(rng)))
+        return round(self.sample(rng))
 
     def mean_estimate(self) -> float:
         """The unbounded mean (ignores clamping): for sizing runs in messages."""
@@ -123,7 +123,12 @@ def parse_dist(where: str, value: Any, *, integer: bool = False, upper: float = 
         dist = Dist(kind, lo=lo, hi=hi, integer=integer)
     elif kind == "lognormal":
         dist = Dist(
-            kind, _number(where, table, "median", positive=True), _number(where, table, "sigma"), lo, hi, integer
+            kind,
+            _number(where, table, "median", positive=True),
+            _number(where, table, "sigma"),
+            lo,
+            hi,
+            integer,
         )
     elif kind == "pareto":
         alpha = _number(where, table, "alpha", positive=True)

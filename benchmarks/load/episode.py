@@ -60,7 +60,8 @@ def file_content(path: str, size: int, tag: str) -> bytes:
     tail = f"print('ok {tag}')\n".encode()
     room = max(0, size - len(head) - len(tail))
     line = b"# " + b"x" * 76 + b"\n"
-    body = line * (room // len(line)) + (b"#" + b"y" * (room % len(line) - 2) + b"\n" if room % len(line) >= 2 else b"")
+    rest = room % len(line)
+    body = line * (room // len(line)) + (b"#" + b"y" * (rest - 2) + b"\n" if rest >= 2 else b"")
     return head + body + tail
 
 
@@ -80,7 +81,9 @@ def plan_episode(profile: Profile, rollout: int, step: int = 0) -> Plan:
         files = []
         for j in range(ep.files_per_turn.sample_int(rng)):
             last_file = f"src/t{t}_{j}.py"
-            files.append((last_file, file_content(last_file, ep.file_bytes.sample_int(rng), f"r{rollout}t{t}")))
+            files.append(
+                (last_file, file_content(last_file, ep.file_bytes.sample_int(rng), f"r{rollout}t{t}"))
+            )
         if files:
             actions.append(Write(tuple(files)))
         for _ in range(ep.execs_per_turn.sample_int(rng)):
@@ -149,13 +152,18 @@ async def think(seconds: float, stop: asyncio.Event) -> None:
 
 
 async def _exec(driver: Driver, rec: Recorder, box: object, action: Exec, timeout: float, op: str) -> None:
-    result = await rec.call(op, lambda: driver.exec(box, action.command, session=action.session, timeout=timeout))
+    result = await rec.call(
+        op, lambda: driver.exec(box, action.command, session=action.session, timeout=timeout)
+    )
     rec.latencies.setdefault("exec", []).append(rec.latencies[op][-1])
     if result.outcome != "EXITED":
         rec.error(op, f"exec:{result.outcome}", action.command)
     elif result.exit_code != 0:
-        rec.error(op, "exec:EXIT_NONZERO", f"{action.command!r} exited {result.exit_code}: "
-                  + result.stderr.decode(errors="replace")[-200:])
+        rec.error(
+            op,
+            "exec:EXIT_NONZERO",
+            f"{action.command!r} exited {result.exit_code}: " + result.stderr.decode(errors="replace")[-200:],
+        )
 
 
 async def play(driver: Driver, rec: Recorder, box: object, plan: Plan, timeout: float, tally: Tally) -> None:
@@ -185,7 +193,12 @@ async def play(driver: Driver, rec: Recorder, box: object, plan: Plan, timeout: 
 
 
 async def run_group(
-    driver: Driver, rec: Recorder, plans: Sequence[Plan], labels: Mapping[str, str], timeout: float, tally: Tally
+    driver: Driver,
+    rec: Recorder,
+    plans: Sequence[Plan],
+    labels: Mapping[str, str],
+    timeout: float,
+    tally: Tally,
 ) -> None:
     """Acquire len(plans) sandboxes at once, play a trajectory in each, release them all."""
     tally.planned += len(plans)
@@ -198,7 +211,9 @@ async def run_group(
         tally.failed += len(plans)
         return
     try:
-        await asyncio.gather(*(play(driver, rec, b, p, timeout, tally) for b, p in zip(boxes, plans, strict=True)))
+        await asyncio.gather(
+            *(play(driver, rec, b, p, timeout, tally) for b, p in zip(boxes, plans, strict=True))
+        )
     finally:
         with contextlib.suppress(OpFailed):
             await asyncio.shield(rec.call("release", lambda: driver.release(boxes), cleanup=True))

@@ -25,18 +25,17 @@ HARNESS_LABEL = "sandboxd.load.run"
 
 
 class ContainerLike(Protocol):
-    name: str
-    status: str
-    labels: Mapping[str, str]
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
 
 
 def leftovers(containers: Iterable[ContainerLike], key: str, value: str) -> list[dict[str, str]]:
     """The containers labelled ``key=value``, described for the report."""
-    return [
-        {"name": c.name, "status": c.status}
-        for c in containers
-        if c.labels.get(key) == value
-    ]
+    return [{"name": c.name, "status": c.status} for c in containers if c.labels.get(key) == value]
 
 
 def engine_leftovers(engine: Any, key: str, value: str, *, remove: bool = True) -> list[dict[str, str]]:

@@ -52,8 +52,13 @@ def plot_all(series: dict[str, Any], stem: Path, title: str) -> list[str]:
             keys = [k for k in timeline[0] if k != "t"]
             ts = [s["t"] for s in timeline]
             for k in keys:
-                ax.plot(ts, [s.get(k, 0) for s in timeline], label=k, lw=2.2 if k == "demand" else 1.3,
-                        ls="--" if k == "demand" else "-")
+                ax.plot(
+                    ts,
+                    [s.get(k, 0) for s in timeline],
+                    label=k,
+                    lw=2.2 if k == "demand" else 1.3,
+                    ls="--" if k == "demand" else "-",
+                )
             t_end = 0.0
             for i, step in enumerate(series[d].get("step_s", [])):
                 ax.axvspan(t_end, t_end + step, alpha=0.06 if i % 2 else 0.12, color=COLORS.get(d))

@@ -8,6 +8,7 @@
     rollouts = 128              # trajectories per step (step-sync) or in all
     group_size = 8              # sandboxes per acquire (a GRPO group); 1 = single acquires
     steps = 2                   # step-sync only
+    step_gap_seconds = 20       # step-sync: the trainer's update between steps (not in step time)
     concurrency = 0             # open/burst: rollouts in flight at once; 0 = all
     arrival_rate = 0.0          # open: new groups per second (Poisson); 0 = as fast as concurrency allows
     max_seconds = 900           # hard bound on the run (every driver)
@@ -63,6 +64,7 @@ class RunShape:
     rollouts: int
     group_size: int
     steps: int
+    step_gap_seconds: float
     concurrency: int
     arrival_rate: float
     max_seconds: float
@@ -115,6 +117,7 @@ class Profile:
 _RUN_DEFAULTS: dict[str, Any] = {
     "group_size": 1,
     "steps": 1,
+    "step_gap_seconds": 0.0,
     "concurrency": 0,
     "arrival_rate": 0.0,
     "max_seconds": 900.0,
@@ -143,7 +146,9 @@ def _table(where: str, value: Any) -> dict[str, Any]:
 def _check_keys(where: str, table: Mapping[str, Any], allowed: set[str] | frozenset[str]) -> None:
     unknown = sorted(set(table) - set(allowed))
     if unknown:
-        raise ProfileError(where, f"unknown key(s): {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
+        raise ProfileError(
+            where, f"unknown key(s): {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
+        )
 
 
 def _int(where: str, value: Any, lo: int, hi: int | None = None) -> int:
@@ -174,8 +179,9 @@ def _command(where: str, value: Any) -> str:
     unknown = sorted(fields - PLACEHOLDERS)
     if unknown:
         raise ProfileError(
-            where, f"unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} "
-            f"(known: {', '.join('{' + p + '}' for p in sorted(PLACEHOLDERS))})"
+            where,
+            f"unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} "
+            f"(known: {', '.join('{' + p + '}' for p in sorted(PLACEHOLDERS))})",
         )
     return value
 
@@ -200,7 +206,11 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parse_profile(
-    data: Mapping[str, Any], *, quick: bool = False, overrides: Mapping[str, Any] | None = None, source: str = ""
+    data: Mapping[str, Any],
+    *,
+    quick: bool = False,
+    overrides: Mapping[str, Any] | None = None,
+    source: str = "",
 ) -> Profile:
     """A Profile from parsed TOML; ``overrides`` are dotted keys ({"run.rollouts": 8})."""
     _check_keys("profile", data, _TOP_KEYS)
@@ -233,6 +243,7 @@ def parse_profile(
         rollouts=_int("run.rollouts", run_t["rollouts"], 1, 100_000),
         group_size=_int("run.group_size", run_t["group_size"], 1, 1024),
         steps=_int("run.steps", run_t["steps"], 1, 1000),
+        step_gap_seconds=_float("run.step_gap_seconds", run_t["step_gap_seconds"], 0.0, 3600.0),
         concurrency=_int("run.concurrency", run_t["concurrency"], 0),
         arrival_rate=_float("run.arrival_rate", run_t["arrival_rate"], 0.0),
         max_seconds=_float("run.max_seconds", run_t["max_seconds"], 0.0, 24 * 3600.0, above=True),
@@ -241,6 +252,8 @@ def parse_profile(
     )
     if run.mode != "step-sync" and run.steps != 1:
         raise ProfileError("run.steps", f"only step-sync runs several steps (mode is {run.mode!r})")
+    if run.mode != "step-sync" and run.step_gap_seconds:
+        raise ProfileError("run.step_gap_seconds", f"only step-sync has steps (mode is {run.mode!r})")
     if run.mode != "open" and run.arrival_rate:
         raise ProfileError("run.arrival_rate", f"only open runs have an arrival rate (mode is {run.mode!r})")
 

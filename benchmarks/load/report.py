@@ -82,7 +82,10 @@ def rows_of(report: dict[str, Any], driver: str) -> list[tuple[str, Any]]:
     rows += [
         ("execs/s", t.get("execs_per_s")),
         ("requests", d.get("requests")),
-        ("episodes completed/planned", f"{d.get('episodes', {}).get('completed')}/{d.get('episodes', {}).get('planned')}"),
+        (
+            "episodes completed/planned",
+            f"{d.get('episodes', {}).get('completed')}/{d.get('episodes', {}).get('planned')}",
+        ),
         ("stopped by", d.get("stopped_by")),
         ("errors", ", ".join(f"{k}={v}" for k, v in sorted(d.get("errors", {}).items())) or "0"),
         ("leaked", d.get("leaked")),
@@ -142,7 +145,11 @@ def compare(a_path: Path, b_path: Path) -> str:
         rows = []
         for k in keys:
             va, vb = ra.get(k), rb.get(k)
-            ratio = f"{vb / va:.2f}x" if isinstance(va, int | float) and isinstance(vb, int | float) and va else ""
+            ratio = (
+                f"{vb / va:.2f}x"
+                if isinstance(va, int | float) and isinstance(vb, int | float) and va
+                else ""
+            )
             rows.append([k, _fmt(va), _fmt(vb), ratio])
         out.append(f"\n{d}")
         out.append(_table(["", "A", "B", "B/A"], rows))

@@ -79,10 +79,14 @@ class Sampler:
             t = time.perf_counter()
             try:
                 s = await asyncio.wait_for(self.driver.sample(), self.interval * 4)
-                self.samples.append({"t": round(t - self.origin, 3), **s})
+                self.samples.append({"t": t, **s})
             except Exception:
                 self.errors += 1
             await asyncio.sleep(max(0.0, self.interval - (time.perf_counter() - t)))
+
+    def timeline(self) -> list[dict[str, float]]:
+        """The samples with t in seconds since ``origin``."""
+        return [{**s, "t": round(s["t"] - self.origin, 3)} for s in self.samples]
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -122,6 +126,9 @@ async def play_profile(
     async def body() -> None:
         if run.mode in ("step-sync", "burst"):
             for step in range(run.steps):
+                if step > 0 and run.step_gap_seconds > 0:  # the trainer updating the policy
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(bounds.stop.wait(), run.step_gap_seconds)
                 if bounds.stop.is_set():
                     break
                 plans = [plan_episode(profile, r, step) for r in range(run.rollouts)]
@@ -131,7 +138,9 @@ async def play_profile(
                     await go.wait()
                     await group(plans, {"run": run_id, "step": str(step), "group": str(g)})
 
-                tasks = [asyncio.create_task(gated(p, g)) for g, p in enumerate(groups_of(plans, run.group_size))]
+                tasks = [
+                    asyncio.create_task(gated(p, g)) for g, p in enumerate(groups_of(plans, run.group_size))
+                ]
                 await asyncio.sleep(0)  # every task is parked on the gate
                 s0 = time.perf_counter()
                 go.set()
@@ -166,7 +175,9 @@ async def play_profile(
         main.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await main
-        rec.error("run", "harness:HARD_STOP", f"episodes still running {HARD_STOP_GRACE:g}s after max_seconds")
+        rec.error(
+            "run", "harness:HARD_STOP", f"episodes still running {HARD_STOP_GRACE:g}s after max_seconds"
+        )
     finally:
         soft.cancel()
         bar.close()

@@ -60,6 +60,8 @@ class SandboxdDriver:
         self.client: AsyncClient | None = None
         self._snapshot: snapshots.SnapshotMethod | None = None
         self._channel: grpc.aio.Channel | None = None
+        self._sessions: set[str] = set()
+        """Sandboxes whose session exists (a snapshot captures its state)."""
         self._log = log or (lambda msg: None)
 
     @property
@@ -106,7 +108,8 @@ class SandboxdDriver:
             if time.perf_counter() > deadline:
                 raise TimeoutError(
                     f"pool {self.pool} not warm within {timeout:g}s: ready {status.ready}/{ready}, "
-                    f"creating {status.creating}, failed {status.failed_total}, last error {status.last_error!r}"
+                    f"creating {status.creating}, failed {status.failed_total}, "
+                    f"last error {status.last_error!r}"
                 )
             await asyncio.sleep(0.25)
 
@@ -134,7 +137,9 @@ class SandboxdDriver:
 
                 engine = docker.from_env(timeout=120)
                 try:
-                    found = await asyncio.to_thread(engine_leftovers, engine, LABEL_INSTANCE, self.server.instance)
+                    found = await asyncio.to_thread(
+                        engine_leftovers, engine, LABEL_INSTANCE, self.server.instance
+                    )
                 finally:
                     engine.close()
                 out["leftovers"] += found
@@ -157,6 +162,8 @@ class SandboxdDriver:
 
     async def exec(self, box: object, command: str, *, session: bool, timeout: float) -> ExecOutcome:
         assert isinstance(box, Sandbox)
+        if session:
+            self._sessions.add(box.id)
         r = await box.exec(command, session=SESSION if session else "", timeout=timeout)
         return ExecOutcome(r.outcome, r.exit_code, r.stderr)
 
@@ -169,7 +176,15 @@ class SandboxdDriver:
         if self._snapshot is None:
             return
         try:
-            await snapshots.call(self._channel, self._snapshot, box.id, timeout=120.0)
+            await snapshots.call(
+                self._channel,
+                self._snapshot,
+                box.id,
+                timeout=120.0,
+                session=SESSION if box.id in self._sessions else None,
+                labels={RUN_LABEL: self.run_id},
+                ttl_seconds=self.lease_ttl,
+            )
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self.snapshots = False
@@ -181,6 +196,8 @@ class SandboxdDriver:
         first = boxes[0]
         assert isinstance(first, Sandbox)
         await self.c.release(first.lease_id)
+        for b in boxes:
+            self._sessions.discard(getattr(b, "id", ""))
 
     def classify(self, error: BaseException) -> str:
         cause = error.__cause__ if isinstance(error, errors.SandboxdError) else error

@@ -49,7 +49,9 @@ class ServerProcess:
             "--state-dir", str(self.state_dir), "--backend", backend,
         ]  # fmt: skip
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -68,7 +70,9 @@ class ServerProcess:
                 if left <= 0:
                     raise TimeoutError(f"server not healthy within {within:g}s:\n{self.log_tail()}")
                 with contextlib.suppress(grpc.aio.AioRpcError):
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=min(1.0, left))
+                    reply = await stub.Check(
+                        health_pb2.HealthCheckRequest(service=""), timeout=min(1.0, left)
+                    )
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return time.perf_counter() - t0
                 await asyncio.sleep(0.05)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxd.api.convert import lease_to, sandbox_to
+from sandboxd.api.convert import lease_to, limits_from, sandbox_to
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.errors import InvalidArgument
@@ -26,6 +26,7 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
             request.lease_ttl_seconds,
             request.timeout_seconds,
             context.time_remaining(),
+            limits_from(request.limits) if request.HasField("limits") else None,
         )
         return sandboxes_pb2.AcquireResponse(
             lease=lease_to(lease), sandboxes=[sandbox_to(r, lease) for r in records]
@@ -49,6 +50,23 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
         rec = self._control.get_sandbox(request.sandbox_id)
         return sandboxes_pb2.GetSandboxResponse(
             sandbox=sandbox_to(rec, self._control.leases.find(rec.lease_id))
+        )
+
+    async def GetUsage(
+        self, request: sandboxes_pb2.GetUsageRequest, context: Any
+    ) -> sandboxes_pb2.GetUsageResponse:
+        u = await self._control.usage_of(request.sandbox_id)
+        return sandboxes_pb2.GetUsageResponse(
+            usage=sandboxes_pb2.Usage(
+                memory_bytes=u.memory_bytes,
+                memory_peak_bytes=u.memory_peak_bytes,
+                pids=u.pids,
+                disk_bytes=u.disk_bytes,
+                disk_limit_bytes=u.disk_total_bytes,
+                files=u.files,
+                files_limit=u.files_total,
+                cpu_seconds=u.cpu_seconds,
+            )
         )
 
     async def ListSandboxes(

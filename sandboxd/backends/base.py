@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 # Labels every backend puts on what it creates, so a restarted control plane
 # can find (and adopt or destroy) everything that belongs to it.
@@ -136,6 +136,10 @@ class Deployment(Protocol):
 
     async def image_exists(self, image: str) -> bool: ...
 
+    async def capacity(self) -> tuple[int, int]:
+        """Memory bytes and CPUs the backend has for sandboxes (0 = unknown)."""
+        ...
+
     async def update_limits(self, handle: str, limits: Limits) -> None:
         """Changes memory, CPU and pids limits of a running sandbox."""
         ...
@@ -172,3 +176,14 @@ class Runtime(Protocol):
 
 class Backend(Deployment, Runtime, Protocol):
     """What the core needs from an engine."""
+
+
+@runtime_checkable
+class LivenessProbe(Protocol):
+    """Optional for a backend: a cheap check of many sandboxes at once, used
+    to replace warm sandboxes that died (one engine call per sweep)."""
+
+    async def alive(self, handles: list[str]) -> set[str]:
+        """The subset of ``handles`` whose sandboxes are running. Raises
+        BackendError when it cannot tell (the sweep is then skipped)."""
+        ...

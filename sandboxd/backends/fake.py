@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
+from sandboxd.backends import fake_snapshot
 from sandboxd.backends.base import (
     WORKSPACE,
     BackendSandbox,
@@ -54,6 +55,11 @@ class FakeSandbox:
     sessions: dict[str, _Shell] = field(default_factory=dict)
     running: bool = True
     limits: Limits | None = None
+    # For snapshots (sandboxd.backends.fake_snapshot): symlinks, directory
+    # modes, and a change time per path (wall-clock seconds of the last write).
+    links: dict[str, str] = field(default_factory=dict)
+    dir_modes: dict[str, int] = field(default_factory=dict)
+    stamps: dict[str, float] = field(default_factory=dict)
 
 
 class _Exit(Exception):
@@ -67,6 +73,9 @@ class FakeBackend:
         self.images: set[str] | None = images
         """Images that exist; None = every image exists."""
         self.sandboxes: dict[str, FakeSandbox] = {}
+        self.memory_bytes = 64 << 30
+        self.cpus = 16
+        """Capacity the fake reports to pre-flight checks."""
         self.transient_failures = 0
         """The next this-many creates fail with a transient error."""
         self.creates = 0
@@ -102,6 +111,9 @@ class FakeBackend:
         finally:
             self._creating -= 1
 
+    async def capacity(self) -> tuple[int, int]:
+        return self.memory_bytes, self.cpus
+
     async def update_limits(self, handle: str, limits: Limits) -> None:
         box = self._get(handle)
         box.limits = limits
@@ -118,6 +130,9 @@ class FakeBackend:
 
     async def close(self) -> None:
         return None
+
+    async def alive(self, handles: builtins.list[str]) -> set[str]:
+        return {h for h in handles if h in self.sandboxes and self.sandboxes[h].running}
 
     def kill(self, handle: str) -> None:
         """Simulates a sandbox dying (container gone, node lost)."""
@@ -142,6 +157,11 @@ class FakeBackend:
         shell = box.sessions.setdefault(spec.session, _Shell()) if spec.session else _Shell()
         if spec.cwd:
             shell.cwd = spec.cwd
+        scripted = fake_snapshot.emulate(box, shell, spec.shell, spec.stdin)
+        if scripted is not None:
+            yield OutputChunk(1, scripted)
+            yield ExecResult(ExecOutcome.EXITED, 0, time.monotonic() - started)
+            return
         out: list[OutputChunk] = []
         used = 0
         truncated = False
@@ -284,11 +304,17 @@ class FakeBackend:
                     if not path.startswith(WORKSPACE):
                         raise InvalidArgument("tar", f"member {member.name} escapes")
                     self._mkdirs(box, posixpath.dirname(path))
+                    box.stamps[path] = time.time()
                     if member.isdir():
                         self._mkdirs(box, path)
+                        box.dir_modes[path] = member.mode
                     elif member.isfile():
                         fh = tar.extractfile(member)
+                        box.links.pop(path, None)
                         box.files[path] = (fh.read() if fh else b"", member.mode)
+                    elif member.issym():
+                        box.files.pop(path, None)
+                        box.links[path] = member.linkname
         except tarfile.TarError as e:
             raise InvalidArgument("tar", f"extraction failed: {e}") from e
         self._mkdirs(box, dest)
@@ -309,12 +335,17 @@ class FakeBackend:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for rel in paths:
                 root = posixpath.normpath(posixpath.join(base, rel))
-                if root not in box.files and root not in box.dirs:
+                if root not in box.files and root not in box.dirs and root not in box.links:
                     raise NotFound(f"no such file or directory in the sandbox: {rel}")
                 for path in sorted(box.dirs):  # directory entries, as real tar writes them
                     if path == root or path.startswith(root + "/"):
                         info = tarfile.TarInfo(posixpath.relpath(path, base))
-                        info.type, info.mode = tarfile.DIRTYPE, 0o755
+                        info.type, info.mode = tarfile.DIRTYPE, box.dir_modes.get(path, 0o755)
+                        tar.addfile(info)
+                for path, target in sorted(box.links.items()):
+                    if path == root or path.startswith(root + "/"):
+                        info = tarfile.TarInfo(posixpath.relpath(path, base))
+                        info.type, info.linkname = tarfile.SYMTYPE, target
                         tar.addfile(info)
                 for path, (content, mode) in sorted(box.files.items()):
                     if path == root or path.startswith(root + "/"):

@@ -17,18 +17,29 @@ from sandboxd.backends.shell import ansi_c_quote
 LIST_MARKER = "# sandboxd:list"
 STATE_MARKER = "# sandboxd:session-state"
 RESTORE_MARKER = "# sandboxd:restore"
+TAR_MARKER = "# sandboxd:tar"
 
-# One record per entry below the workspace: "type mode size mtime ctime" NUL
+# The listing starts with the sandbox's clock (NUL-terminated), then one
+# record per entry below the workspace: "type mode size mtime ctime" NUL
 # path NUL link-target NUL. ctime cannot be set from user space, so an entry
 # whose (size, mtime, ctime) is unchanged since a listing is unchanged.
 LIST_FORMAT = r"%y %m %s %T@ %C@\0%P\0%l\0"
-_LIST = f"(cd {WORKSPACE} && find . -mindepth 1 -printf '{LIST_FORMAT}')"
+_LIST = (
+    "printf '%s\\0' \"$(date +%s.%N)\"; "
+    f"(cd {WORKSPACE} && find . -mindepth 1 -printf '{LIST_FORMAT}')"
+)
 
 # Variables every session has that belong to the shell, not to the rollout.
 SHELL_OWNED = ("PWD", "OLDPWD", "SHLVL", "_")
 
 LIST_SCRIPT = f"{LIST_MARKER}\n{_LIST}\n"
-STATE_SCRIPT = f"{STATE_MARKER}\nprintf '%s\\0' \"$PWD\"; env -0\n"
+# A session's cwd, its exported environment closed by an empty record, then
+# the listing: one round trip through the (cheap) session instead of two.
+STATE_SCRIPT = f"{STATE_MARKER}\nprintf '%s\\0' \"$PWD\"; env -0; printf '\\0'; {_LIST}\n"
+
+# A tar of the files named on stdin (NUL-separated, relative to the
+# workspace), for small change sets read through a session: no exec start.
+TAR_SCRIPT = f"{TAR_MARKER}\n(cd {WORKSPACE} && tar -c -f - --null --no-recursion -T -)\n"
 
 _FIXUP = (
     "while IFS= read -r -d '' __sbxd_m && IFS= read -r -d '' __sbxd_p; do "

@@ -34,8 +34,12 @@ from sandboxd.v1 import (
     files_pb2_grpc,
     pools_pb2,
     pools_pb2_grpc,
+    preflight_pb2,
+    preflight_pb2_grpc,
     sandboxes_pb2,
     sandboxes_pb2_grpc,
+    snapshots_pb2,
+    snapshots_pb2_grpc,
 )
 
 _ERROR_OF: dict[grpc.StatusCode, type[errors.SandboxdError]] = {
@@ -152,6 +156,10 @@ class Sandbox:
     async def release(self) -> None:
         await self.client.release(self.lease_id, [self.id])
 
+    async def snapshot(self, **kwargs: Any) -> snapshots_pb2.Snapshot:
+        """Snapshots this sandbox; keywords as AsyncClient.snapshot."""
+        return await self.client.snapshot(self.id, **kwargs)
+
 
 class Lease:
     """Sandboxes held under one lease (a group when there are several)."""
@@ -237,6 +245,8 @@ class AsyncClient:
         self.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(self._channel)
         self.execs = exec_pb2_grpc.ExecServiceStub(self._channel)
         self.files = files_pb2_grpc.FileServiceStub(self._channel)
+        self.snapshots = snapshots_pb2_grpc.SnapshotServiceStub(self._channel)
+        self.preflight_stub = preflight_pb2_grpc.PreflightServiceStub(self._channel)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -311,6 +321,28 @@ class AsyncClient:
 
     # -- leases -------------------------------------------------------------
 
+    @staticmethod
+    def _acquire_request(
+        pool: str,
+        n: int,
+        min_n: int,
+        labels: Mapping[str, str] | None,
+        lease_ttl: float,
+        timeout: float | None,
+        limits: Mapping[str, int] | None,
+    ) -> sandboxes_pb2.AcquireRequest:
+        request = sandboxes_pb2.AcquireRequest(
+            pool=pool,
+            n=n,
+            min_n=min_n,
+            labels=labels or {},
+            lease_ttl_seconds=lease_ttl,
+            timeout_seconds=timeout or 0.0,
+        )
+        if limits:
+            request.limits.CopyFrom(common_pb2.Limits(**limits))
+        return request
+
     def acquire(
         self,
         pool: str,
@@ -318,11 +350,11 @@ class AsyncClient:
         labels: Mapping[str, str] | None = None,
         lease_ttl: float = 0.0,
         timeout: float | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> _Held:
-        """``async with client.acquire(pool) as sandbox``: one sandbox."""
-        request = sandboxes_pb2.AcquireRequest(
-            pool=pool, n=1, labels=labels or {}, lease_ttl_seconds=lease_ttl, timeout_seconds=timeout or 0.0
-        )
+        """``async with client.acquire(pool) as sandbox``: one sandbox.
+        ``limits`` (memory_bytes, cpu_millis, pids, ...) lowers the pool's."""
+        request = self._acquire_request(pool, 1, 0, labels, lease_ttl, timeout, limits)
         return _Held(self, request, timeout, single=True)
 
     def acquire_group(
@@ -334,17 +366,11 @@ class AsyncClient:
         labels: Mapping[str, str] | None = None,
         lease_ttl: float = 0.0,
         timeout: float | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> _Held:
         """``async with client.acquire_group(pool, n=8) as group``: a Lease of n
         sandboxes (all-or-nothing, or at least min_n)."""
-        request = sandboxes_pb2.AcquireRequest(
-            pool=pool,
-            n=n,
-            min_n=min_n,
-            labels=labels or {},
-            lease_ttl_seconds=lease_ttl,
-            timeout_seconds=timeout or 0.0,
-        )
+        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits)
         return _Held(self, request, timeout, single=False)
 
     async def lease(
@@ -356,16 +382,10 @@ class AsyncClient:
         labels: Mapping[str, str] | None = None,
         lease_ttl: float = 0.0,
         timeout: float | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> Lease:
         """Acquire without a context manager: the caller heartbeats and releases."""
-        request = sandboxes_pb2.AcquireRequest(
-            pool=pool,
-            n=n,
-            min_n=min_n,
-            labels=labels or {},
-            lease_ttl_seconds=lease_ttl,
-            timeout_seconds=timeout or 0.0,
-        )
+        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits)
         return await self._acquire(request, timeout)
 
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:
@@ -403,6 +423,38 @@ class AsyncClient:
         request = sandboxes_pb2.ListSandboxesRequest(pool=pool, state=state, labels=labels or {})  # type: ignore[arg-type]
         with _mapped():
             return list((await self.sandboxes.ListSandboxes(request, metadata=self._metadata)).sandboxes)
+
+    async def usage(self, sandbox_id: str) -> sandboxes_pb2.Usage:
+        """Memory (and peak), pids, workspace bytes and files, CPU seconds."""
+        with _mapped():
+            response: sandboxes_pb2.GetUsageResponse = await self.sandboxes.GetUsage(
+                sandboxes_pb2.GetUsageRequest(sandbox_id=sandbox_id), metadata=self._metadata
+            )
+        return response.usage
+
+    async def preflight(
+        self,
+        *,
+        concurrent: int,
+        pool: str = "",
+        image: str = "",
+        limits: Mapping[str, int] | None = None,
+        duration: float = 0.0,
+    ) -> preflight_pb2.PreflightResponse:
+        """Checks a planned run (an existing pool, or an image and limits)
+        before anything is created; the answer lists every problem found."""
+        request = preflight_pb2.PreflightRequest(concurrent=concurrent, expected_duration_seconds=duration)
+        if pool:
+            request.pool = pool
+        else:
+            request.template.CopyFrom(
+                preflight_pb2.Template(image=image, limits=common_pb2.Limits(**(limits or {})))
+            )
+        with _mapped():
+            response: preflight_pb2.PreflightResponse = await self.preflight_stub.Preflight(
+                request, metadata=self._metadata
+            )
+        return response
 
     # -- exec ---------------------------------------------------------------
 
@@ -499,6 +551,83 @@ class AsyncClient:
             async for chunk in self.files.DownloadDirectory(request, metadata=self._metadata):
                 out += chunk.data
         return bytes(out)
+
+    # -- snapshots ----------------------------------------------------------
+
+    async def snapshot(
+        self,
+        sandbox_id: str,
+        *,
+        session: str = "",
+        labels: Mapping[str, str] | None = None,
+        policy_version: int | None = None,
+        turn: int = 0,
+        ttl: float = 0.0,
+    ) -> snapshots_pb2.Snapshot:
+        """Snapshots a leased sandbox's workspace and the cwd and exported
+        environment of ``session`` (if given)."""
+        request = snapshots_pb2.SnapshotRequest(
+            sandbox_id=sandbox_id,
+            session=session,
+            labels=labels or {},
+            policy_version=policy_version,
+            turn=turn,
+            ttl_seconds=ttl,
+        )
+        with _mapped():
+            response: snapshots_pb2.SnapshotResponse = await self.snapshots.Snapshot(
+                request, metadata=self._metadata
+            )
+        return response.snapshot
+
+    async def restore(
+        self,
+        snapshot_id: str,
+        n: int = 1,
+        *,
+        pool: str = "",
+        labels: Mapping[str, str] | None = None,
+        lease_ttl: float = 0.0,
+        timeout: float | None = None,
+    ) -> Lease:
+        """Restores a snapshot into n fresh sandboxes (a fork when n > 1) under
+        a new lease, which the caller heartbeats and releases."""
+        request = snapshots_pb2.RestoreRequest(
+            snapshot_id=snapshot_id,
+            n=n,
+            pool=pool,
+            labels=labels or {},
+            lease_ttl_seconds=lease_ttl,
+            timeout_seconds=timeout or 0.0,
+        )
+        deadline = None if timeout is None else timeout + 60.0
+        with _mapped():
+            response: snapshots_pb2.RestoreResponse = await self.snapshots.Restore(
+                request, timeout=deadline, metadata=self._metadata
+            )
+        return Lease(self, sandboxes_pb2.AcquireResponse(lease=response.lease, sandboxes=response.sandboxes))
+
+    async def get_snapshot(self, snapshot_id: str) -> snapshots_pb2.Snapshot:
+        """A snapshot with its lineage (``chain``, oldest first)."""
+        with _mapped():
+            response: snapshots_pb2.GetSnapshotResponse = await self.snapshots.GetSnapshot(
+                snapshots_pb2.GetSnapshotRequest(snapshot_id=snapshot_id), metadata=self._metadata
+            )
+        return response.snapshot
+
+    async def list_snapshots(
+        self, *, labels: Mapping[str, str] | None = None, pool: str = "", parent_id: str = ""
+    ) -> list[snapshots_pb2.Snapshot]:
+        request = snapshots_pb2.ListSnapshotsRequest(labels=labels or {}, pool=pool, parent_id=parent_id)
+        with _mapped():
+            response = await self.snapshots.ListSnapshots(request, metadata=self._metadata)
+        return list(response.snapshots)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        with _mapped():
+            await self.snapshots.DeleteSnapshot(
+                snapshots_pb2.DeleteSnapshotRequest(snapshot_id=snapshot_id), metadata=self._metadata
+            )
 
 
 def _tar_dir(path: Path) -> bytes:

@@ -10,17 +10,28 @@ import logging
 import tempfile
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import IO
 
-from sandboxd.backends.base import WORKSPACE, Backend, ExecEvent, ExecResult, ExecSpec, Limits
+from opentelemetry.metrics import Meter
+
+from sandboxd.backends.base import (
+    WORKSPACE,
+    Backend,
+    ExecEvent,
+    ExecResult,
+    ExecSpec,
+    Limits,
+    SandboxUsage,
+)
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
 from sandboxd.core.files import FileData, build_tar, check_upload, parse_read_tar, relative
 from sandboxd.core.leases import Lease, LeaseTable, new_lease_id
 from sandboxd.core.lifecycle import SandboxRecord, State
-from sandboxd.core.pools import PoolConfig, WarmPool
+from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
 from sandboxd.core.quotas import Quotas, Usage
+from sandboxd.core.reconciler import Reconciler
 from sandboxd.core.store import StateStore
 from sandboxd.core.tenancy import current_tenant, owns, pool_key, split_pool_key
 from sandboxd.errors import (
@@ -56,7 +67,15 @@ class ExecRequest:
 
 
 class ControlPlane:
-    def __init__(self, settings: Settings, backend: Backend, store: StateStore, clock: Clock) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        store: StateStore,
+        clock: Clock,
+        *,
+        meter: Meter | None = None,
+    ) -> None:
         self.settings = settings
         self.backend = backend
         self.store = store
@@ -71,6 +90,8 @@ class ControlPlane:
         # _track so quota checks cost O(1).
         self._leased_by_tenant: dict[str, dict[str, int]] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # Scales every pool from its demand, within the global budget.
+        self.reconciler = Reconciler.from_settings(settings.pools, backend, clock, meter)
 
     # -- start and stop -----------------------------------------------------
 
@@ -87,6 +108,7 @@ class ControlPlane:
         await self._adopt()
         for pool in self.pools.values():
             pool.start()
+        self.reconciler.start()
         self._reaper = asyncio.create_task(self._reap_loop(), name="lease-reaper")
 
     async def _adopt(self) -> None:
@@ -150,6 +172,7 @@ class ControlPlane:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        await self.reconciler.stop()
         await asyncio.gather(*(p.close(destroy_leased=False) for p in self.pools.values()))
         await self.store.close()
 
@@ -160,16 +183,20 @@ class ControlPlane:
         return Usage(sandboxes=len(leased), memory_bytes=sum(leased.values()))
 
     def _resolve_limits(self, limits: Limits) -> Limits:
+        """Fills unset limits from the server defaults (capped at the tenant's
+        ceiling) and checks every value against the server's bounds and the
+        ceiling."""
         d = self.settings.limits
-        resolved = Limits(
-            memory_bytes=limits.memory_bytes or d.memory_bytes,
-            cpu_millis=limits.cpu_millis or d.cpu_millis,
-            pids=limits.pids or d.pids,
-            disk_bytes=limits.disk_bytes or d.disk_bytes,
-            max_files=limits.max_files or d.max_files,
-            output_bytes=limits.output_bytes or d.output_bytes,
-            lifetime_seconds=limits.lifetime_seconds or d.lifetime_seconds,
-        )
+        ceiling = self.quotas.of(current_tenant()).ceiling
+
+        def pick(name: str) -> int:
+            value = int(getattr(limits, name))
+            if value:
+                return value
+            default, top = int(getattr(d, name)), int(getattr(ceiling, name))
+            return min(default, top) if top and default else default or top
+
+        resolved = Limits(**{f.name: pick(f.name) for f in fields(Limits)})
         bounds = {
             "memory_bytes": (16 << 20, 1 << 40),
             "cpu_millis": (10, 256_000),
@@ -204,6 +231,9 @@ class ControlPlane:
             max_starting=self.settings.pools.max_starting,
             create_timeout=self.settings.pools.create_timeout_seconds,
             on_change=self._track,
+            host=self.reconciler,
+            tuning=self.reconciler.tuning,
+            meters=self.reconciler.meters,
         )
         self.pools[config.name] = pool
         return pool
@@ -228,6 +258,7 @@ class ControlPlane:
         name = v.pool_name("spec.name", config.name)
         v.image_ref("spec.image", config.image)
         self._check_sizes(config.min_ready, config.max_size)
+        check_scaling(config)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)
         config = replace(
@@ -259,12 +290,18 @@ class ControlPlane:
             raise NotFound(f"pool {name!r} not found")
         return pool
 
-    async def update_pool(self, name: str, min_ready: int | None, max_size: int | None) -> WarmPool:
+    async def update_pool(
+        self, name: str, min_ready: int | None, max_size: int | None, max_ready: int | None = None
+    ) -> WarmPool:
         pool = self.get_pool(name)
         new_min = pool.config.min_ready if min_ready is None else min_ready
         new_max = pool.config.max_size if max_size is None else max_size
         self._check_sizes(new_min, new_max)
-        pool.config = replace(pool.config, min_ready=new_min, max_size=new_max)
+        updated = replace(pool.config, min_ready=new_min, max_size=new_max)
+        if max_ready is not None:
+            updated = replace(updated, max_ready=max_ready)
+        check_scaling(updated)
+        pool.config = updated
         await self.store.save_pool(pool.config)
         surplus = pool.ready - new_min
         if surplus > 0:
@@ -587,6 +624,10 @@ class ControlPlane:
         if pool is not None:
             pool.fail(rec, f"sandbox lost: {reason}")
 
+    async def usage_of(self, sandbox_id: str) -> SandboxUsage:
+        rec = self._leased(sandbox_id)
+        return await self.backend.usage(rec.handle)
+
     # -- files --------------------------------------------------------------
 
     async def write_files(self, sandbox_id: str, files: list[FileData]) -> int:
@@ -687,6 +728,19 @@ class ControlPlane:
         with self._using(rec):
             async for chunk in self.backend.get_tar(rec.handle, base, (".",)):
                 yield chunk
+
+    # -- for sandboxd.core.snapshots ------------------------------------------
+
+    def leased(self, sandbox_id: str) -> SandboxRecord:
+        """The current tenant's leased sandbox (NOT_FOUND / FAILED_PRECONDITION otherwise)."""
+        return self._leased(sandbox_id)
+
+    def using(self, rec: SandboxRecord) -> contextlib.AbstractContextManager[None]:
+        """Marks the sandbox busy (its lease is not reaped) for the block."""
+        return self._using(rec)
+
+    def is_live(self, sandbox_id: str) -> bool:
+        return sandbox_id in self._index
 
 
 def paths_in_order(requested: list[str], full: list[str]) -> list[str]:

@@ -154,5 +154,7 @@ async def read_members(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[Memb
         rel = _normalise(name)
         if not rel:
             continue
+        if type_flag == HARDLINK:
+            linkname = _normalise(linkname)
         member = Member(rel, type_flag, _octal(block[100:108]) & 0o7777, size if has_data else 0, linkname)
         yield member, content

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
+import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,8 +22,10 @@ _TMP_SUFFIX = ".tmp-"
 
 
 class LocalBlobStore:
-    def __init__(self, root: Path, *, threads: int = 2) -> None:
+    def __init__(self, root: Path, *, threads: int = 2, remove_on_close: bool = False) -> None:
+        """``remove_on_close`` deletes the directory on close (throw-away servers)."""
         self.root = root
+        self._remove_on_close = remove_on_close
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sandboxd-blobs")
         self._made: set[Path] = set()
 
@@ -116,4 +120,6 @@ class LocalBlobStore:
         return out
 
     async def close(self) -> None:
+        if self._remove_on_close:
+            await self._run(functools.partial(shutil.rmtree, self.root, ignore_errors=True))
         self._executor.shutdown(wait=True)

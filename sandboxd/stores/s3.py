@@ -139,7 +139,11 @@ class S3BlobStore:
         async with self._limit:
             try:
                 async with self._session.request(
-                    method, url, data=body if body else None, headers=headers, skip_auto_headers=["Content-Type"]
+                    method,
+                    url,
+                    data=body if body else None,
+                    headers=headers,
+                    skip_auto_headers=["Content-Type"],
                 ) as response:
                     data = await response.read() if read or response.status not in ok else b""
                     status = response.status

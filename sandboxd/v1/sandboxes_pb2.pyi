@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds")
+    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds", "limits")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -25,13 +25,15 @@ class AcquireRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     n: int
     min_n: int
     labels: _containers.ScalarMap[str, str]
     lease_ttl_seconds: float
     timeout_seconds: float
-    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    limits: _common_pb2.Limits
+    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("id", "sandbox_ids", "ttl_seconds", "expires_at")
@@ -115,3 +117,35 @@ class ListSandboxesResponse(_message.Message):
     SANDBOXES_FIELD_NUMBER: _ClassVar[int]
     sandboxes: _containers.RepeatedCompositeFieldContainer[_common_pb2.Sandbox]
     def __init__(self, sandboxes: _Optional[_Iterable[_Union[_common_pb2.Sandbox, _Mapping]]] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ("sandbox_id",)
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("memory_bytes", "memory_peak_bytes", "pids", "disk_bytes", "disk_limit_bytes", "files", "files_limit", "cpu_seconds")
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    FILES_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    memory_bytes: int
+    memory_peak_bytes: int
+    pids: int
+    disk_bytes: int
+    disk_limit_bytes: int
+    files: int
+    files_limit: int
+    cpu_seconds: float
+    def __init__(self, memory_bytes: _Optional[int] = ..., memory_peak_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_limit_bytes: _Optional[int] = ..., files: _Optional[int] = ..., files_limit: _Optional[int] = ..., cpu_seconds: _Optional[float] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("usage",)
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    usage: Usage
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...

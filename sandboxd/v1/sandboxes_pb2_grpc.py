@@ -60,6 +60,11 @@ class SandboxServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.ListSandboxesRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.ListSandboxesResponse.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/sandboxd.v1.SandboxService/GetUsage',
+                request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -109,6 +114,15 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """What a leased sandbox uses now: memory (and its peak), pids, workspace
+        bytes and files, CPU time.
+        NOT_FOUND: no such sandbox. FAILED_PRECONDITION: not leased.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +150,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ListSandboxes,
                     request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.ListSandboxesRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.ListSandboxesResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +293,33 @@ class SandboxService:
             '/sandboxd.v1.SandboxService/ListSandboxes',
             sandboxd_dot_v1_dot_sandboxes__pb2.ListSandboxesRequest.SerializeToString,
             sandboxd_dot_v1_dot_sandboxes__pb2.ListSandboxesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SandboxService/GetUsage',
+            sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageRequest.SerializeToString,
+            sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

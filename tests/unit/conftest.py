@@ -186,6 +186,8 @@ class Harness:
         tasks: list[asyncio.Task[Any]] = []
         if control._reaper is not None:
             tasks.append(control._reaper)
+        if control.reconciler.task is not None:
+            tasks.append(control.reconciler.task)
         for pool in control.pools.values():
             if pool._loop_task is not None:
                 tasks.append(pool._loop_task)

@@ -204,6 +204,13 @@ class DockerBackend:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"container create failed: {e}") from e
 
+    async def capacity(self) -> tuple[int, int]:
+        try:
+            info = await self._run(self._client.info)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot read engine info: {e}") from e
+        return int(info.get("MemTotal") or 0), int(info.get("NCPU") or 0)
+
     async def update_limits(self, handle: str, limits: Limits) -> None:
         body: dict[str, int] = {}
         if limits.memory_bytes:
@@ -275,6 +282,22 @@ class DockerBackend:
                 )
             )
         return out
+
+    async def alive(self, handles: list[str]) -> set[str]:
+        """One ``containers list`` call for every handle asked about."""
+        try:
+            running = await self._run(
+                self._client.api.containers,
+                quiet=True,
+                filters={
+                    "label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"],
+                    "status": "running",
+                },
+            )
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot list containers: {e}") from e
+        ids = {str(c["Id"]) for c in running}
+        return {h for h in handles if h in ids}
 
     async def close(self) -> None:
         await asyncio.gather(*self._cleanups, return_exceptions=True)

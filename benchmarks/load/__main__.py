@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.load.cli import main
+
+sys.exit(main())

@@ -1,0 +1,279 @@
+"""Snapshot, restore and fork through sandboxd on Docker, beside the baselines.
+
+    python -m benchmarks.snapshot            # 50 MB / 5,000 files, 3 trials
+    python -m benchmarks.snapshot --quick    # 5 MB / 500 files, 1 trial
+
+Runs ``sandboxd serve`` as a separate process and measures, per trial, on a
+fresh sandbox whose workspace is filled with incompressible random files:
+
+- ``raw_tar_ms``: ``tar -c`` of the workspace inside the container, streamed
+  out through the engine's exec API (the floor for any snapshot);
+- ``snapshot_ms``: a full Snapshot RPC (cold blob store for that content);
+- ``restore_ms``: Restore of that snapshot into one warm sandbox;
+- ``incremental_snapshot_ms``: Snapshot of the restored sandbox after 1% of
+  its files were rewritten;
+- ``fork8_ms``: Restore of a snapshot (never restored before) into 8 sandboxes;
+- ``docker_commit_run_ms``: ``docker commit`` of a plain container holding the
+  same files in its root filesystem, then ``docker run`` of the committed image
+  (what one would do without sandboxd; tmpfs workspaces are not committed).
+
+Medians over trials are reported. The last line of stdout is the JSON object
+also written to benchmarks/results/snapshot.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from sandboxd.backends.base import LABEL_INSTANCE
+from sandboxd.client import AsyncClient
+from sandboxd.images.build import ensure_default_image
+
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "snapshot.json"
+POOL = "snap"
+SESSION = "agent"
+GOALS = {
+    "snapshot_vs_raw_tar": ("<=", 1.4, "snapshot_ms / raw_tar_ms"),
+    "incremental_vs_full": ("<=", 0.10, "incremental_snapshot_ms / snapshot_ms"),
+    "fork8_ms": ("<=", 1000.0, "fork of 8"),
+}
+
+# Writes FILES random files totalling BYTES under DIR, 50 per directory.
+GENERATE = r"""
+import os, sys
+root, files, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+size = total // files
+for i in range(files):
+    d = os.path.join(root, f"d{i // 50:03d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:05d}.bin"), "wb") as fh:
+        fh.write(os.urandom(size))
+"""
+
+# Rewrites every 100th file with new random bytes of the same size.
+CHANGE = r"""
+import os, sys
+root = sys.argv[1]
+paths = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs)
+for p in paths[::100]:
+    n = os.path.getsize(p)
+    with open(p, "wb") as fh:
+        fh.write(os.urandom(n))
+print(len(paths[::100]))
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[snapshot-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+    t = time.perf_counter()
+    result = await fn()
+    return (time.perf_counter() - t) * 1000, result
+
+
+def raw_tar_ms(dk: docker.DockerClient, container: str) -> tuple[float, int]:
+    """tar of /workspace inside the container, streamed out and counted."""
+    t = time.perf_counter()
+    exec_id = dk.api.exec_create(container, ["tar", "-c", "-f", "-", "-C", "/workspace", "."], user="1000")
+    size = 0
+    for chunk in dk.api.exec_start(exec_id, stream=True):
+        size += len(chunk)
+    code = dk.api.exec_inspect(exec_id)["ExitCode"]
+    if code != 0:
+        raise RuntimeError(f"raw tar exited {code}")
+    return (time.perf_counter() - t) * 1000, size
+
+
+def docker_commit_run_ms(dk: docker.DockerClient, image: str, instance: str, files: int, total: int) -> float:
+    container = dk.containers.run(
+        image, ["sleep", "infinity"], detach=True, network_mode="none", labels={LABEL_INSTANCE: instance}
+    )
+    tag = f"sandboxd-bench/commit-{secrets.token_hex(4)}"
+    try:
+        code, out = container.exec_run(["python3", "-c", GENERATE, "/data", str(files), str(total)])
+        if code != 0:
+            raise RuntimeError(f"generate failed: {out!r}")
+        t = time.perf_counter()
+        committed = container.commit(repository=tag)
+        run = dk.containers.run(committed.id, ["true"], detach=True, network_mode="none")
+        run.wait()
+        elapsed = (time.perf_counter() - t) * 1000
+        run.remove(force=True)
+        return elapsed
+    finally:
+        container.remove(force=True)
+        with contextlib.suppress(docker.errors.DockerException):
+            dk.images.remove(tag, force=True)
+
+
+class Server:
+    def __init__(self, instance: str, state_dir: Path) -> None:
+        self.port = free_port()
+        self._log = (state_dir / "server.log").open("wb")
+        cmd = [
+            sys.executable, "-m", "sandboxd.cli", "--log-level", "WARNING", "serve",
+            "--host", "127.0.0.1", "--port", str(self.port), "--instance", instance,
+            "--state-dir", str(state_dir),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+
+async def wait_ready(client: AsyncClient, n: int, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        pool = await client.get_pool(POOL)
+        if pool.status.ready >= n and pool.status.creating == 0:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pool never reached {n} READY (now {pool.status.ready})")
+        await asyncio.sleep(0.2)
+
+
+async def trial(
+    client: AsyncClient, dk: docker.DockerClient, files: int, total: int, fork_n: int
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    await wait_ready(client, fork_n + 1)
+    source = await client.lease(POOL, timeout=60)
+    sb = source[0]
+    try:
+        r = await sb.exec(["python3", "-c", GENERATE, "/workspace", str(files), str(total)], timeout=300)
+        assert r.ok, r
+        assert (await sb.exec("cd /workspace && export STEP=1", session=SESSION)).ok
+        out["raw_tar_ms"], out["raw_tar_bytes"] = await asyncio.to_thread(raw_tar_ms, dk, f"sandboxd-{sb.id}")
+        out["snapshot_ms"], snap = await timed(lambda: sb.snapshot(session=SESSION, policy_version=1))
+        assert snap.entry_count >= files, snap
+        out["snapshot_stored_bytes"] = snap.stored_bytes
+        # A second snapshot id of the same content: dedup, and an uncached tar for the fork.
+        out["snapshot_again_ms"], again = await timed(lambda: sb.snapshot(session=SESSION, policy_version=1))
+    finally:
+        await source.release()
+    await wait_ready(client, fork_n + 1)
+    out["restore_ms"], restored = await timed(lambda: client.restore(snap.id, timeout=60))
+    try:
+        target = restored[0]
+        r = await target.exec(["python3", "-c", CHANGE, "/workspace"], timeout=120)
+        assert r.ok, r
+        out["incremental_snapshot_ms"], inc = await timed(lambda: target.snapshot(session=SESSION))
+        out["incremental_stored_bytes"] = inc.stored_bytes
+        assert inc.parent_id == snap.id
+    finally:
+        await restored.release()
+    await wait_ready(client, fork_n)
+    out["fork8_ms"], fork = await timed(lambda: client.restore(again.id, n=fork_n, timeout=60))
+    try:
+        checks = await asyncio.gather(*(s.exec("pwd; echo $STEP", session=SESSION) for s in fork))
+        assert all(c.text == "/workspace\n1\n" for c in checks), checks
+    finally:
+        await fork.release()
+    return out
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    files, total, trials = (500, 5 << 20, 1) if quick else (5000, 50 << 20, 3)
+    fork_n = 8
+    image = await asyncio.to_thread(ensure_default_image, log=log)
+    dk = docker.from_env()
+    instance = "bench-snap-" + secrets.token_hex(3)
+    state = Path(tempfile.mkdtemp(prefix="sandboxd-bench-"))
+    server = Server(instance, state)
+    results: list[dict[str, float]] = []
+    commit_ms: list[float] = []
+    try:
+        async with AsyncClient(server.target) as client:
+            await client.wait_ready(30)
+            await client.create_pool(POOL, image, min_ready=fork_n + 2, max_size=fork_n + 6)
+            for i in range(trials):
+                log(f"trial {i + 1}/{trials}")
+                results.append(await trial(client, dk, files, total, fork_n))
+                log(json.dumps(results[-1]))
+                commit_ms.append(await asyncio.to_thread(docker_commit_run_ms, dk, image, instance, files, total))
+            await client.delete_pool(POOL, force=True)
+    finally:
+        server.stop()
+        for c in dk.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}):
+            with contextlib.suppress(docker.errors.DockerException):
+                c.remove(force=True)
+    med = {k: round(statistics.median(r[k] for r in results), 1) for k in results[0]}
+    summary: dict[str, Any] = {
+        "snapshot_ms": med["snapshot_ms"],
+        "restore_ms": med["restore_ms"],
+        "raw_tar_ms": med["raw_tar_ms"],
+        "docker_commit_run_ms": round(statistics.median(commit_ms), 1),
+        "incremental_snapshot_ms": med["incremental_snapshot_ms"],
+        "fork8_ms": med["fork8_ms"],
+        "snapshot_again_ms": med["snapshot_again_ms"],
+        "snapshot_stored_bytes": int(med["snapshot_stored_bytes"]),
+        "incremental_stored_bytes": int(med["incremental_stored_bytes"]),
+        "raw_tar_bytes": int(med["raw_tar_bytes"]),
+        "workspace": {"files": files, "bytes": total, "changed_files": files // 100},
+        "trials": trials,
+        "per_trial": results,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    ratios = {
+        "snapshot_vs_raw_tar": summary["snapshot_ms"] / summary["raw_tar_ms"],
+        "incremental_vs_full": summary["incremental_snapshot_ms"] / summary["snapshot_ms"],
+        "fork8_ms": summary["fork8_ms"],
+    }
+    summary["goals"] = {
+        name: {"value": round(ratios[name], 3), "goal": f"{op} {limit}", "met": ratios[name] <= limit, "what": what}
+        for name, (op, limit, what) in GOALS.items()
+    }
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="5 MB / 500 files, one trial")
+    args = parser.parse_args()
+    summary = asyncio.run(run(args.quick))
+    if not args.quick:
+        RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS_PATH.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""SnapshotService: snapshot, restore (fork), inspect, list, delete."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.api.convert import lease_to, sandbox_to, ts
+from sandboxd.core.snapshot_catalog import SnapshotInfo
+from sandboxd.core.snapshots import SnapshotManager
+from sandboxd.v1 import snapshots_pb2, snapshots_pb2_grpc
+
+
+def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
+    msg = snapshots_pb2.Snapshot(
+        id=info.id,
+        pool=info.pool,
+        image=info.image,
+        labels=info.labels,
+        turn=info.turn,
+        parent_id=info.parent_id,
+        session=info.session,
+        cwd=info.cwd,
+        env=info.env,
+        size_bytes=info.size_bytes,
+        stored_bytes=info.stored_bytes,
+        entry_count=info.entry_count,
+        digest=info.digest,
+        created_at=ts(info.created_at),
+        expires_at=ts(info.expires_at),
+    )
+    if info.policy_version is not None:
+        msg.policy_version = info.policy_version
+    for ref in info.chain:
+        item = msg.chain.add(id=ref.id, turn=ref.turn, created_at=ts(ref.created_at))
+        if ref.policy_version is not None:
+            item.policy_version = ref.policy_version
+    return msg
+
+
+class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
+    def __init__(self, snapshots: SnapshotManager) -> None:
+        self._snapshots = snapshots
+
+    async def Snapshot(
+        self, request: snapshots_pb2.SnapshotRequest, context: Any
+    ) -> snapshots_pb2.SnapshotResponse:
+        info = await self._snapshots.snapshot(
+            request.sandbox_id,
+            session=request.session,
+            labels=dict(request.labels),
+            policy_version=request.policy_version if request.HasField("policy_version") else None,
+            turn=request.turn,
+            ttl=request.ttl_seconds,
+        )
+        return snapshots_pb2.SnapshotResponse(snapshot=snapshot_to(info))
+
+    async def Restore(
+        self, request: snapshots_pb2.RestoreRequest, context: Any
+    ) -> snapshots_pb2.RestoreResponse:
+        lease, records, info = await self._snapshots.restore(
+            request.snapshot_id,
+            n=request.n,
+            pool=request.pool,
+            labels=dict(request.labels),
+            ttl=request.lease_ttl_seconds,
+            timeout=request.timeout_seconds,
+            call_remaining=context.time_remaining(),
+        )
+        return snapshots_pb2.RestoreResponse(
+            lease=lease_to(lease),
+            sandboxes=[sandbox_to(r, lease) for r in records],
+            snapshot=snapshot_to(info),
+        )
+
+    async def GetSnapshot(
+        self, request: snapshots_pb2.GetSnapshotRequest, context: Any
+    ) -> snapshots_pb2.GetSnapshotResponse:
+        info = await self._snapshots.get(request.snapshot_id)
+        return snapshots_pb2.GetSnapshotResponse(snapshot=snapshot_to(info))
+
+    async def ListSnapshots(
+        self, request: snapshots_pb2.ListSnapshotsRequest, context: Any
+    ) -> snapshots_pb2.ListSnapshotsResponse:
+        infos = await self._snapshots.list_snapshots(dict(request.labels), request.pool, request.parent_id)
+        return snapshots_pb2.ListSnapshotsResponse(snapshots=[snapshot_to(i) for i in infos])
+
+    async def DeleteSnapshot(
+        self, request: snapshots_pb2.DeleteSnapshotRequest, context: Any
+    ) -> snapshots_pb2.DeleteSnapshotResponse:
+        await self._snapshots.delete(request.snapshot_id)
+        return snapshots_pb2.DeleteSnapshotResponse()

@@ -1,0 +1,108 @@
+"""What the fake backend answers to the snapshot helper scripts of
+sandboxd.backends.snapshot_shell (it has no real shell): a workspace listing
+in the ``find -printf`` format, a session's cwd and environment, and the
+restore script's mode fix-ups, environment and cwd."""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import re
+import tarfile
+import time
+from typing import Protocol
+
+from sandboxd.backends.base import WORKSPACE
+from sandboxd.backends.snapshot_shell import LIST_MARKER, RESTORE_MARKER, STATE_MARKER, TAR_MARKER
+
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=\$'((?:[^'\\]|\\.)*)'")
+_CD = re.compile(r"^cd -- \$'((?:[^'\\]|\\.)*)'", re.MULTILINE)
+
+
+class _Box(Protocol):
+    files: dict[str, tuple[bytes, int]]
+    dirs: set[str]
+    links: dict[str, str]
+    dir_modes: dict[str, int]
+    stamps: dict[str, float]
+
+
+class _ShellState(Protocol):
+    cwd: str
+    env: dict[str, str]
+
+
+def _unquote(body: str) -> str:
+    """Decodes the inside of a $'...' word made by shell.ansi_c_quote."""
+    out = bytearray()
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            if nxt == "x":
+                out.append(int(body[i + 2 : i + 4], 16))
+                i += 4
+                continue
+            out += nxt.encode()
+            i += 2
+            continue
+        out += ch.encode()
+        i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def listing(box: _Box) -> bytes:
+    out = [f"{time.time():.9f}".encode(), b""]
+    records: list[tuple[str, str, int, int, str]] = []
+    for d in box.dirs:
+        if d != WORKSPACE:
+            records.append((d, "d", box.dir_modes.get(d, 0o755), 4096, ""))
+    for p, (content, mode) in box.files.items():
+        records.append((p, "f", mode, len(content), ""))
+    for p, target in box.links.items():
+        records.append((p, "l", 0o777, len(target), target))
+    parts: list[bytes] = [out[0] + b"\x00"]
+    for path, kind, mode, size, target in sorted(records):
+        stamp = f"{box.stamps.get(path, 0.0):.10f}"
+        rel = posixpath.relpath(path, WORKSPACE)
+        parts.append(f"{kind} {mode & 0o7777:o} {size} {stamp} {stamp}\x00{rel}\x00{target}\x00".encode())
+    return b"".join(parts)
+
+
+def emulate(box: _Box, shell: _ShellState, script: str, stdin: bytes) -> bytes | None:
+    """The output of a snapshot helper script, or None for any other command."""
+    if script.startswith(LIST_MARKER):
+        return listing(box)
+    if script.startswith(STATE_MARKER):
+        env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
+        return f"{shell.cwd}\x00{env}\x00".encode() + listing(box)
+    if script.startswith(TAR_MARKER):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for rel in stdin.split(b"\x00")[:-1]:
+                name = rel.decode("utf-8", "surrogateescape")
+                content, mode = box.files[posixpath.join(WORKSPACE, name)]
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(content), mode
+                tar.addfile(info, io.BytesIO(content))
+        return buf.getvalue()
+    if not script.startswith(RESTORE_MARKER):
+        return None
+    fields = stdin.split(b"\x00")
+    for mode, rel in zip(fields[0:-1:2], fields[1::2], strict=False):
+        path = posixpath.join(WORKSPACE, rel.decode("utf-8", "surrogateescape"))
+        if path in box.files:
+            box.files[path] = (box.files[path][0], int(mode, 8))
+        elif path in box.dirs:
+            box.dir_modes[path] = int(mode, 8)
+    out = listing(box)
+    for line in script.splitlines():
+        if line.startswith("for __sbxd_v in"):
+            shell.env.clear()
+        if line.startswith("export "):
+            shell.env.update({k: _unquote(v) for k, v in _ASSIGN.findall(line)})
+    cd = _CD.search(script)
+    if cd and posixpath.normpath(_unquote(cd.group(1))) in box.dirs:
+        shell.cwd = posixpath.normpath(_unquote(cd.group(1)))
+    return out

@@ -1,0 +1,185 @@
+"""Pre-flight: checks a planned run against everything that would make it
+fail later (image, limits, quotas, capacity, backend health) and predicts how
+long the sandboxes take to warm. Reads only; creates nothing."""
+
+from __future__ import annotations
+
+import enum
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from sandboxd.backends.base import Limits
+from sandboxd.core.control import ControlPlane
+from sandboxd.core.lifecycle import State
+from sandboxd.core.tenancy import current_tenant
+from sandboxd.errors import BackendError, InvalidArgument
+
+# Until a start has been measured, assume what a container start costs on a
+# small machine (PRIOR-ART: create+start 155 ms, plus the health check).
+DEFAULT_START_SECONDS = 0.5
+# CPU limits are ceilings, not reservations: only flag gross oversubscription.
+CPU_OVERCOMMIT = 4.0
+
+
+class ProblemKind(enum.IntEnum):
+    # Values match sandboxd.v1.ProblemKind.
+    IMAGE_MISSING = 1
+    LIMITS_INVALID = 2
+    QUOTA_TOO_SMALL = 3
+    CAPACITY_TOO_SMALL = 4
+    BACKEND_UNHEALTHY = 5
+    POOL_TOO_SMALL = 6
+    LIFETIME_TOO_SHORT = 7
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: ProblemKind
+    message: str
+    field: str = ""
+
+
+@dataclass
+class Report:
+    problems: list[Problem] = field(default_factory=list)
+    memory_bytes: int = 0
+    cpus: int = 0
+    memory_needed_bytes: int = 0
+    cpus_needed: float = 0.0
+    predicted_warm_seconds: float = 0.0
+    measured_start_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+async def preflight(
+    control: ControlPlane,
+    *,
+    pool: str | None,
+    image: str | None,
+    limits: Limits | None,
+    concurrent: int,
+    duration: float,
+) -> Report:
+    if concurrent < 1:
+        raise InvalidArgument("concurrent", f"must be >= 1, got {concurrent}")
+    if duration < 0 or math.isnan(duration):
+        raise InvalidArgument("expected_duration_seconds", f"must be >= 0, got {duration}")
+    report = Report()
+    add = report.problems.append
+    ready = 0
+    max_size = concurrent
+    starts: list[float] = []
+    if pool:
+        p = control.get_pool(pool, "pool")
+        image, resolved = p.config.image, p.config.limits
+        ready, max_size = p.ready, p.config.max_size
+        for rec in p.records.values():
+            t0, t1 = rec.entered.get(State.CREATING), rec.entered.get(State.READY)
+            if t0 is not None and t1 is not None:
+                starts.append(t1 - t0)
+        if concurrent > max_size:
+            add(
+                Problem(
+                    ProblemKind.POOL_TOO_SMALL,
+                    f"pool {pool!r} holds at most {max_size} sandboxes; raise max_size to {concurrent}",
+                    "spec.max_size",
+                )
+            )
+    else:
+        if not image:
+            raise InvalidArgument("template.image", "is required when no pool is named")
+        try:
+            resolved = control._resolve_limits(limits or Limits())
+        except InvalidArgument as e:
+            add(Problem(ProblemKind.LIMITS_INVALID, e.message, e.field.replace("spec.", "template.")))
+            resolved = control._resolve_limits(Limits())
+
+    try:
+        await control.backend.ping()
+        healthy = True
+    except BackendError as e:
+        healthy = False
+        add(Problem(ProblemKind.BACKEND_UNHEALTHY, f"the backend does not answer: {e.message}"))
+    if healthy:
+        if not await control.backend.image_exists(image):
+            add(
+                Problem(
+                    ProblemKind.IMAGE_MISSING,
+                    f"image {image!r} is not on the backend; build or load it before the run",
+                    "image",
+                )
+            )
+        report.memory_bytes, report.cpus = await control.backend.capacity()
+
+    report.memory_needed_bytes = concurrent * resolved.memory_bytes
+    report.cpus_needed = concurrent * resolved.cpu_millis / 1000
+    if report.memory_bytes and report.memory_needed_bytes > report.memory_bytes:
+        fit = report.memory_bytes // max(resolved.memory_bytes, 1)
+        add(
+            Problem(
+                ProblemKind.CAPACITY_TOO_SMALL,
+                f"{concurrent} sandboxes of {resolved.memory_bytes} bytes need {report.memory_needed_bytes} "
+                f"bytes of memory; the backend has {report.memory_bytes} (about {fit} fit)",
+                "concurrent",
+            )
+        )
+    if report.cpus and report.cpus_needed > CPU_OVERCOMMIT * report.cpus:
+        add(
+            Problem(
+                ProblemKind.CAPACITY_TOO_SMALL,
+                f"{concurrent} sandboxes of {resolved.cpu_millis}m CPU ask for {report.cpus_needed:g} cores; "
+                f"the backend has {report.cpus} (more than {CPU_OVERCOMMIT:g}x oversubscribed)",
+                "concurrent",
+            )
+        )
+    if resolved.lifetime_seconds and duration > resolved.lifetime_seconds:
+        add(
+            Problem(
+                ProblemKind.LIFETIME_TOO_SHORT,
+                f"sandboxes live at most {resolved.lifetime_seconds}s but the run is expected to take "
+                f"{duration:g}s",
+                "limits.lifetime_seconds",
+            )
+        )
+
+    tenant = current_tenant()
+    quota = control.quotas.of(tenant)
+    held = control.usage(tenant)
+    if quota.max_sandboxes and held.sandboxes + concurrent > quota.max_sandboxes:
+        add(
+            Problem(
+                ProblemKind.QUOTA_TOO_SMALL,
+                f"tenant {tenant!r} may hold {quota.max_sandboxes} sandboxes and holds {held.sandboxes}; "
+                f"{concurrent} more do not fit",
+                f"tenants.{tenant}.max_sandboxes",
+            )
+        )
+    if quota.max_memory_bytes and held.memory_bytes + report.memory_needed_bytes > quota.max_memory_bytes:
+        add(
+            Problem(
+                ProblemKind.QUOTA_TOO_SMALL,
+                f"tenant {tenant!r} may use {quota.max_memory_bytes} bytes of memory; the run needs "
+                f"{report.memory_needed_bytes} more",
+                f"tenants.{tenant}.max_memory_bytes",
+            )
+        )
+    if quota.creates_per_minute and concurrent > quota.creates_per_minute:
+        add(
+            Problem(
+                ProblemKind.QUOTA_TOO_SMALL,
+                f"tenant {tenant!r} may start {quota.creates_per_minute} sandboxes per minute; starting "
+                f"{concurrent} at once will be throttled",
+                f"tenants.{tenant}.creates_per_minute",
+            )
+        )
+
+    start = statistics.median(starts) if starts else 0.0
+    report.measured_start_seconds = start
+    missing = max(0, concurrent - ready)
+    per_wave = max(1, control.settings.pools.max_starting)
+    report.predicted_warm_seconds = math.ceil(missing / per_wave) * (start or DEFAULT_START_SECONDS)
+    return report

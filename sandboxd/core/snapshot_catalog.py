@@ -1,0 +1,206 @@
+"""The snapshot catalog: metadata, manifests and blob references of every
+snapshot in SQLite (``state_dir/<instance>-snapshots.sqlite3``), so lineage,
+listing by labels, per-tenant usage and the garbage collector's mark phase
+are queries. Blob contents live in a BlobStore. All access goes through one
+worker thread, as in sandboxd.core.store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandboxd.errors import ResourceExhausted
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_at REAL NOT NULL,
+  expires_at REAL NOT NULL, meta TEXT NOT NULL, manifest BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS snapshots_tenant ON snapshots(tenant);
+CREATE TABLE IF NOT EXISTS refs (
+  snapshot_id TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL,
+  PRIMARY KEY (snapshot_id, key)
+);
+CREATE INDEX IF NOT EXISTS refs_key ON refs(key);
+"""
+
+
+@dataclass(frozen=True)
+class ChainRef:
+    id: str
+    policy_version: int | None
+    turn: int
+    created_at: float
+
+
+@dataclass
+class SnapshotInfo:
+    id: str
+    tenant: str
+    pool: str
+    image: str
+    labels: dict[str, str]
+    policy_version: int | None
+    turn: int
+    parent_id: str
+    session: str
+    cwd: str
+    env: dict[str, str]
+    size_bytes: int
+    stored_bytes: int
+    entry_count: int
+    digest: str
+    created_at: float
+    expires_at: float
+    chain: list[ChainRef] = field(default_factory=list)
+
+    def ref(self) -> ChainRef:
+        return ChainRef(self.id, self.policy_version, self.turn, self.created_at)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> SnapshotInfo:
+        doc = json.loads(text)
+        doc["chain"] = [ChainRef(**c) for c in doc.get("chain", [])]
+        return cls(**doc)
+
+
+class SnapshotCatalog:
+    def __init__(self, path: Path | None) -> None:
+        """``path`` None keeps the catalog in memory (tests, throw-away servers)."""
+        self._path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxd-catalog")
+        self._db: sqlite3.Connection | None = None
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open(self) -> None:
+        await self._run(self._open_sync)
+
+    def _open_sync(self) -> None:
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self._path) if self._path else ":memory:", check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._run(self._db.close)
+            self._db = None
+        self._executor.shutdown(wait=True)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        assert self._db is not None, "catalog not open"
+        return self._db
+
+    # -- writes ---------------------------------------------------------------
+
+    async def insert(
+        self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int
+    ) -> int:
+        """Records a snapshot and its blob references in one transaction; with
+        ``quota`` > 0, refuses (ResourceExhausted) when the tenant's stored
+        bytes would pass it. Returns the tenant's usage afterwards."""
+        usage: int = await self._run(self._insert_sync, info, manifest, refs, quota)
+        return usage
+
+    def _insert_sync(self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int) -> int:
+        db = self.db
+        with db:
+            db.execute(
+                "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?)",
+                (info.id, info.tenant, info.created_at, info.expires_at, info.to_json(), manifest),
+            )
+            db.executemany(
+                "INSERT INTO refs VALUES (?, ?, ?)", [(info.id, k, size) for k, size in refs.items()]
+            )
+            usage = self._usage_sync(info.tenant)
+            if quota and usage > quota:
+                db.rollback()
+                raise ResourceExhausted(
+                    f"snapshot quota of tenant {info.tenant!r} exceeded: this snapshot would bring its "
+                    f"stored bytes to {usage} (quota {quota}); delete snapshots or let them expire"
+                )
+        return usage
+
+    async def delete(self, snapshot_id: str) -> bool:
+        deleted: bool = await self._run(self._delete_sync, [snapshot_id])
+        return deleted
+
+    def _delete_sync(self, ids: list[str]) -> bool:
+        db = self.db
+        with db:
+            n = 0
+            for sid in ids:
+                n += db.execute("DELETE FROM snapshots WHERE id = ?", (sid,)).rowcount
+                db.execute("DELETE FROM refs WHERE snapshot_id = ?", (sid,))
+        return n > 0
+
+    async def delete_expired(self, now: float) -> list[str]:
+        ids: list[str] = await self._run(self._delete_expired_sync, now)
+        return ids
+
+    def _delete_expired_sync(self, now: float) -> list[str]:
+        ids = [r[0] for r in self.db.execute("SELECT id FROM snapshots WHERE expires_at <= ?", (now,))]
+        if ids:
+            self._delete_sync(ids)
+        return ids
+
+    # -- reads ----------------------------------------------------------------
+
+    async def get(self, snapshot_id: str) -> SnapshotInfo | None:
+        row = await self._run(self._one, "SELECT meta FROM snapshots WHERE id = ?", (snapshot_id,))
+        return None if row is None else SnapshotInfo.from_json(row[0])
+
+    async def manifest(self, snapshot_id: str) -> bytes | None:
+        row = await self._run(self._one, "SELECT manifest FROM snapshots WHERE id = ?", (snapshot_id,))
+        return None if row is None else bytes(row[0])
+
+    async def exists(self, snapshot_id: str) -> bool:
+        row = await self._run(self._one, "SELECT 1 FROM snapshots WHERE id = ?", (snapshot_id,))
+        return row is not None
+
+    def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self.db.execute(sql, params).fetchone()
+        return row
+
+    async def list_infos(self, tenant: str, now: float) -> list[SnapshotInfo]:
+        rows = await self._run(
+            self._all,
+            "SELECT meta FROM snapshots WHERE tenant = ? AND expires_at > ? ORDER BY created_at",
+            (tenant, now),
+        )
+        return [SnapshotInfo.from_json(r[0]) for r in rows]
+
+    def _all(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        return list(self.db.execute(sql, params).fetchall())
+
+    async def usage(self, tenant: str) -> int:
+        """Bytes of distinct blobs the tenant's snapshots reference."""
+        usage: int = await self._run(self._usage_sync, tenant)
+        return usage
+
+    def _usage_sync(self, tenant: str) -> int:
+        row = self.db.execute(
+            "SELECT COALESCE(SUM(size), 0) FROM (SELECT DISTINCT r.key, r.size FROM refs r "
+            "JOIN snapshots s ON s.id = r.snapshot_id WHERE s.tenant = ?)",
+            (tenant,),
+        ).fetchone()
+        return int(row[0])
+
+    async def live_keys(self) -> set[str]:
+        """Every blob key some snapshot still references (the GC's mark set)."""
+        rows = await self._run(self._all, "SELECT DISTINCT key FROM refs", ())
+        return {r[0] for r in rows}

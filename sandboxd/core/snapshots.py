@@ -1,0 +1,738 @@
+"""Environment snapshots: capture, restore, fork, lineage, retention and GC.
+
+Capture. One listing command (``find -printf``: type, mode, size, mtime,
+ctime, path, link target) runs in the sandbox; the session's cwd and exported
+environment are read by a command run in that session. Regular files whose
+(size, mtime, ctime) equal the sandbox's *baseline* (the listing taken when
+it was last restored or snapshotted) keep their known digest and are not read
+again; the rest come out through the backend's ``get_tar`` and are split,
+while the stream arrives, into per-file blobs keyed by their sha256 (under a
+per-tenant namespace). Only blobs the store does not hold are written, so
+unchanged files are stored once across snapshots and an incremental snapshot
+costs what changed. A snapshot whose baseline came from snapshot P records P
+as its parent and inherits P's chain.
+
+Restore. The manifest is checked (paths, kinds, modes, symlink targets) and
+sized against the target pool's limits; blobs are read and verified against
+their digests and a tar is built, all *before* any sandbox is touched. Then
+n warm sandboxes are leased through ``ControlPlane.acquire`` under one lease,
+the tar is extracted into each, modes a non-root extraction would lose are
+re-applied, and the session's cwd and environment are set in a session of the
+same name. Any failure releases (destroys) every sandbox of the lease.
+
+GC. Mark and sweep under one lock: expired snapshots are dropped, the mark set
+is every key a remaining snapshot references plus every key *pinned* by a
+snapshot or restore in flight, and unmarked store keys are deleted. Capture
+pins a blob under the same lock before it checks whether the store holds it,
+so the sweep can never delete a blob a new snapshot is about to rely on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+import tempfile
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandboxd.backends.base import WORKSPACE, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.shell import is_env_name
+from sandboxd.backends.snapshot_shell import (
+    LIST_SCRIPT,
+    SHELL_OWNED,
+    STATE_SCRIPT,
+    TAR_SCRIPT,
+    restore_script,
+)
+from sandboxd.clock import Clock
+from sandboxd.core import manifest as mf
+from sandboxd.core import validation as v
+from sandboxd.core.control import ControlPlane
+from sandboxd.core.leases import Lease
+from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.manifest import DIR, FILE, LINK, Entry, UnsafeSnapshot
+from sandboxd.core.snapshot_catalog import ChainRef, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.tarstream import HARDLINK, read_members
+from sandboxd.core.tenancy import current_tenant, split_pool_key
+from sandboxd.errors import (
+    BackendError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SandboxdError,
+)
+from sandboxd.settings import Settings, SnapshotSettings
+from sandboxd.stores.base import BlobStore
+from sandboxd.stores.local import LocalBlobStore
+from sandboxd.stores.s3 import S3BlobStore, S3Config
+
+log = logging.getLogger(__name__)
+
+LABEL_SNAPSHOT = "sandboxd.snapshot"
+LABEL_POLICY = "sandboxd.snapshot.policy_version"
+LABEL_TURN = "sandboxd.snapshot.turn"
+
+# A file whose ctime is this close to the listing may still change within the
+# same kernel timestamp tick; it is not trusted as unchanged next time.
+_RACY_SECONDS = 0.1
+# Largest total length of explicit paths handed to get_tar; above it the
+# whole workspace is streamed and unchanged files are skipped on the way.
+_MAX_PATH_ARGS = 256 << 10
+# Change sets up to this size are read through the session (no exec start).
+_SESSION_TAR_BYTES = 8 << 20
+_BATCH_BYTES = 8 << 20
+_BATCH_FILES = 512
+_TAR_CACHE_BYTES = 256 << 20
+
+Stamp = tuple[int, str, str]
+"""(size, mtime, ctime) as find printed them."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    kind: str
+    mode: int
+    size: int
+    mtime: str
+    ctime: str
+    path: str
+    target: str
+
+    @property
+    def stamp(self) -> Stamp:
+        return (self.size, self.mtime, self.ctime)
+
+
+@dataclass
+class Baseline:
+    """What a live sandbox's workspace held when it was last restored or
+    snapshotted: stamps and digests of its regular files."""
+
+    snapshot_id: str
+    chain: list[ChainRef]
+    files: dict[str, tuple[Stamp, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GcResult:
+    expired_snapshots: int
+    deleted_blobs: int
+    kept_blobs: int
+
+
+def new_snapshot_id() -> str:
+    return "sn-" + secrets.token_hex(12)
+
+
+def tenant_namespace(tenant: str) -> str:
+    return hashlib.sha256(tenant.encode()).hexdigest()[:16]
+
+
+def blob_key(namespace: str, digest: str) -> str:
+    return f"{namespace}/{digest[:2]}/{digest}"
+
+
+def parse_listing(data: bytes) -> tuple[float, list[Listed]]:
+    """(listing time, entries) from LIST_SCRIPT's output."""
+    fields = data.split(b"\x00")
+    if not fields or fields[-1] != b"":
+        raise BackendError("workspace listing is malformed (truncated?)")
+    try:
+        when = float(fields[0])
+    except ValueError as e:
+        raise BackendError(f"workspace listing is malformed: {fields[0][:80]!r}") from e
+    out: list[Listed] = []
+    body = fields[1:-1]
+    if len(body) % 3:
+        raise BackendError("workspace listing is malformed (odd record)")
+    for i in range(0, len(body), 3):
+        head = body[i].split(b" ")
+        if len(head) != 5:
+            raise BackendError(f"workspace listing is malformed: {body[i][:80]!r}")
+        kind, mode, size, mtime, ctime = (h.decode() for h in head)
+        out.append(
+            Listed(
+                kind=kind,
+                mode=int(mode, 8),
+                size=int(size),
+                mtime=mtime,
+                ctime=ctime,
+                path=body[i + 1].decode("utf-8", "surrogateescape"),
+                target=body[i + 2].decode("utf-8", "surrogateescape"),
+            )
+        )
+    return when, out
+
+
+def parse_session_state(data: bytes) -> tuple[str, dict[str, str], bytes]:
+    """(cwd, exported environment, the listing that follows) from
+    STATE_SCRIPT's output; variables that belong to the shell or to sandboxd
+    are left out."""
+    end = data.find(b"\x00\x00")
+    first = data.find(b"\x00")
+    if first < 0 or end < 0:
+        raise BackendError("session state is malformed")
+    cwd = data[:first].decode("utf-8", "surrogateescape")
+    env: dict[str, str] = {}
+    for item in data[first + 1 : end + 1].split(b"\x00")[:-1]:
+        name, sep, value = item.decode("utf-8", "surrogateescape").partition("=")
+        if not sep or not is_env_name(name) or name.startswith("SANDBOXD_") or name in SHELL_OWNED:
+            continue
+        env[name] = value
+    return cwd, env, data[end + 2 :]
+
+
+class SnapshotManager:
+    def __init__(
+        self,
+        control: ControlPlane,
+        catalog: SnapshotCatalog,
+        blobs: BlobStore,
+        settings: SnapshotSettings,
+        clock: Clock,
+    ) -> None:
+        self._control = control
+        self._catalog = catalog
+        self.blobs = blobs
+        self.settings = settings
+        self._clock = clock
+        self._gc_lock = asyncio.Lock()
+        self._pins: Counter[str] = Counter()
+        self._baselines: dict[str, Baseline] = {}
+        self._tars: OrderedDict[str, bytes] = OrderedDict()
+        self._gc_task: asyncio.Task[None] | None = None
+
+    # -- start and stop -------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._catalog.open()
+        if self.settings.gc_interval_seconds > 0:
+            self._gc_task = asyncio.create_task(self._gc_loop(), name="snapshot-gc")
+
+    async def stop(self) -> None:
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gc_task
+        await self._catalog.close()
+        await self.blobs.close()
+
+    async def _gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.gc_interval_seconds)
+            try:
+                await self.gc()
+            except Exception:  # keep collecting whatever one round hit
+                log.exception("snapshot GC round failed")
+
+    # -- pins -----------------------------------------------------------------
+
+    async def _pin(self, keys: Iterable[str]) -> list[str]:
+        pinned = list(keys)
+        async with self._gc_lock:
+            self._pins.update(pinned)
+        return pinned
+
+    def _unpin(self, keys: Iterable[str]) -> None:
+        self._pins.subtract(keys)
+        for key in [k for k, n in self._pins.items() if n <= 0]:
+            del self._pins[key]
+
+    # -- in-sandbox commands --------------------------------------------------
+
+    async def _run(self, rec: SandboxRecord, script: str, *, session: str = "", stdin: bytes = b"") -> bytes:
+        spec = ExecSpec(
+            shell=script,
+            cwd="" if session else WORKSPACE,
+            timeout=self.settings.exec_timeout_seconds,
+            stdin=stdin,
+            output_limit=self._control.settings.exec.max_output_bytes,
+            session=session,
+        )
+        out: list[bytes] = []
+        err: list[bytes] = []
+        result: ExecResult | None = None
+        async for event in self._control.exec(rec, spec):
+            if isinstance(event, OutputChunk):
+                (out if event.stream == 1 else err).append(event.data)
+            else:
+                result = event
+        if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
+            what = "no result" if result is None else f"{result.outcome.name} {result.exit_code}"
+            detail = b"".join(err).decode(errors="replace").strip()[:500] or (result.detail if result else "")
+            raise BackendError(f"snapshot helper command failed in {rec.sandbox_id} ({what}): {detail}")
+        return b"".join(out)
+
+    # -- snapshot -------------------------------------------------------------
+
+    def _quota(self, tenant: str) -> int:
+        return self.settings.tenant_quota_bytes.get(tenant, self.settings.quota_bytes)
+
+    def _prune_baselines(self) -> None:
+        if len(self._baselines) > 64:
+            for sid in [s for s in self._baselines if not self._control.is_live(s)]:
+                del self._baselines[sid]
+
+    async def snapshot(
+        self,
+        sandbox_id: str,
+        *,
+        session: str = "",
+        labels: dict[str, str] | None = None,
+        policy_version: int | None = None,
+        turn: int = 0,
+        ttl: float = 0.0,
+    ) -> SnapshotInfo:
+        rec = self._control.leased(sandbox_id)
+        session = v.session_name("session", session)
+        labels = v.labels("labels", labels or {})
+        ttl = v.non_negative("ttl_seconds", ttl, self.settings.max_ttl_seconds)
+        ttl = ttl or self.settings.default_ttl_seconds
+        if turn < 0:
+            raise InvalidArgument("turn", f"must be >= 0, got {turn}")
+        tenant = current_tenant()
+        quota = self._quota(tenant)
+        if quota and await self._catalog.usage(tenant) >= quota:
+            raise ResourceExhausted(
+                f"snapshot quota of tenant {tenant!r} ({quota} bytes) is used up; "
+                "delete snapshots or let them expire"
+            )
+        self._prune_baselines()
+        ns = tenant_namespace(tenant)
+        pinned: list[str] = []
+        try:
+            with self._control.using(rec):
+                cwd, env = "", dict[str, str]()
+                if session:
+                    cwd, env, raw = parse_session_state(await self._run(rec, STATE_SCRIPT, session=session))
+                else:
+                    raw = await self._run(rec, LIST_SCRIPT)
+                when, listing = parse_listing(raw)
+                baseline = self._baselines.get(rec.sandbox_id)
+                entries, stored, refs, stamps = await self._capture(
+                    rec, ns, when, listing, baseline, pinned, session
+                )
+            parent_id, chain = await self._lineage(rec, baseline)
+            now = self._clock.time()
+            info = SnapshotInfo(
+                id=new_snapshot_id(),
+                tenant=tenant,
+                pool=split_pool_key(rec.pool)[1],
+                image=rec.image,
+                labels=labels,
+                policy_version=policy_version,
+                turn=turn,
+                parent_id=parent_id,
+                session=session,
+                cwd=cwd,
+                env=env,
+                size_bytes=sum(e.size for e in entries if e.kind == FILE),
+                stored_bytes=stored,
+                entry_count=len(entries),
+                digest=mf.digest_of(entries),
+                created_at=now,
+                expires_at=now + ttl,
+            )
+            info.chain = [*chain, info.ref()]
+            await self._catalog.insert(info, mf.encode(entries), refs, quota)
+        finally:
+            self._unpin(pinned)
+        self._baselines[rec.sandbox_id] = Baseline(info.id, info.chain, stamps)
+        rec.labels[LABEL_SNAPSHOT] = info.id
+        log.info(
+            "snapshot %s of %s: %d entries, %d bytes, %d new (parent %s)",
+            info.id, sandbox_id, info.entry_count, info.size_bytes, stored, parent_id or "-",
+        )  # fmt: skip
+        return info
+
+    async def _lineage(self, rec: SandboxRecord, baseline: Baseline | None) -> tuple[str, list[ChainRef]]:
+        if baseline is not None:
+            return baseline.snapshot_id, list(baseline.chain)
+        parent_id = rec.labels.get(LABEL_SNAPSHOT, "")
+        if not parent_id:
+            return "", []
+        parent = await self._catalog.get(parent_id)
+        return parent_id, list(parent.chain) if parent is not None else []
+
+    async def _capture(
+        self,
+        rec: SandboxRecord,
+        ns: str,
+        when: float,
+        listing: list[Listed],
+        baseline: Baseline | None,
+        pinned: list[str],
+        session: str,
+    ) -> tuple[list[Entry], int, dict[str, int], dict[str, tuple[Stamp, str]]]:
+        """(entries, bytes newly stored, blob refs, new baseline files)."""
+        entries: dict[str, Entry] = {}
+        need: dict[str, Listed] = {}
+        reused: dict[str, Listed] = {}
+        for item in listing:
+            if item.kind == "d":
+                entries[item.path] = Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
+            elif item.kind == "l":
+                if mf.link_escapes(item.path, item.target):
+                    raise FailedPrecondition(
+                        f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
+                        "snapshots carry only links that stay inside it"
+                    )
+                entries[item.path] = Entry(
+                    item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime)
+                )
+            elif item.kind == "f":
+                known = baseline.files.get(item.path) if baseline is not None else None
+                if known is not None and known[0] == item.stamp:
+                    reused[item.path] = item
+                    entries[item.path] = Entry(
+                        item.path, FILE, item.mode & 0o1777, item.size, known[1], mtime=float(item.mtime)
+                    )
+                else:
+                    need[item.path] = item
+            else:
+                log.info("snapshot of %s skips %s (type %s)", rec.sandbox_id, item.path, item.kind)
+        if reused:
+            assert baseline is not None
+            keys = {blob_key(ns, entries[p].digest) for p in reused if entries[p].size}
+            pinned += await self._pin(keys)
+            if not await self._catalog.exists(baseline.snapshot_id):
+                # The parent is gone, so GC may have taken its blobs: re-read those.
+                gone = await self.blobs.missing(sorted(keys))
+                for p in list(reused):
+                    if entries[p].size and blob_key(ns, entries[p].digest) in gone:
+                        need[p] = reused.pop(p)
+                        del entries[p]
+        stored = 0
+        stamps: dict[str, tuple[Stamp, str]] = {}
+        writers: set[asyncio.Task[int]] = set()
+        slots = asyncio.Semaphore(2)
+        batch: dict[str, bytes] = {}
+        batch_bytes = 0
+
+        async def write(blobs: dict[str, bytes]) -> int:
+            try:
+                pinned.extend(await self._pin(blobs))
+                return await self.blobs.put_absent(blobs)
+            finally:
+                slots.release()
+
+        async def flush() -> None:
+            nonlocal batch, batch_bytes
+            if batch:
+                await slots.acquire()
+                writers.add(asyncio.create_task(write(batch)))
+                batch, batch_bytes = {}, 0
+
+        try:
+            if need:
+                digests: dict[str, str] = {}
+                names = sorted(need)
+                paths = tuple(names) if sum(len(p) + 1 for p in names) <= _MAX_PATH_ARGS else (".",)
+                stream: AsyncIterator[bytes]
+                if session and sum(i.size + 1024 for i in need.values()) <= _SESSION_TAR_BYTES:
+                    stdin = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in names)
+                    stream = _once(await self._run(rec, TAR_SCRIPT, session=session, stdin=stdin))
+                else:
+                    stream = self._get_tar(rec, paths)
+                async for member, content in read_members(stream):
+                    wanted = need.get(member.name)
+                    if wanted is None:
+                        continue
+                    item = wanted
+                    if member.type == HARDLINK:
+                        digest = digests.get(member.linkname, "")
+                        if not digest:
+                            continue
+                        size = entries[member.linkname].size
+                    elif member.is_file:
+                        digest = await _sha256(content)
+                        size = len(content)
+                        if size:
+                            key = blob_key(ns, digest)
+                            if key not in batch:
+                                batch[key] = content
+                                batch_bytes += size
+                            if batch_bytes >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
+                                await flush()
+                    else:
+                        continue
+                    digests[member.name] = digest
+                    entries[member.name] = Entry(
+                        member.name, FILE, item.mode & 0o1777, size, digest, mtime=float(item.mtime)
+                    )
+                    if size == item.size and float(item.ctime) < when - _RACY_SECONDS:
+                        stamps[member.name] = (item.stamp, digest)
+                await flush()
+            for size in await asyncio.gather(*writers):
+                stored += size
+        except BaseException:
+            for task in writers:
+                task.cancel()
+            await asyncio.gather(*writers, return_exceptions=True)
+            raise
+        for p, item in reused.items():
+            if float(item.ctime) < when - _RACY_SECONDS:
+                stamps[p] = (item.stamp, entries[p].digest)
+        ordered = sorted(entries.values(), key=lambda e: e.path)
+        refs = {blob_key(ns, e.digest): e.size for e in ordered if e.kind == FILE and e.size}
+        return ordered, stored, refs, stamps
+
+    async def _get_tar(self, rec: SandboxRecord, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
+        stream = self._control.backend.get_tar(rec.handle, WORKSPACE, paths)
+        try:
+            async for chunk in stream:
+                yield chunk
+        except NotFound as e:
+            raise FailedPrecondition(
+                f"the workspace of {rec.sandbox_id} changed while it was being snapshotted ({e}); retry"
+            ) from e
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+
+    # -- lookups --------------------------------------------------------------
+
+    async def get(self, snapshot_id: str) -> SnapshotInfo:
+        v.object_id("snapshot_id", snapshot_id, "snapshot")
+        info = await self._catalog.get(snapshot_id)
+        if info is None or info.tenant != current_tenant() or info.expires_at <= self._clock.time():
+            raise NotFound(f"snapshot {snapshot_id!r} not found (deleted, expired or never taken)")
+        return info
+
+    async def list_snapshots(
+        self, labels: dict[str, str] | None = None, pool: str = "", parent_id: str = ""
+    ) -> list[SnapshotInfo]:
+        wanted = v.labels("labels", labels or {})
+        out = []
+        for info in await self._catalog.list_infos(current_tenant(), self._clock.time()):
+            if pool and info.pool != pool:
+                continue
+            if parent_id and info.parent_id != parent_id:
+                continue
+            if any(info.labels.get(k) != val for k, val in wanted.items()):
+                continue
+            out.append(info)
+        return out
+
+    async def delete(self, snapshot_id: str) -> None:
+        info = await self.get(snapshot_id)
+        await self._catalog.delete(info.id)
+        self._tars.pop(info.id, None)
+
+    async def usage(self) -> int:
+        return await self._catalog.usage(current_tenant())
+
+    # -- restore --------------------------------------------------------------
+
+    async def restore(
+        self,
+        snapshot_id: str,
+        *,
+        n: int = 1,
+        pool: str = "",
+        labels: dict[str, str] | None = None,
+        ttl: float = 0.0,
+        timeout: float = 0.0,
+        call_remaining: float | None = None,
+    ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
+        info = await self.get(snapshot_id)
+        n = n or 1
+        if n < 1:
+            raise InvalidArgument("n", f"must be >= 1, got {n}")
+        labels = v.labels("labels", labels or {})
+        target = self._control.get_pool(pool or info.pool, "pool")
+        if target.config.image != info.image:
+            raise FailedPrecondition(
+                f"snapshot {info.id} was taken on image {info.image!r}; pool {pool or info.pool!r} runs "
+                f"{target.config.image!r}"
+            )
+        manifest = await self._catalog.manifest(info.id)
+        if manifest is None:
+            raise NotFound(f"snapshot {snapshot_id!r} not found (deleted, expired or never taken)")
+        entries = self._checked(info, mf.decode(manifest))
+        inodes, size = mf.footprint(entries)
+        limits = target.config.limits
+        if limits.max_files and inodes > limits.max_files:
+            raise FailedPrecondition(
+                f"snapshot {info.id} has {inodes - 1} entries; pool {target.config.name!r} sandboxes hold "
+                f"at most {limits.max_files - 1}"
+            )
+        if limits.disk_bytes and size > limits.disk_bytes:
+            raise FailedPrecondition(
+                f"snapshot {info.id} needs {size} bytes of workspace; pool sandboxes have {limits.disk_bytes}"
+            )
+        ns = tenant_namespace(info.tenant)
+        pinned = await self._pin(blob_key(ns, e.digest) for e in entries if e.kind == FILE and e.size)
+        try:
+            if not await self._catalog.exists(info.id):
+                raise NotFound(f"snapshot {snapshot_id!r} not found (deleted while restoring)")
+            tar = await self._tar(info, entries, ns)
+            lineage = lineage_labels(info)
+            lease, records = await self._control.acquire(
+                pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
+            )
+            try:
+                await asyncio.gather(*(self._restore_into(rec, info, entries, tar) for rec in records))
+            except BaseException as e:
+                await asyncio.shield(self._control.release(lease.lease_id, []))
+                if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
+                    raise FailedPrecondition(
+                        f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
+                    ) from e
+                raise
+        finally:
+            self._unpin(pinned)
+        return lease, records, info
+
+    def _checked(self, info: SnapshotInfo, entries: list[Entry]) -> list[Entry]:
+        try:
+            mf.validate(entries)
+        except UnsafeSnapshot as e:
+            raise UnsafeSnapshot(f"snapshot {info.id} is unsafe and was not restored: {e}") from e
+        return entries
+
+    async def _tar(self, info: SnapshotInfo, entries: list[Entry], ns: str) -> bytes:
+        cached = self._tars.get(info.id)
+        if cached is not None:
+            self._tars.move_to_end(info.id)
+            return cached
+        digests = sorted({e.digest for e in entries if e.kind == FILE and e.size})
+        try:
+            blobs = await self.blobs.get_many([blob_key(ns, d) for d in digests])
+        except NotFound as e:
+            raise UnsafeSnapshot(f"snapshot {info.id} is corrupt: {e}") from e
+        contents = {d: blobs[blob_key(ns, d)] for d in digests}
+        bad = await asyncio.to_thread(_mismatches, contents)
+        if bad:
+            raise UnsafeSnapshot(
+                f"snapshot {info.id} is corrupt: blob {bad[0]} does not match its digest "
+                f"({len(bad)} bad blob(s)); nothing was restored"
+            )
+        sizes = {e.digest: e.size for e in entries if e.kind == FILE}
+        wrong = [d for d in digests if len(contents[d]) != sizes[d]]
+        if wrong:
+            raise UnsafeSnapshot(f"snapshot {info.id} is corrupt: size of blob {wrong[0]} differs")
+        tar = await asyncio.to_thread(mf.build_tar, entries, contents)
+        if len(tar) <= _TAR_CACHE_BYTES // 2:
+            self._tars[info.id] = tar
+            while sum(len(t) for t in self._tars.values()) > _TAR_CACHE_BYTES:
+                self._tars.popitem(last=False)
+        return tar
+
+    async def _restore_into(
+        self, rec: SandboxRecord, info: SnapshotInfo, entries: list[Entry], tar: bytes
+    ) -> None:
+        async def one() -> AsyncIterator[bytes]:
+            for i in range(0, len(tar), 1 << 20):
+                yield tar[i : i + (1 << 20)]
+
+        with self._control.using(rec):
+            await self._control.backend.put_tar(rec.handle, WORKSPACE, one())
+        fixups = b"".join(
+            f"{e.mode:o}\0".encode() + e.path.encode("utf-8", "surrogateescape") + b"\0"
+            for e in entries
+            if mf.needs_fixup(e)
+        )
+        script = restore_script(
+            fixups=bool(fixups),
+            cwd=info.cwd if info.session else "",
+            env=info.env if info.session else None,
+        )
+        out = await self._run(rec, script, session=info.session, stdin=fixups)
+        _, listing = parse_listing(out)
+        by_path = {e.path: e for e in entries}
+        files: dict[str, tuple[Stamp, str]] = {}
+        for item in listing:
+            e = by_path.get(item.path)
+            if item.kind == "f" and e is not None and e.kind == FILE and e.size == item.size:
+                files[item.path] = (item.stamp, e.digest)
+        self._baselines[rec.sandbox_id] = Baseline(info.id, list(info.chain), files)
+
+    # -- garbage collection ---------------------------------------------------
+
+    async def gc(self) -> GcResult:
+        """Drops expired snapshots, then deletes every stored blob that no
+        snapshot references and no operation in flight has pinned."""
+        keys = await self.blobs.list_keys()
+        async with self._gc_lock:
+            expired = await self._catalog.delete_expired(self._clock.time())
+            for sid in expired:
+                self._tars.pop(sid, None)
+            live = await self._catalog.live_keys()
+            doomed = [k for k in keys if k not in live and self._pins.get(k, 0) <= 0]
+            await self.blobs.delete_many(doomed)
+        if expired or doomed:
+            log.info("snapshot GC: %d expired snapshots, %d blobs deleted", len(expired), len(doomed))
+        return GcResult(len(expired), len(doomed), len(keys) - len(doomed))
+
+    # -- helpers for tests and tools ------------------------------------------
+
+    def pinned(self) -> int:
+        return sum(self._pins.values())
+
+    def baseline_of(self, sandbox_id: str) -> Baseline | None:
+        return self._baselines.get(sandbox_id)
+
+    def forget_tar_cache(self) -> None:
+        self._tars.clear()
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _sha256(data: bytes) -> str:
+    if len(data) >= 1 << 20:
+        return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+    return hashlib.sha256(data).hexdigest()
+
+
+def _mismatches(contents: dict[str, bytes]) -> list[str]:
+    return [d for d, data in contents.items() if hashlib.sha256(data).hexdigest() != d]
+
+
+def lineage_labels(info: SnapshotInfo) -> dict[str, str]:
+    """Labels a sandbox restored from ``info`` carries."""
+    out = {LABEL_SNAPSHOT: info.id, LABEL_TURN: str(info.turn)}
+    if info.policy_version is not None:
+        out[LABEL_POLICY] = str(info.policy_version)
+    return out
+
+
+def make_snapshot_manager(
+    settings: Settings, control: ControlPlane, clock: Clock, *, persist: bool = True
+) -> SnapshotManager:
+    """The snapshot manager for a server: catalog under state_dir (in memory
+    when not persisting), blobs in S3 when [snapshots.s3] names an endpoint,
+    else in a local directory (state_dir/blobs by default; a throw-away
+    temporary directory when not persisting and none is set)."""
+    cfg = settings.snapshots
+    catalog = SnapshotCatalog(
+        settings.state_dir / f"{settings.instance_id}-snapshots.sqlite3" if persist else None
+    )
+    blobs: BlobStore
+    if cfg.s3.endpoint:
+        blobs = S3BlobStore(
+            S3Config(
+                endpoint=cfg.s3.endpoint,
+                bucket=cfg.s3.bucket,
+                access_key=cfg.s3.access_key,
+                secret_key=cfg.s3.secret_key,
+                region=cfg.s3.region,
+                prefix=cfg.s3.prefix,
+                concurrency=cfg.s3.concurrency,
+            )
+        )
+    elif cfg.blob_dir is not None:
+        blobs = LocalBlobStore(Path(cfg.blob_dir).expanduser())
+    elif persist:
+        blobs = LocalBlobStore(settings.state_dir / "blobs")
+    else:
+        blobs = LocalBlobStore(Path(tempfile.mkdtemp(prefix="sandboxd-blobs-")), remove_on_close=True)
+    return SnapshotManager(control, catalog, blobs, cfg, clock)

@@ -1,0 +1,170 @@
+"""Hostile workloads against the real engine: each is contained, named with a
+typed outcome, leaves the control plane responsive, and leaks nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable
+
+import pytest
+
+from sandboxd.client import AsyncClient, ExecResult, Sandbox
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+LIMITS = {
+    "memory_bytes": 128 << 20,
+    "pids": 64,
+    "disk_bytes": 16 << 20,
+    "max_files": 2000,
+    "output_bytes": 1 << 20,
+}
+
+
+@pytest.fixture
+async def hostile_pool(client: AsyncClient, image: str) -> AsyncIterator[str]:
+    await client.create_pool("hostile", image, min_ready=2, max_size=4, limits=LIMITS)
+    yield "hostile"
+    await client.delete_pool("hostile", force=True)
+
+
+async def while_probing(bystander: Sandbox, attack: Awaitable[ExecResult]) -> tuple[ExecResult, list[float]]:
+    """Runs the attack while another sandbox keeps executing a trivial
+    command; returns the attack's result and the bystander's latencies."""
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            r = await bystander.exec("true", session="probe", timeout=30)
+            assert r.ok, r
+            latencies.append(time.perf_counter() - t0)
+
+    prober = asyncio.create_task(probe())
+    try:
+        result = await attack
+    finally:
+        done.set()
+        await prober
+    return result, latencies
+
+
+def assert_responsive(latencies: list[float]) -> None:
+    # Generous on purpose (noisy 2-core machines): the point is that the
+    # bystander kept being answered, not a latency target.
+    assert latencies, "the bystander's commands were answered during the attack"
+    assert max(latencies) < 10.0, f"bystander stalled: max {max(latencies):.2f}s"
+
+
+@pytest.fixture
+async def pair(client: AsyncClient, hostile_pool: str) -> AsyncIterator[tuple[Sandbox, Sandbox]]:
+    async with client.acquire_group(hostile_pool, n=2, timeout=60) as group:
+        assert (await group[1].exec("true", session="probe")).ok
+        yield group[0], group[1]
+
+
+async def test_fork_bomb_is_contained(pair: tuple[Sandbox, Sandbox]) -> None:
+    victim, bystander = pair
+    attack = victim.exec("bomb() { bomb | bomb & }; bomb; sleep 30", timeout=5)
+    result, latencies = await while_probing(bystander, attack)
+    assert result.outcome == "PIDS_EXHAUSTED", result
+    assert_responsive(latencies)
+    after = await victim.exec("ps -e --no-headers | wc -l")
+    assert after.ok and int(after.text) < 10, "the bomb's processes were all killed"
+
+
+async def test_memory_hog_is_oom_killed(pair: tuple[Sandbox, Sandbox]) -> None:
+    victim, bystander = pair
+    attack = victim.exec(["python3", "-c", "x = bytearray(512 << 20); print(len(x))"], timeout=60)
+    result, latencies = await while_probing(bystander, attack)
+    assert result.outcome == "OOM_KILLED", result
+    assert_responsive(latencies)
+    assert (await victim.exec("echo still here")).text == "still here\n"
+
+
+async def test_file_explosion_stops_at_the_file_limit(pair: tuple[Sandbox, Sandbox]) -> None:
+    victim, bystander = pair
+    script = "import os\nfor i in range(1_000_000):\n    open(f'f{i}', 'w').close()\n"
+    attack = victim.exec(["python3", "-c", script], timeout=60)
+    result, latencies = await while_probing(bystander, attack)
+    assert result.outcome == "FILE_LIMIT", result
+    assert_responsive(latencies)
+    usage = await victim.client.usage(victim.id)
+    assert usage.files_limit == LIMITS["max_files"]
+    assert LIMITS["max_files"] - 10 <= usage.files <= LIMITS["max_files"]
+
+
+async def test_disk_fill_is_disk_full(pair: tuple[Sandbox, Sandbox]) -> None:
+    victim, bystander = pair
+    attack = victim.exec("dd if=/dev/zero of=big bs=1M count=100", timeout=60)
+    result, latencies = await while_probing(bystander, attack)
+    assert result.outcome == "DISK_FULL", result
+    assert_responsive(latencies)
+    usage = await victim.client.usage(victim.id)
+    assert usage.disk_bytes >= LIMITS["disk_bytes"] - (1 << 20)
+
+
+async def test_endless_output_is_truncated(pair: tuple[Sandbox, Sandbox]) -> None:
+    victim, bystander = pair
+    attack = victim.exec("yes hostile", timeout=60, session="s")
+    result, latencies = await while_probing(bystander, attack)
+    assert result.outcome == "OUTPUT_TRUNCATED" and len(result.stdout) == LIMITS["output_bytes"]
+    assert_responsive(latencies)
+
+
+async def test_sigterm_ignorer_and_background_sleeper_die_at_timeout(pair: tuple[Sandbox, Sandbox]) -> None:
+    victim, bystander = pair
+    attack = victim.exec("trap '' TERM INT; (sleep 600 &); sleep 600", timeout=1)
+    result, latencies = await while_probing(bystander, attack)
+    assert result.outcome == "TIMED_OUT", result
+    assert_responsive(latencies)
+    left = await victim.exec("ps -eo args --no-headers | grep -c '^sleep 600' || true")
+    assert left.text.strip() == "0"
+
+
+async def test_no_network(pair: tuple[Sandbox, Sandbox]) -> None:
+    victim, _ = pair
+    code = (
+        "import socket\n"
+        "for host, port in [('127.0.0.1', 50051), ('10.0.0.1', 80), ('1.1.1.1', 53)]:\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), 2)\n"
+        "        print('connected', host)\n"
+        "    except OSError as e:\n"
+        "        print('refused', host, e.errno)\n"
+    )
+    r = await victim.exec(["python3", "-c", code], timeout=30)
+    assert r.ok and "connected" not in r.text
+    ifaces = await victim.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+    assert ifaces.text.split() == ["lo"], "only loopback inside the sandbox"
+
+
+async def test_usage_reports_memory_and_pids(client: AsyncClient, hostile_pool: str) -> None:
+    async with client.acquire(hostile_pool) as sb:
+        await sb.exec(["python3", "-c", "x = bytearray(40 << 20)"])
+        usage = await client.usage(sb.id)
+        assert usage.memory_peak_bytes >= 40 << 20
+        assert usage.pids >= 1
+        assert usage.disk_limit_bytes == LIMITS["disk_bytes"]
+
+
+async def test_per_acquire_limits_lower_the_pool_limits(client: AsyncClient, hostile_pool: str) -> None:
+    async with client.acquire(hostile_pool, limits={"memory_bytes": 48 << 20, "pids": 16}) as sb:
+        r = await sb.exec(["python3", "-c", "x = bytearray(80 << 20)"], timeout=30)
+        assert r.outcome == "OOM_KILLED", r
+        r = await sb.exec("for i in $(seq 1 40); do sleep 5 & done; wait", timeout=3)
+        assert r.outcome == "PIDS_EXHAUSTED", r
+
+
+async def test_responsiveness_baseline_is_sane(pair: tuple[Sandbox, Sandbox]) -> None:
+    # Documents the normal round trip the assertions above are generous against.
+    _, bystander = pair
+    samples = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        assert (await bystander.exec("true", session="probe")).ok
+        samples.append(time.perf_counter() - t0)
+    assert statistics.median(samples) < 1.0
