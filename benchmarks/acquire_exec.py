@@ -674,7 +674,28 @@ def machine_info(dk: docker.DockerClient) -> dict[str, Any]:
         "python": platform.python_version(),
         "grpcio": grpc.__version__,
         "kernel": platform.release(),
+        **code_version(),
     }
+
+
+def code_version() -> dict[str, Any]:
+    """The sandboxd code measured: HEAD and whether sandboxd/ had uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    out: dict[str, Any] = {}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "sandboxd", "proto"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        out["git_commit"] = head.stdout.strip()
+        out["sandboxd_uncommitted_files"] = len(dirty.stdout.splitlines())
+    return out
 
 
 def build_report(

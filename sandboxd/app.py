@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -11,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sandboxd.api.auth import Authenticator, AuthInterceptor
+from sandboxd.api.demand import DemandServicer
 from sandboxd.api.errors import ErrorInterceptor
 from sandboxd.api.execs import ExecServicer
 from sandboxd.api.files import FileServicer
@@ -18,13 +20,17 @@ from sandboxd.api.pools import PoolServicer
 from sandboxd.api.preflight import PreflightServicer
 from sandboxd.api.sandboxes import SandboxServicer
 from sandboxd.api.snapshots import SnapshotServicer
+from sandboxd.api.tracing import TracingInterceptor
 from sandboxd.backends.base import Backend
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.snapshots import SnapshotManager, make_snapshot_manager
 from sandboxd.core.store import StateStore
-from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, Settings
+from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, KubernetesBackendSettings, Settings
+from sandboxd.telemetry import Telemetry
 from sandboxd.v1 import (
+    demand_pb2,
+    demand_pb2_grpc,
     exec_pb2,
     exec_pb2_grpc,
     files_pb2,
@@ -48,6 +54,7 @@ SERVICE_NAMES = [
     files_pb2.DESCRIPTOR.services_by_name["FileService"].full_name,
     preflight_pb2.DESCRIPTOR.services_by_name["PreflightService"].full_name,
     snapshots_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
+    demand_pb2.DESCRIPTOR.services_by_name["DemandService"].full_name,
 ]
 
 
@@ -69,10 +76,58 @@ def make_backend(settings: Settings) -> Backend:
         from sandboxd.backends.fake import FakeBackend
 
         return FakeBackend(start_delay=cfg.start_delay_seconds)
+    if isinstance(cfg, KubernetesBackendSettings):
+        from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, PodOptions
+
+        return KubernetesBackend(
+            KubernetesOptions(
+                instance=settings.instance_id,
+                namespace=cfg.namespace,
+                kubeconfig=cfg.kubeconfig,
+                context=cfg.context,
+                threads=cfg.threads,
+                pod=PodOptions(
+                    namespace=cfg.namespace,
+                    instance=settings.instance_id,
+                    uid=cfg.uid,
+                    gid=cfg.uid,
+                    command=tuple(cfg.command),
+                    runtime_class=cfg.runtime_class,
+                    node_selector=dict(cfg.node_selector),
+                    tolerations=tuple(cfg.tolerations),
+                    priority_class=cfg.priority_class,
+                    image_pull_policy=cfg.image_pull_policy,
+                    cpu_request_ratio=cfg.cpu_request_ratio,
+                    memory_request_ratio=cfg.memory_request_ratio,
+                    workspace=cfg.workspace,
+                    workspace_storage_class=cfg.workspace_storage_class,
+                ),
+                ready_timeout=cfg.ready_timeout_seconds,
+                network_policy=cfg.network_policy,
+                allowed_images=tuple(cfg.allowed_images),
+                check_node_images=cfg.check_node_images,
+                exec_health_check=cfg.exec_health_check,
+            )
+        )
     raise TypeError(f"unknown backend settings {cfg!r}")
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    s = settings.server
+    if not s.tls_cert_file and not s.tls_key_file:
+        if s.tls_client_ca_file:
+            raise ValueError("server.tls_client_ca_file needs server.tls_cert_file and server.tls_key_file")
+        return None
+    if not (s.tls_cert_file and s.tls_key_file):
+        raise ValueError("set both server.tls_cert_file and server.tls_key_file")
+    pair = (Path(s.tls_key_file).read_bytes(), Path(s.tls_cert_file).read_bytes())
+    client_ca = Path(s.tls_client_ca_file).read_bytes() if s.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [pair], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 def make_authenticator(settings: Settings) -> Authenticator:
@@ -87,7 +142,8 @@ def make_authenticator(settings: Settings) -> Authenticator:
             "but no tenant "
             "has a token: add [tenants.<name>] token=... or set server.require_auth = false"
         )
-    return Authenticator(tokens, required)
+    rates = {name: t.requests_per_second for name, t in settings.tenants.items() if t.requests_per_second}
+    return Authenticator(tokens, required, rates)
 
 
 @dataclass
@@ -99,6 +155,7 @@ class App:
     health: health.aio.HealthServicer
     port: int
     snapshots: SnapshotManager | None = None
+    telemetry: Telemetry | None = None
 
     @property
     def address(self) -> str:
@@ -106,6 +163,8 @@ class App:
 
     async def start(self) -> None:
         await self.control.start()
+        if self.telemetry is not None:
+            await self.telemetry.start()
         if self.snapshots is not None:
             await self.snapshots.start()
         await self.server.start()
@@ -121,19 +180,31 @@ class App:
         if self.snapshots is not None:
             await self.snapshots.stop()
         await self.control.stop()
+        if self.telemetry is not None:
+            await self.telemetry.stop()
         await self.backend.close()
 
 
 def build_app(
-    settings: Settings, *, backend: Backend | None = None, clock: Clock | None = None, persist: bool = True
+    settings: Settings,
+    *,
+    backend: Backend | None = None,
+    clock: Clock | None = None,
+    persist: bool = True,
+    telemetry: Telemetry | None = None,
 ) -> App:
     backend = backend or make_backend(settings)
     store = StateStore(settings.state_dir / f"{settings.instance_id}.sqlite3" if persist else None)
-    control = ControlPlane(settings, backend, store, clock or SystemClock())
+    telemetry = telemetry or Telemetry(settings.telemetry)
+    control = ControlPlane(settings, backend, store, clock or SystemClock(), meter=telemetry.meter)
     limit = settings.server.max_message_bytes
     server = grpc.aio.server(
         # Outermost first: errors from authentication are mapped like any other.
-        interceptors=[ErrorInterceptor(), AuthInterceptor(make_authenticator(settings))],
+        interceptors=[
+            ErrorInterceptor(),
+            AuthInterceptor(make_authenticator(settings)),
+            TracingInterceptor(telemetry.tracer),
+        ],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -147,12 +218,17 @@ def build_app(
     preflight_pb2_grpc.add_PreflightServiceServicer_to_server(PreflightServicer(control), server)
     snapshots = make_snapshot_manager(settings, control, control.clock, persist=persist)
     snapshots_pb2_grpc.add_SnapshotServiceServicer_to_server(SnapshotServicer(snapshots), server)
+    demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(control), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    port = server.add_insecure_port(f"{settings.server.host}:{settings.server.port}")
+    address = f"{settings.server.host}:{settings.server.port}"
+    credentials = server_credentials(settings)
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {settings.server.host}:{settings.server.port}")
-    return App(settings, server, control, backend, health_servicer, port, snapshots=snapshots)
+    return App(
+        settings, server, control, backend, health_servicer, port, snapshots=snapshots, telemetry=telemetry
+    )

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandboxd import cli_snapshots
 from sandboxd.settings import Settings, load_settings
 
 
@@ -122,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     pf.add_argument("--image", help="or: the image of a pool to be created")
     pf.add_argument("--memory", type=int, help="memory bytes per sandbox (with --image)")
     pf.add_argument("--cpu", type=int, help="CPU millicores per sandbox (with --image)")
+    st = sub.add_parser("status", help="show a server's pools live (WatchPool)")
+    st.add_argument("--target", default="127.0.0.1:50051")
+    st.add_argument("--token", help="tenant bearer token")
+    st.add_argument("--pool", default="", help="one pool (default: all)")
+    st.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    st.add_argument("--once", action="store_true", help="print one table and exit")
+    cli_snapshots.add_parser(sub)
     image = sub.add_parser("image", help="the default sandbox image")
     image.add_argument("action", choices=["build", "tag"])
     image.add_argument("--force", action="store_true")
@@ -143,6 +151,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "preflight":
         return asyncio.run(_preflight(args))
+    if args.command == "status":
+        from sandboxd.telemetry.status import run_status
+
+        with contextlib.suppress(KeyboardInterrupt):
+            return asyncio.run(
+                run_status(
+                    args.target, pool=args.pool, once=args.once, interval=args.interval, token=args.token
+                )
+            )
+        return 0
+    if args.command == "snapshot":
+        return asyncio.run(cli_snapshots.run(args))
     if args.command == "image":
         from sandboxd.images.build import default_image_tag, ensure_default_image
 

@@ -21,6 +21,12 @@ class ServerSettings:
     """How long in-flight RPCs may finish on shutdown."""
     max_message_bytes: int = 64 << 20
     """Largest gRPC message accepted or sent."""
+    tls_cert_file: str = ""
+    """PEM certificate chain of the server; with tls_key_file, the port speaks TLS only."""
+    tls_key_file: str = ""
+    """PEM private key of the server certificate."""
+    tls_client_ca_file: str = ""
+    """PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS)."""
     require_auth: bool | None = None
     """Require a tenant token on every call; None = required when a tenant has
     a token or the server listens beyond loopback."""
@@ -117,7 +123,59 @@ class FakeBackendSettings:
     """Simulated create latency."""
 
 
-BackendSettings = DockerBackendSettings | FakeBackendSettings
+@dataclass
+class KubernetesBackendSettings:
+    """Sandboxes as Pods (sandboxd.backends.kubernetes)."""
+
+    kind: Literal["kubernetes"] = "kubernetes"
+    namespace: str = "sandboxd-sandboxes"
+    """Namespace the sandbox Pods live in (must exist)."""
+    kubeconfig: str | None = None
+    """Kubeconfig file; None = the in-cluster ServiceAccount when mounted, else
+    the client's default lookup ($KUBECONFIG, ~/.kube/config)."""
+    context: str | None = None
+    """Kubeconfig context; None = the current one."""
+    threads: int = 16
+    """Threads (and pooled connections) for API requests."""
+    uid: int = 1000
+    """uid (and gid) sandbox containers run as (runAsNonRoot)."""
+    command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
+    """What the sandbox container runs (keeps it alive; commands come by exec)."""
+    runtime_class: str | None = None
+    """RuntimeClass for sandbox Pods (e.g. gvisor, kata); None = the node default."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels sandbox Pods must land on (also scopes capacity())."""
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    """Pod tolerations, as in the Pod spec."""
+    priority_class: str | None = None
+    image_pull_policy: str = "IfNotPresent"
+    cpu_request_ratio: float = 1.0
+    """CPU request = limit x this (below 1 overcommits nodes)."""
+    memory_request_ratio: float = 1.0
+    """Memory request = limit x this."""
+    workspace: Literal["emptydir", "memory", "ephemeral"] = "emptydir"
+    """Workspace volume: emptydir (size enforced by kubelet eviction), memory
+    (tmpfs, size kernel-enforced), ephemeral (a PVC per Pod from
+    workspace_storage_class; bytes and files enforced by its filesystem)."""
+    workspace_storage_class: str | None = None
+    ready_timeout_seconds: float = 300.0
+    """Longest a create waits for its Pod to be Running and Ready."""
+    network_policy: bool = True
+    """Create a deny-all NetworkPolicy for sandbox Pods in the namespace."""
+    allowed_images: list[str] = field(default_factory=list)
+    """Images pools may use; empty = any (image_exists() is then always true)."""
+    check_node_images: bool = False
+    """image_exists() asks whether some node reports the image in status.images."""
+    exec_health_check: bool = False
+    """Run ``true`` in each new Pod before it counts as ready (needs real nodes)."""
+    leader_election: bool = False
+    """Hold a coordination.k8s.io Lease before running pools (several replicas)."""
+    lease_name: str = "sandboxd-leader"
+    lease_namespace: str | None = None
+    """Namespace of the election Lease; None = ``namespace``."""
+
+
+BackendSettings = DockerBackendSettings | FakeBackendSettings | KubernetesBackendSettings
 
 
 @dataclass
@@ -147,6 +205,8 @@ class TenantSettings:
     """Fresh sandboxes the tenant may lease per minute (every lease consumes one)."""
     ceiling: LimitCeiling = field(default_factory=LimitCeiling)
     """Largest limits the tenant's pools and acquires may set."""
+    requests_per_second: float = 0.0
+    """Calls per second the tenant may make (bursts up to twice that)."""
 
 
 @dataclass
@@ -255,8 +315,10 @@ def _build_settings(data: dict[str, Any]) -> Settings:
         backend = _build(DockerBackendSettings, backend_data, "backend")
     elif kind == "fake":
         backend = _build(FakeBackendSettings, backend_data, "backend")
+    elif kind == "kubernetes":
+        backend = _build(KubernetesBackendSettings, backend_data, "backend")
     else:
-        raise InvalidArgument("backend.kind", f"unknown backend {kind!r} (docker or fake)")
+        raise InvalidArgument("backend.kind", f"unknown backend {kind!r} (docker, kubernetes or fake)")
     presets = [_build(PoolPreset, p, "presets") for p in data.pop("presets", [])]
     tenants = {
         name: _build(TenantSettings, t, f"tenants.{name}")

@@ -39,6 +39,23 @@ else
     say "no pyproject.toml; skipping pip install"
 fi
 
+# An S3-compatible server for the snapshot store's tests: the Versity S3
+# Gateway, built from the Go module proxy (about 2.5 min the first time on two
+# cores; the binary is kept in GOPATH/bin and linked into /usr/local/bin).
+VERSITYGW_VERSION=v1.8.0
+gobin="$(command -v go >/dev/null && go env GOPATH || echo "$HOME/go")/bin"
+if [[ -x "$gobin/versitygw" && "$(cat "$gobin/.versitygw-version" 2>/dev/null)" == "$VERSITYGW_VERSION" ]]; then
+    say "versitygw ${VERSITYGW_VERSION} present"
+elif command -v go >/dev/null; then
+    say "building versitygw ${VERSITYGW_VERSION} (go install)"
+    GOFLAGS=-buildvcs=false go install "github.com/versity/versitygw/cmd/versitygw@${VERSITYGW_VERSION}"
+    echo "$VERSITYGW_VERSION" > "$gobin/.versitygw-version"
+else
+    echo "[setup] Go is needed to build versitygw (the S3 server the snapshot tests use)" >&2
+    exit 1
+fi
+ln -sf "$gobin/versitygw" /usr/local/bin/versitygw
+
 say "ensuring the default rollout image (first run: ~1 min of debootstrap)"
 tag=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.build)
 say "ready: $tag"

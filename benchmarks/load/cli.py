@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+import tomllib
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -105,6 +106,7 @@ async def run_driver(
     out: dict[str, Any] = {"errors": {}}
     sampler = Sampler(driver)
     busy0 = _cpu()
+    own0 = time.process_time()
     sampler.start()
     try:
         out["setup"] = await setup(warm_timeout)
@@ -126,6 +128,7 @@ async def run_driver(
         busy1 = _cpu()
         total = busy1[1] - busy0[1]
         out["host_cpu_busy_pct"] = round(100.0 * (busy1[0] - busy0[0]) / total, 1) if total else None
+        out["harness_cpu_s"] = round(time.process_time() - own0, 2)
     series = {
         "samples_ms": out.pop("samples_ms", {}),
         "timeline": sampler.timeline(),
@@ -202,7 +205,7 @@ async def run_all(args: argparse.Namespace, profile: Profile) -> tuple[dict[str,
         drivers["baseline"]["snapshots"] = {
             "supported": bl.snapshots, "planned": snaps,
             "note": ("docker commit, mirroring sandboxd" if bl.snapshots
-                     else f"skipped to match sandboxd ({snapshot_note})"),
+                     else "skipped: sandboxd took none"),
             "taken": len(series["baseline"]["samples_ms"].get("snapshot", [])),
         }  # fmt: skip
     header = {
@@ -252,6 +255,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="override run.seed")
     p.add_argument("--max-seconds", type=float, help="override run.max_seconds (per driver)")
     p.add_argument("--max-requests", type=int, help="override run.max_requests (per driver)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any profile key, VALUE in TOML syntax (episode.think_seconds=0.5)",
+    )
     p.add_argument("--driver", choices=["both", "sandboxd", "baseline"], default="both")
     p.add_argument("--target", help="a running sandboxd (host:port); default: start one on loopback")
     p.add_argument(
@@ -281,7 +291,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "run.max_seconds": args.max_seconds,
         "run.max_requests": args.max_requests,
     }
-    return {k: v for k, v in pairs.items() if v is not None}
+    out = {k: v for k, v in pairs.items() if v is not None}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise ProfileError(f"--set {item}", "expected SECTION.KEY=VALUE")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError as e:
+            raise ProfileError(f"--set {item}", f"VALUE is not TOML: {e}") from e
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,7 +77,7 @@ def rows_of(report: dict[str, Any], driver: str) -> list[tuple[str, Any]]:
     for op in ROW_OPS:
         lat = d.get("latency_ms", {}).get(op)
         if lat and lat.get("n"):
-            rows.append((f"{op} p50/p99 (ms) n={lat['n']}", f"{_fmt(lat['p50'])} / {_fmt(lat['p99'])}"))
+            rows.append((f"{op} p50 / p99 ms (n)", f"{_fmt(lat['p50'])} / {_fmt(lat['p99'])} ({lat['n']})"))
     t = d.get("throughput", {})
     rows += [
         ("execs/s", t.get("execs_per_s")),
@@ -91,6 +91,8 @@ def rows_of(report: dict[str, Any], driver: str) -> list[tuple[str, Any]]:
         ("leaked", d.get("leaked")),
         ("snapshots", d.get("snapshots", {}).get("note")),
         ("host CPU busy (%)", d.get("host_cpu_busy_pct")),
+        ("server CPU (% of a core)", d.get("server_cpu_pct_of_one_core")),
+        ("harness CPU (s)", d.get("harness_cpu_s")),
     ]
     return rows
 

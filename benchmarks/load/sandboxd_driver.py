@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -61,6 +64,7 @@ class SandboxdDriver:
         self._snapshot: snapshots.SnapshotMethod | None = None
         self._channel: grpc.aio.Channel | None = None
         self._sessions: set[str] = set()
+        self._cpu0: tuple[float | None, float] = (None, 0.0)
         """Sandboxes whose session exists (a snapshot captures its state)."""
         self._log = log or (lambda msg: None)
 
@@ -93,6 +97,7 @@ class SandboxdDriver:
             await self.c.create_pool(self.pool, self.image, min_ready=self.min_ready, max_size=self.max_size)
         await self.wait_warm(self.min_ready, warm_timeout)
         info["warmup_s"] = round(time.perf_counter() - t0, 3)
+        self._cpu0 = (self.server_cpu_seconds(), time.perf_counter())
         info["pool"] = self.pool
         info["min_ready"] = self.min_ready
         info["max_size"] = self.max_size
@@ -113,9 +118,24 @@ class SandboxdDriver:
                 )
             await asyncio.sleep(0.25)
 
+    def server_cpu_seconds(self) -> float | None:
+        """CPU time (user + system) of our server process so far; None when not ours."""
+        if self.server is None:
+            return None
+        try:
+            fields = Path(f"/proc/{self.server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     async def teardown(self) -> dict[str, Any]:
         """Deletes the pool (if ours), stops the server (if ours), and counts leaks."""
         out: dict[str, Any] = {"leaked": 0, "leftovers": []}
+        cpu1 = self.server_cpu_seconds()
+        if self._cpu0[0] is not None and cpu1 is not None:
+            elapsed = time.perf_counter() - self._cpu0[1]
+            out["server_cpu_s"] = round(cpu1 - self._cpu0[0], 2)
+            out["server_cpu_pct_of_one_core"] = round(100 * (cpu1 - self._cpu0[0]) / elapsed, 1)
         if self.client is not None:
             with contextlib.suppress(errors.SandboxdError, grpc.aio.AioRpcError):
                 left = await leased_leftovers(self.client, self.run_id)
@@ -143,8 +163,11 @@ class SandboxdDriver:
                 finally:
                     engine.close()
                 out["leftovers"] += found
-            if out["server_exit_code"] != 0:
+            if out["server_exit_code"] != 0 or out["leftovers"]:
                 out["server_log_tail"] = self.server.log_tail()
+                out["server_state_dir"] = str(self.server.state_dir)
+            else:
+                shutil.rmtree(self.server.state_dir, ignore_errors=True)
         out["leaked"] = len(out["leftovers"])
         return out
 

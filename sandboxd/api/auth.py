@@ -5,6 +5,7 @@ open so probes and tools work without credentials."""
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,16 +13,38 @@ import grpc
 import grpc.aio
 
 from sandboxd.core.tenancy import DEFAULT_TENANT, acting_as
-from sandboxd.errors import Unauthenticated
+from sandboxd.errors import ResourceExhausted, Unauthenticated
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 class Authenticator:
-    def __init__(self, tokens: dict[str, str], required: bool) -> None:
-        """``tokens`` maps token -> tenant."""
+    def __init__(self, tokens: dict[str, str], required: bool, rates: dict[str, float] | None = None) -> None:
+        """``tokens`` maps token -> tenant; ``rates`` tenant -> calls per second."""
         self._tokens = tokens
         self.required = required
+        self._rates = rates or {}
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def admit(self, tenant: str) -> None:
+        """Token bucket per tenant: bursts of twice the rate, then the rate."""
+        rate = self._rates.get(tenant, 0.0)
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        tokens, stamp = self._buckets.get(tenant, (2 * rate, now))
+        tokens = min(2 * rate, tokens + (now - stamp) * rate)
+        if tokens < 1:
+            self._buckets[tenant] = (tokens, now)
+            raise ResourceExhausted(
+                f"tenant {tenant!r} is over its {rate:g} calls per second", round((1 - tokens) / rate, 3)
+            )
+        self._buckets[tenant] = (tokens - 1, now)
+
+    def tenant_for_call(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:
+        tenant = self.tenant_for(metadata)
+        self.admit(tenant)
+        return tenant
 
     def tenant_for(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:
         header = ""
@@ -60,14 +83,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
         def unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                with acting_as(auth.tenant_for(context.invocation_metadata())):
+                with acting_as(auth.tenant_for_call(context.invocation_metadata())):
                     return await fn(request, context)
 
             return call
 
         def stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
             async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-                with acting_as(auth.tenant_for(context.invocation_metadata())):
+                with acting_as(auth.tenant_for_call(context.invocation_metadata())):
                     async for item in fn(request, context):
                         yield item
 

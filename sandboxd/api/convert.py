@@ -52,6 +52,8 @@ def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
         limits=limits_from(spec.limits),
         env=dict(spec.env),
         labels=dict(spec.labels),
+        max_ready=spec.max_ready,
+        idle_seconds=spec.idle_seconds,
     )
 
 
@@ -66,6 +68,8 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             limits=limits_to(c.limits),
             env=c.env,
             labels=c.labels,
+            max_ready=c.max_ready,
+            idle_seconds=c.idle_seconds,
         ),
         status=pools_pb2.PoolStatus(
             ready=pool.ready,
@@ -75,6 +79,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             failed_total=pool.failed_total,
             waiting=pool.waiting,
             last_error=pool.permanent_error or pool.last_error,
+            warm_target=pool.warm_target,
         ),
         created_at=ts(c.created_at),
     )

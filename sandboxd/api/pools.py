@@ -35,6 +35,7 @@ class PoolServicer(pools_pb2_grpc.PoolServiceServicer):
             request.name,
             request.min_ready if request.HasField("min_ready") else None,
             request.max_size if request.HasField("max_size") else None,
+            request.max_ready if request.HasField("max_ready") else None,
         )
         return pools_pb2.UpdatePoolResponse(pool=pool_to(pool))
 

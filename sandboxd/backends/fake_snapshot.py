@@ -90,12 +90,12 @@ def emulate(box: _Box, shell: _ShellState, script: str, stdin: bytes) -> bytes |
     if not script.startswith(RESTORE_MARKER):
         return None
     fields = stdin.split(b"\x00")
-    for mode, rel in zip(fields[0:-1:2], fields[1::2], strict=False):
+    for octal, rel in zip(fields[0:-1:2], fields[1::2], strict=False):
         path = posixpath.join(WORKSPACE, rel.decode("utf-8", "surrogateescape"))
         if path in box.files:
-            box.files[path] = (box.files[path][0], int(mode, 8))
+            box.files[path] = (box.files[path][0], int(octal, 8))
         elif path in box.dirs:
-            box.dir_modes[path] = int(mode, 8)
+            box.dir_modes[path] = int(octal, 8)
     out = listing(box)
     for line in script.splitlines():
         if line.startswith("for __sbxd_v in"):

@@ -24,10 +24,7 @@ TAR_MARKER = "# sandboxd:tar"
 # path NUL link-target NUL. ctime cannot be set from user space, so an entry
 # whose (size, mtime, ctime) is unchanged since a listing is unchanged.
 LIST_FORMAT = r"%y %m %s %T@ %C@\0%P\0%l\0"
-_LIST = (
-    "printf '%s\\0' \"$(date +%s.%N)\"; "
-    f"(cd {WORKSPACE} && find . -mindepth 1 -printf '{LIST_FORMAT}')"
-)
+_LIST = f"printf '%s\\0' \"$(date +%s.%N)\"; (cd {WORKSPACE} && find . -mindepth 1 -printf '{LIST_FORMAT}')"
 
 # Variables every session has that belong to the shell, not to the rollout.
 SHELL_OWNED = ("PWD", "OLDPWD", "SHLVL", "_")

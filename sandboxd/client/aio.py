@@ -28,6 +28,8 @@ import grpc.aio
 from sandboxd import errors
 from sandboxd.v1 import (
     common_pb2,
+    demand_pb2,
+    demand_pb2_grpc,
     exec_pb2,
     exec_pb2_grpc,
     files_pb2,
@@ -228,23 +230,35 @@ class AsyncClient:
         target: str,
         *,
         token: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        client_certificate: tuple[bytes, bytes] | None = None,
         max_message_bytes: int = 64 << 20,
         metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
-        """``token`` is the tenant's bearer token, when the server requires one."""
+        """``token`` is the tenant's bearer token, when the server requires one.
+        ``tls`` (implied by the other two) speaks TLS, trusting
+        ``root_certificates`` (PEM; None = the system's); ``client_certificate``
+        is a (PEM chain, PEM key) pair for servers that require mutual TLS."""
         self.target = target
-        self._channel = grpc.aio.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if tls or root_certificates or client_certificate:
+            chain, key = client_certificate or (None, None)
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=root_certificates, private_key=key, certificate_chain=chain
+            )
+            self._channel = grpc.aio.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=options)
         self._metadata = tuple(metadata) + ((("authorization", f"Bearer {token}"),) if token else ())
         self.pools = pools_pb2_grpc.PoolServiceStub(self._channel)
         self.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(self._channel)
         self.execs = exec_pb2_grpc.ExecServiceStub(self._channel)
         self.files = files_pb2_grpc.FileServiceStub(self._channel)
+        self.demand = demand_pb2_grpc.DemandServiceStub(self._channel)
         self.snapshots = snapshots_pb2_grpc.SnapshotServiceStub(self._channel)
         self.preflight_stub = preflight_pb2_grpc.PreflightServiceStub(self._channel)
 
@@ -274,7 +288,11 @@ class AsyncClient:
         limits: Mapping[str, int] | None = None,
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
+        max_ready: int = 0,
+        idle_seconds: float = 0.0,
     ) -> pools_pb2.Pool:
+        """``max_ready`` above ``min_ready`` makes the pool follow demand
+        between the two; ``idle_seconds`` is its scale-down delay."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -283,6 +301,8 @@ class AsyncClient:
             limits=common_pb2.Limits(**(limits or {})),
             env=env or {},
             labels=labels or {},
+            max_ready=max_ready,
+            idle_seconds=idle_seconds,
         )
         with _mapped():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(
@@ -304,9 +324,16 @@ class AsyncClient:
             )
 
     async def update_pool(
-        self, name: str, *, min_ready: int | None = None, max_size: int | None = None
+        self,
+        name: str,
+        *,
+        min_ready: int | None = None,
+        max_size: int | None = None,
+        max_ready: int | None = None,
     ) -> pools_pb2.Pool:
-        request = pools_pb2.UpdatePoolRequest(name=name, min_ready=min_ready, max_size=max_size)
+        request = pools_pb2.UpdatePoolRequest(
+            name=name, min_ready=min_ready, max_size=max_size, max_ready=max_ready
+        )
         with _mapped():
             response: pools_pb2.UpdatePoolResponse = await self.pools.UpdatePool(
                 request, metadata=self._metadata
@@ -318,6 +345,56 @@ class AsyncClient:
             await self.pools.DeletePool(
                 pools_pb2.DeletePoolRequest(name=name, force=force), metadata=self._metadata
             )
+
+    # -- demand -------------------------------------------------------------
+
+    async def set_demand(
+        self, pool: str, count: int, *, in_seconds: float = 0.0, ttl: float = 0.0, source: str = ""
+    ) -> demand_pb2.PoolScaling:
+        """Announces "in ~in_seconds I will acquire ``count`` sandboxes of
+        ``pool``" (replacing this source's previous announcement; 0 withdraws)."""
+        request = demand_pb2.SetDemandRequest(
+            pool=pool, source=source, count=count, in_seconds=in_seconds, ttl_seconds=ttl
+        )
+        with _mapped():
+            response: demand_pb2.SetDemandResponse = await self.demand.SetDemand(
+                request, metadata=self._metadata
+            )
+        return response.pool
+
+    async def prewarm(
+        self,
+        pool: str,
+        count: int,
+        *,
+        wait: bool = False,
+        timeout: float = 0.0,
+        ttl: float = 0.0,
+        source: str = "",
+    ) -> demand_pb2.PoolScaling:
+        """Warms ``count`` sandboxes now; with ``wait``, returns once they are READY."""
+        request = demand_pb2.PrewarmRequest(
+            pool=pool, count=count, wait=wait, timeout_seconds=timeout, ttl_seconds=ttl, source=source
+        )
+        with _mapped():
+            response: demand_pb2.PrewarmResponse = await self.demand.Prewarm(
+                request, timeout=timeout + 5.0 if wait and timeout else None, metadata=self._metadata
+            )
+        return response.pool
+
+    async def watch_pools(
+        self, pool: str = "", *, interval: float = 1.0
+    ) -> AsyncIterator[demand_pb2.WatchPoolResponse]:
+        """Yields the scaling state of ``pool`` (or of every pool) every ``interval`` seconds."""
+        call = self.demand.WatchPool(
+            demand_pb2.WatchPoolRequest(pool=pool, interval_seconds=interval), metadata=self._metadata
+        )
+        try:
+            with _mapped():
+                async for update in call:
+                    yield update
+        finally:
+            call.cancel()
 
     # -- leases -------------------------------------------------------------
 
@@ -500,13 +577,17 @@ class AsyncClient:
         """Yields ("stdout", bytes), ("stderr", bytes) as output comes, then ("result", ExecResult)."""
         request = self._exec_request(sandbox_id, command, **kwargs)
         call = self.execs.ExecStream(request, metadata=self._metadata)
-        with _mapped():
-            async for event in call:
-                kind = event.WhichOneof("event")
-                if kind == "result":
-                    yield "result", ExecResult.from_proto(event.result)
-                else:
-                    yield kind, getattr(event, kind)
+        try:
+            with _mapped():
+                async for event in call:
+                    kind = event.WhichOneof("event")
+                    if kind == "result":
+                        yield "result", ExecResult.from_proto(event.result)
+                    else:
+                        yield kind, getattr(event, kind)
+        finally:
+            # Leaving early cancels the call; the server then kills the command.
+            call.cancel()
 
     # -- files --------------------------------------------------------------
 

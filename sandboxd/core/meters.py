@@ -105,7 +105,9 @@ class PoolMeters:
         for pool in self._pools():
             for key, value in pool.gauges().items():
                 if key.startswith("sandboxes_"):
-                    out.append(Observation(value, {"pool": pool.name, "state": key.removeprefix("sandboxes_")}))
+                    out.append(
+                        Observation(value, {"pool": pool.name, "state": key.removeprefix("sandboxes_")})
+                    )
         return out
 
     def _observer(self, key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:

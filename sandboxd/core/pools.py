@@ -288,7 +288,9 @@ class WarmPool:
         if count < 0:
             raise InvalidArgument("count", f"must be >= 0, got {count}")
         if count > self.config.max_size:
-            raise InvalidArgument("count", f"({count}) must not exceed the pool's max_size ({self.config.max_size})")
+            raise InvalidArgument(
+                "count", f"({count}) must not exceed the pool's max_size ({self.config.max_size})"
+            )
         for name, value in (("in_seconds", in_seconds), ("ttl_seconds", ttl_seconds)):
             if not 0 <= value <= _MAX_ANNOUNCE_SECONDS:
                 raise InvalidArgument(name, f"must be between 0 and {_MAX_ANNOUNCE_SECONDS:g}, got {value}")
@@ -304,7 +306,9 @@ class WarmPool:
         made = None
         if count:
             due = now + in_seconds
-            made = Announcement(source, count, due, due + (ttl_seconds or self._tuning.announcement_ttl_seconds))
+            made = Announcement(
+                source, count, due, due + (ttl_seconds or self._tuning.announcement_ttl_seconds)
+            )
             kept += (made,)
         self.announcements = kept
         self.poke()
@@ -335,6 +339,10 @@ class WarmPool:
             "announced_sandboxes": sum(a.remaining for a in self.announcements if now < a.expires),
             "failed_total": self.failed_total,
         }
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def acquire_rate(self) -> float:
@@ -588,9 +596,9 @@ class WarmPool:
         self._dispatch()
         self.poke()
         try:
-            got = await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+            records = await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
             self._served(began)
-            return got
+            return records
         except TimeoutError:
             if waiter.future.done() and not waiter.future.exception():
                 self._served(began)

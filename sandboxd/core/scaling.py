@@ -74,6 +74,9 @@ class PolicyConfig:
     ``max_starting`` and the start-up latency."""
     max_starting: int = 8
     """Sandboxes one pool starts at once (for the derived throughput)."""
+    min_startup_seconds: float = 0.1
+    """Floor of the start-up latency the policy assumes (a backend that
+    answers at once still takes some time to use)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ class Plan:
 
 def lead_seconds(announcement: Announcement, signals: Signals, config: PolicyConfig) -> float:
     """How long before its due time an announcement starts warming."""
-    startup = max(signals.startup_seconds, 1e-3)
+    startup = max(signals.startup_seconds, config.min_startup_seconds, 1e-3)
     throughput = config.create_throughput or max(config.max_starting, 1) / startup
     return startup + announcement.remaining / throughput + config.lead_margin
 
@@ -163,7 +166,8 @@ def decide(signals: Signals, bounds: Bounds, config: PolicyConfig, state: Scaler
     if not bounds.follows_demand:
         desired, reason = bounds.min_ready, f"static pool: min_ready {bounds.min_ready}"
     else:
-        expected = signals.acquire_rate * signals.startup_seconds * config.rate_headroom
+        startup = max(signals.startup_seconds, config.min_startup_seconds)
+        expected = signals.acquire_rate * startup * config.rate_headroom
         rate_term = math.ceil(expected) if expected >= config.min_rate_term else 0
         active = active_announcements(signals, config)
         announced_term = sum(a.remaining for a in active)

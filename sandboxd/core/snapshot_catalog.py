@@ -107,9 +107,7 @@ class SnapshotCatalog:
 
     # -- writes ---------------------------------------------------------------
 
-    async def insert(
-        self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int
-    ) -> int:
+    async def insert(self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int) -> int:
         """Records a snapshot and its blob references in one transaction; with
         ``quota`` > 0, refuses (ResourceExhausted) when the tenant's stored
         bytes would pass it. Returns the tenant's usage afterwards."""

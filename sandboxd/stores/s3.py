@@ -75,9 +75,7 @@ def sign_v4(
         [method, canonical_uri, canonical_query, canonical_headers, ";".join(signed), payload_sha256]
     )
     scope = f"{day}/{region}/{service}/aws4_request"
-    to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-    )
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     key = f"AWS4{secret_key}".encode()
     for part in (day, region, service, "aws4_request"):
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PoolSpec(_message.Message):
-    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels")
+    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class PoolSpec(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_READY_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     min_ready: int
@@ -40,10 +42,12 @@ class PoolSpec(_message.Message):
     limits: _common_pb2.Limits
     env: _containers.ScalarMap[str, str]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    max_ready: int
+    idle_seconds: float
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
 
 class PoolStatus(_message.Message):
-    __slots__ = ("ready", "creating", "leased", "releasing", "failed_total", "waiting", "last_error")
+    __slots__ = ("ready", "creating", "leased", "releasing", "failed_total", "waiting", "last_error", "warm_target")
     READY_FIELD_NUMBER: _ClassVar[int]
     CREATING_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +55,7 @@ class PoolStatus(_message.Message):
     FAILED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    WARM_TARGET_FIELD_NUMBER: _ClassVar[int]
     ready: int
     creating: int
     leased: int
@@ -58,7 +63,8 @@ class PoolStatus(_message.Message):
     failed_total: int
     waiting: int
     last_error: str
-    def __init__(self, ready: _Optional[int] = ..., creating: _Optional[int] = ..., leased: _Optional[int] = ..., releasing: _Optional[int] = ..., failed_total: _Optional[int] = ..., waiting: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
+    warm_target: int
+    def __init__(self, ready: _Optional[int] = ..., creating: _Optional[int] = ..., leased: _Optional[int] = ..., releasing: _Optional[int] = ..., failed_total: _Optional[int] = ..., waiting: _Optional[int] = ..., last_error: _Optional[str] = ..., warm_target: _Optional[int] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ("spec", "status", "created_at")
@@ -105,14 +111,16 @@ class ListPoolsResponse(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ...) -> None: ...
 
 class UpdatePoolRequest(_message.Message):
-    __slots__ = ("name", "min_ready", "max_size")
+    __slots__ = ("name", "min_ready", "max_size", "max_ready")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MIN_READY_FIELD_NUMBER: _ClassVar[int]
     MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_READY_FIELD_NUMBER: _ClassVar[int]
     name: str
     min_ready: int
     max_size: int
-    def __init__(self, name: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ...) -> None: ...
+    max_ready: int
+    def __init__(self, name: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., max_ready: _Optional[int] = ...) -> None: ...
 
 class UpdatePoolResponse(_message.Message):
     __slots__ = ("pool",)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandboxd.client import AsyncClient
+from tests.integration.conftest import poll
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
 
@@ -91,3 +92,20 @@ async def test_hardening_defaults(client: AsyncClient, pool: str) -> None:
         assert (
             await sb.exec("printf '#!/bin/sh\\necho ran\\n' > x.sh && chmod +x x.sh && ./x.sh")
         ).text == "ran\n"
+
+
+async def test_abandoned_exec_stream_kills_the_command(client: AsyncClient, pool: str) -> None:
+    async with client.acquire(pool) as sb:
+        for session in ("", "s"):
+            stream = sb.exec_stream("echo started; sleep 300; echo never", session=session)
+            async for kind, value in stream:
+                assert kind == "stdout" and value == b"started\n"
+                break
+            await stream.aclose()  # type: ignore[attr-defined]
+
+            async def gone() -> bool:
+                r = await sb.exec("ps -eo args --no-headers | grep -c '^sleep 300' || true")
+                return r.text.strip() == "0"
+
+            await poll(gone, timeout=20, what=f"the abandoned command to be killed (session={session!r})")
+        assert (await sb.exec("pwd", session="s")).text == "/workspace\n", "the session restarts cleanly"

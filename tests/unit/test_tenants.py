@@ -191,3 +191,22 @@ async def test_preflight_on_a_pool(make_app: MakeApp) -> None:
         assert "max_size" in report.problems[0].message
         with pytest.raises(errors.NotFound):
             await client.preflight(pool="nope", concurrent=1)
+
+
+async def test_per_tenant_call_rate_limit(make_app: MakeApp) -> None:
+    app = await make_app(tenants={"c": {"token": "tok-c", "requests_per_second": 5}})
+    async with AsyncClient(app.address, token="tok-c") as c:
+        with pytest.raises(errors.ResourceExhausted, match="calls per second") as info:
+            for _ in range(50):
+                await c.list_pools()
+        assert info.value.retry_after is not None and 0 < info.value.retry_after <= 1
+
+
+async def test_oversize_message_is_refused_and_nothing_breaks(make_app: MakeApp) -> None:
+    app = await make_app(server__max_message_bytes=1 << 20)
+    async with AsyncClient(app.address) as client:
+        await client.create_pool("p", "img", max_size=2)
+        async with client.acquire("p") as sb:
+            with pytest.raises(errors.SandboxdError, match="RESOURCE_EXHAUSTED|larger than"):
+                await sb.write_files({"big": b"x" * (2 << 20)})
+            assert (await sb.exec("echo ok")).text == "ok\n"

@@ -11,9 +11,10 @@ enforces disk bytes and file count.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -283,7 +284,7 @@ class DockerBackend:
             )
         return out
 
-    async def alive(self, handles: list[str]) -> set[str]:
+    async def alive(self, handles: builtins.list[str]) -> set[str]:
         """One ``containers list`` call for every handle asked about."""
         try:
             running = await self._run(
@@ -347,7 +348,12 @@ class DockerBackend:
             else:
                 await kill_tree(self._raw, handle, var, tag)
 
-        return Target(self._raw, handle, self._options.user, alive, kill, probe)
+        return Target(self._raw, handle, self._options.user, alive, kill, self._spawn, probe)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def usage(self, handle: str) -> SandboxUsage:
         probe = await self._probe(handle)

@@ -51,6 +51,8 @@ class Target:
     is_alive: IsAlive
     kill: Killer
     """Kills every process whose environment has ``VAR=tag``: (VAR, tag)."""
+    spawn: Callable[[Coroutine[Any, Any, None]], None]
+    """Runs cleanup that must outlive a cancelled exec (owned by the backend)."""
     probe: ContainerProbe | None = None
 
 
@@ -121,6 +123,7 @@ async def run_oneshot(target: Target, spec: ExecSpec) -> AsyncIterator[ExecEvent
     # The kill runs beside the reader: the engine finishes an exec only once
     # its output is consumed, so pausing the reader to kill would deadlock.
     killer: asyncio.Task[None] | None = None
+    completed = False
     try:
         while True:
             remaining = deadline - time.monotonic()
@@ -144,9 +147,14 @@ async def run_oneshot(target: Target, spec: ExecSpec) -> AsyncIterator[ExecEvent
                 stopped = ExecOutcome.OUTPUT_TRUNCATED
                 killer = asyncio.create_task(target.kill(EXEC_TAG_VAR, tag))
                 deadline = time.monotonic() + _DRAIN_AFTER_KILL
+        completed = True
     finally:
         if feeder is not None:
             feeder.cancel()
+        if not completed and killer is None:
+            # The caller went away (client cancelled, stream cut): the command
+            # must not run on unattended.
+            target.spawn(target.kill(EXEC_TAG_VAR, tag))
         await channel.close()
         if killer is not None:
             await _finish(killer)
@@ -273,40 +281,49 @@ class ShellSession:
         stopped: ExecOutcome | None = None
         escalated = False
         killers: list[asyncio.Task[None]] = []
-        while not (splitters[1].exit_code is not None and splitters[2].done):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if stopped is None:
-                    stopped = ExecOutcome.TIMED_OUT
+        completed = False
+        try:
+            while not (splitters[1].exit_code is not None and splitters[2].done):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    if stopped is None:
+                        stopped = ExecOutcome.TIMED_OUT
+                        killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
+                        deadline = time.monotonic() + 2.0
+                        continue
+                    if not escalated:
+                        # The command is a shell builtin (e.g. an endless loop):
+                        # only killing the shell stops it.
+                        escalated = True
+                        self.dead = True
+                        killers.append(asyncio.create_task(self._target.kill(SESSION_TAG_VAR, self._tag)))
+                        deadline = time.monotonic() + 2.0
+                        continue
+                    break
+                frame = await channel.next_frame(remaining)
+                if isinstance(frame, TimeoutError):
+                    continue
+                if frame is None:
+                    self.dead = True
+                    break
+                stream, data = frame
+                splitter = splitters.get(stream)
+                if splitter is None or splitter.done:
+                    continue
+                out = budget.take(splitter.feed(data))
+                if out:
+                    yield OutputChunk(stream, out)
+                if budget.truncated and stopped is None:
+                    stopped = ExecOutcome.OUTPUT_TRUNCATED
                     killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
                     deadline = time.monotonic() + 2.0
-                    continue
-                if not escalated:
-                    # The command is a shell builtin (e.g. an endless loop):
-                    # only killing the shell stops it.
-                    escalated = True
-                    self.dead = True
-                    killers.append(asyncio.create_task(self._target.kill(SESSION_TAG_VAR, self._tag)))
-                    deadline = time.monotonic() + 2.0
-                    continue
-                break
-            frame = await channel.next_frame(remaining)
-            if isinstance(frame, TimeoutError):
-                continue
-            if frame is None:
+            completed = True
+        finally:
+            if not completed:
+                # Abandoned mid-command: the shell's state is unknown, so the
+                # session (and everything it runs) goes.
                 self.dead = True
-                break
-            stream, data = frame
-            splitter = splitters.get(stream)
-            if splitter is None or splitter.done:
-                continue
-            out = budget.take(splitter.feed(data))
-            if out:
-                yield OutputChunk(stream, out)
-            if budget.truncated and stopped is None:
-                stopped = ExecOutcome.OUTPUT_TRUNCATED
-                killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
-                deadline = time.monotonic() + 2.0
+                self._target.spawn(self._target.kill(SESSION_TAG_VAR, self._tag))
         duration = time.monotonic() - started
         for killer in killers:
             await _finish(killer)
@@ -366,9 +383,15 @@ class _MarkerSplitter:
         buf = self._pending + data
         idx = buf.find(self._marker)
         if idx < 0:
-            keep = len(self._marker) - 1
-            self._pending = buf[-keep:] if len(buf) > keep else buf
-            return buf[: len(buf) - len(self._pending)]
+            # Hold back only a tail that could be the start of the marker, so
+            # output is streamed as soon as it is known not to be part of it.
+            keep = 0
+            for k in range(min(len(self._marker) - 1, len(buf)), 0, -1):
+                if buf.endswith(self._marker[:k]):
+                    keep = k
+                    break
+            self._pending = buf[len(buf) - keep :] if keep else b""
+            return buf[: len(buf) - keep]
         self._pending = b""
         self.done = True
         self._tail = b""

@@ -1,0 +1,7 @@
+# Versions of the test cluster's components; sourced by build.sh and up.sh.
+# Binaries are cached under $KUBE_CACHE/bin/<name>-<version>.
+KUBE_VERSION=v1.33.13          # kube-apiserver, controller-manager, scheduler, kubectl
+ETCD_VERSION=v3.5.24
+KWOK_VERSION=v0.7.0
+HELM_VERSION=v3.18.6
+KUBE_CACHE=${KUBE_CACHE:-${HOME}/.cache/sandboxd/kube}

@@ -1,0 +1,223 @@
+"""A watch-fed cache of this control plane's Pods, instead of polling.
+
+One list, then one long watch per namespace (resumed from the last
+resourceVersion; a 410 Gone or a cut stream relists). It keeps a small summary
+per Pod, not the Pod itself, so 10,000 tracked Pods cost a few MB. Callers
+wait for a Pod to reach a condition (Running and Ready, gone) through
+futures the watch resolves: no per-Pod polling, no per-Pod task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.backends.kubernetes.client import Json, KubeClient, KubeError
+
+log = logging.getLogger(__name__)
+
+# Waiting reasons that will not fix themselves: the create fails at once.
+PERMANENT_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+@dataclass
+class PodInfo:
+    name: str
+    uid: str
+    phase: str
+    ready: bool
+    deleting: bool
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    node: str = ""
+    problem: str = ""
+    """Why the Pod cannot start (image pull error, unschedulable), or ''."""
+    permanent: bool = False
+    """``problem`` will not go away by waiting."""
+    terminated_reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.deleting
+
+    @property
+    def serving(self) -> bool:
+        return self.running and self.ready
+
+
+def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    problem, permanent, terminated = "", False, ""
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        waiting = state.get("waiting")
+        if waiting and waiting.get("reason") in PERMANENT_WAITING:
+            problem = f"{waiting.get('reason')}: {waiting.get('message', '')}".strip(": ")
+            permanent = True
+        term = state.get("terminated")
+        if term:
+            terminated = str(term.get("reason") or f"exit {term.get('exitCode')}")
+    sched = conditions.get("PodScheduled") or {}
+    if not problem and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
+        problem = f"Unschedulable: {sched.get('message', '')}"
+    if status.get("phase") == "Failed" and not problem:
+        problem, permanent = f"Pod failed: {status.get('reason') or terminated or 'unknown'}", True
+    annotations = meta.get("annotations") or {}
+    return PodInfo(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        phase=str(status.get("phase") or "Pending"),
+        ready=ready,
+        deleting=bool(meta.get("deletionTimestamp")),
+        labels=dict(meta.get("labels") or {}),
+        annotations={k: annotations[k] for k in keep_annotations if k in annotations},
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        problem=problem,
+        permanent=permanent,
+        terminated_reason=terminated,
+    )
+
+
+Predicate = Callable[[PodInfo | None], bool]
+
+
+class PodCache:
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        label_selector: str,
+        keep_annotations: tuple[str, ...] = (),
+    ) -> None:
+        self._client = client
+        self._path = f"/api/v1/namespaces/{namespace}/pods"
+        self._selector = label_selector
+        self._keep = keep_annotations
+        self.pods: dict[str, PodInfo] = {}
+        self._waiters: dict[str, list[tuple[Predicate, asyncio.Future[PodInfo | None]]]] = {}
+        self._rv = ""
+        self._task: asyncio.Task[None] | None = None
+        self.synced = asyncio.Event()
+        self.relists = 0
+
+    async def start(self) -> None:
+        if self._task is None:
+            await self._list()
+            self._task = asyncio.create_task(self._run(), name=f"pod-watch {self._path}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for waiters in self._waiters.values():
+            for _, fut in waiters:
+                if not fut.done():
+                    fut.cancel()
+        self._waiters.clear()
+
+    def get(self, name: str) -> PodInfo | None:
+        return self.pods.get(name)
+
+    async def wait(self, name: str, predicate: Predicate, timeout: float) -> PodInfo | None:
+        """Waits until ``predicate(pod or None)`` holds; returns the Pod (None
+        once it is gone). Raises TimeoutError."""
+        current = self.pods.get(name)
+        if predicate(current):
+            return current
+        fut: asyncio.Future[PodInfo | None] = asyncio.get_running_loop().create_future()
+        entry = (predicate, fut)
+        self._waiters.setdefault(name, []).append(entry)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            waiters = self._waiters.get(name)
+            if waiters is not None:
+                with contextlib.suppress(ValueError):
+                    waiters.remove(entry)
+                if not waiters:
+                    del self._waiters[name]
+
+    def _set(self, name: str, info: PodInfo | None) -> None:
+        if info is None:
+            self.pods.pop(name, None)
+        else:
+            self.pods[name] = info
+        for predicate, fut in list(self._waiters.get(name, ())):
+            if not fut.done() and predicate(info):
+                fut.set_result(info)
+
+    async def _list(self) -> None:
+        body = await self._client.request("GET", self._path, query={"labelSelector": self._selector})
+        seen: set[str] = set()
+        for pod in body.get("items") or []:
+            info = summarize(pod, self._keep)
+            seen.add(info.name)
+            self._set(info.name, info)
+        for name in [n for n in self.pods if n not in seen]:
+            self._set(name, None)
+        self._rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        self.relists += 1
+        self.synced.set()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                query = {
+                    "labelSelector": self._selector,
+                    "resourceVersion": self._rv,
+                    "timeoutSeconds": str(random.randint(240, 360)),
+                }
+                async for event in self._client.watch(self._path, query):
+                    backoff = 0.2
+                    self._apply(event)
+            except asyncio.CancelledError:
+                raise
+            except KubeError as e:
+                if e.status != 410:
+                    log.warning("pod watch interrupted (%s); relisting in %.1fs", e, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                with contextlib.suppress(KubeError):
+                    await self._list()
+            except Exception:
+                log.exception("pod watch failed; relisting")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+                with contextlib.suppress(KubeError):
+                    await self._list()
+
+    def _apply(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self._rv = str(rv)
+        if kind == "BOOKMARK":
+            return
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if kind == "DELETED":
+            self._set(name, None)
+        elif kind in ("ADDED", "MODIFIED"):
+            self._set(name, summarize(obj, self._keep))

@@ -1,0 +1,280 @@
+"""Pure builders for what the Kubernetes backend sends to the API server:
+the sandbox Pod, the namespace's deny-all NetworkPolicy, and label values.
+
+Disk and file-count limits on Kubernetes
+----------------------------------------
+Kubernetes has no per-pod inode quota. What each workspace volume kind
+enforces:
+
+- ``emptydir`` (default): ``sizeLimit`` is enforced by the kubelet's
+  eviction manager (it measures the directory periodically and evicts the
+  Pod), not by the kernel; a burst can overshoot until the next measurement.
+  The file count is *not* limited.
+- ``memory``: an ``emptyDir`` with ``medium: Memory`` is a tmpfs the kubelet
+  mounts with ``size=<sizeLimit>`` (SizeMemoryBackedVolumes, GA in 1.32), so
+  the kernel enforces the byte limit (ENOSPC) and the bytes count against the
+  Pod's memory limit. The kubelet does not pass ``nr_inodes``, so the tmpfs
+  gets the kernel default (half the node's RAM pages): the file count is not
+  capped per sandbox.
+- ``ephemeral``: a generic ephemeral volume (a PVC made with the Pod and
+  deleted with it) from ``workspace_storage_class``. The kernel enforces
+  whatever that class's provisioner formats: a CSI driver that creates a
+  per-volume loop-mounted or LVM-backed ext4/XFS filesystem with a fixed
+  inode count (e.g. ``mkfs.ext4 -N <max_files>`` via the class's fs
+  parameters, or an XFS project quota with an inode limit) enforces both
+  bytes and files in the kernel. This is the mode to use when ``max_files``
+  must hold against a hostile workload.
+
+``max_files`` is recorded on the Pod as an annotation either way, so the
+choice is visible to operators.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sandboxd.backends.base import (
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_POOL,
+    LABEL_SANDBOX,
+    WORKSPACE,
+    Limits,
+    SandboxSpec,
+)
+
+LABEL_TENANT = "sandboxd.tenant"
+ANNOTATION_POOL = "sandboxd.io/pool"
+"""The pool's exact key ("tenant/name" is not a valid label value)."""
+ANNOTATION_LABELS = "sandboxd.io/labels"
+"""The sandbox's own labels, JSON (values need not be valid label values)."""
+ANNOTATION_MAX_FILES = "sandboxd.io/max-files"
+NETWORK_POLICY_NAME = "sandboxd-sandboxes-deny-all"
+CONTAINER = "sandbox"
+DEFAULT_TENANT = "default"
+_TMP_BYTES = 64 << 20
+
+WorkspaceKind = Literal["emptydir", "memory", "ephemeral"]
+
+
+@dataclass(frozen=True)
+class PodOptions:
+    namespace: str
+    instance: str
+    uid: int = 1000
+    gid: int = 1000
+    command: tuple[str, ...] = ("sleep", "infinity")
+    runtime_class: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    priority_class: str | None = None
+    image_pull_policy: str = "IfNotPresent"
+    cpu_request_ratio: float = 1.0
+    memory_request_ratio: float = 1.0
+    workspace: WorkspaceKind = "emptydir"
+    workspace_storage_class: str | None = None
+
+
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def label_value(text: str) -> str:
+    """A valid label value for ``text``: at most 63 characters of [A-Za-z0-9_.-],
+    starting and ending alphanumeric ('/' becomes '.'). Not injective: the
+    exact value goes in an annotation next to it."""
+    value = _LABEL_VALUE_BAD.sub("_", text.replace("/", "."))[:63]
+    return value.strip("_.-") or "x"
+
+
+def pod_name(sandbox_id: str) -> str:
+    """A DNS-1123 name for the sandbox's Pod."""
+    name = re.sub(r"[^a-z0-9-]", "-", f"sandboxd-{sandbox_id}".lower())[:63]
+    return name.rstrip("-")
+
+
+def tenant_of(pool: str) -> str:
+    tenant, sep, _ = pool.partition("/")
+    return tenant if sep else DEFAULT_TENANT
+
+
+def selector(instance: str) -> str:
+    """The label selector for every Pod one control-plane instance owns."""
+    return f"{LABEL_MANAGED}=true,{LABEL_INSTANCE}={label_value(instance)}"
+
+
+def _resources(limits: Limits, opts: PodOptions) -> dict[str, dict[str, str]]:
+    requests: dict[str, str] = {}
+    lims: dict[str, str] = {}
+    if limits.memory_bytes:
+        lims["memory"] = str(limits.memory_bytes)
+        requests["memory"] = str(max(1, int(limits.memory_bytes * opts.memory_request_ratio)))
+    if limits.cpu_millis:
+        lims["cpu"] = f"{limits.cpu_millis}m"
+        requests["cpu"] = f"{max(1, int(limits.cpu_millis * opts.cpu_request_ratio))}m"
+    if limits.disk_bytes:
+        # Workspace + /tmp + the container's writable layer and logs.
+        storage = str(limits.disk_bytes + _TMP_BYTES + (64 << 20))
+        lims["ephemeral-storage"] = storage
+    out: dict[str, dict[str, str]] = {}
+    if requests:
+        out["requests"] = requests
+    if lims:
+        out["limits"] = lims
+    return out
+
+
+def _workspace_volume(limits: Limits, opts: PodOptions) -> dict[str, Any]:
+    if opts.workspace == "ephemeral":
+        size = limits.disk_bytes or (1 << 30)
+        claim: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": str(size)}},
+        }
+        if opts.workspace_storage_class:
+            claim["storageClassName"] = opts.workspace_storage_class
+        return {
+            "name": "workspace",
+            "ephemeral": {
+                "volumeClaimTemplate": {
+                    "metadata": {"labels": {LABEL_MANAGED: "true"}},
+                    "spec": claim,
+                }
+            },
+        }
+    empty: dict[str, Any] = {}
+    if opts.workspace == "memory":
+        empty["medium"] = "Memory"
+    if limits.disk_bytes:
+        empty["sizeLimit"] = str(limits.disk_bytes)
+    return {"name": "workspace", "emptyDir": empty}
+
+
+def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
+    """The Pod manifest of one sandbox: hardened, labelled for adoption."""
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_INSTANCE: label_value(opts.instance),
+        LABEL_POOL: label_value(spec.pool),
+        LABEL_SANDBOX: label_value(spec.sandbox_id),
+        LABEL_TENANT: label_value(tenant_of(spec.pool)),
+    }
+    annotations = {
+        ANNOTATION_POOL: spec.pool,
+        ANNOTATION_LABELS: json.dumps(dict(spec.labels), sort_keys=True),
+    }
+    if spec.limits.max_files:
+        annotations[ANNOTATION_MAX_FILES] = str(spec.limits.max_files)
+    env = [{"name": "HOME", "value": WORKSPACE}]
+    env += [{"name": k, "value": v} for k, v in spec.env.items() if k != "HOME"]
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": opts.image_pull_policy,
+        "command": list(opts.command),
+        "workingDir": WORKSPACE,
+        "env": env,
+        "resources": _resources(spec.limits, opts),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": opts.uid,
+            "runAsGroup": opts.gid,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "workspace", "mountPath": WORKSPACE},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "stdin": False,
+        "tty": False,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostname": "sandbox",
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": opts.uid,
+            "runAsGroup": opts.gid,
+            "fsGroup": opts.gid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumes": [
+            _workspace_volume(spec.limits, opts),
+            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": str(_TMP_BYTES)}},
+        ],
+    }
+    if opts.runtime_class:
+        pod_spec["runtimeClassName"] = opts.runtime_class
+    if opts.node_selector:
+        pod_spec["nodeSelector"] = dict(opts.node_selector)
+    if opts.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in opts.tolerations]
+    if opts.priority_class:
+        pod_spec["priorityClassName"] = opts.priority_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(spec.sandbox_id),
+            "namespace": opts.namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def resize_body(limits: Limits, opts: PodOptions) -> dict[str, Any]:
+    """The patch for the ``pods/resize`` subresource (in-place resize)."""
+    resources = _resources(Limits(memory_bytes=limits.memory_bytes, cpu_millis=limits.cpu_millis), opts)
+    return {"spec": {"containers": [{"name": CONTAINER, "resources": resources}]}}
+
+
+def deny_all_policy(namespace: str) -> dict[str, Any]:
+    """No ingress and no egress for any sandbox Pod in the namespace (needs a
+    NetworkPolicy-enforcing CNI; the API server only stores it)."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": NETWORK_POLICY_NAME,
+            "namespace": namespace,
+            "labels": {LABEL_MANAGED: "true"},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_MANAGED: "true"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [],
+        },
+    }
+
+
+_SUFFIX = {
+    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}  # fmt: skip
+
+
+def parse_quantity(text: str | int | float) -> float:
+    """A Kubernetes resource quantity ("1500m", "2Gi", "1e3") as a number."""
+    if isinstance(text, int | float):
+        return float(text)
+    text = text.strip()
+    for suffix in ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIX[suffix]
+    if text and text[-1] in "numkMGTPE" and not re.fullmatch(r"[0-9.]+[eE][0-9]+", text):
+        return float(text[:-1]) * _SUFFIX[text[-1]]
+    return float(text)

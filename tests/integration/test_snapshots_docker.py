@@ -1,0 +1,125 @@
+"""Snapshots against the real engine: fidelity of files, modes, symlinks,
+empty directories, cwd and environment; fork; incremental capture; a corrupt
+snapshot destroys its targets."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from sandboxd import errors
+from sandboxd.app import App
+from sandboxd.client import AsyncClient, Sandbox
+from sandboxd.core import manifest as mf
+from sandboxd.core.snapshots import LABEL_SNAPSHOT, blob_key, tenant_namespace
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+SETUP = r"""
+set -e
+mkdir -p src/pkg empty locked 'we ird'
+printf 'print(1)\n' > src/pkg/main.py
+printf '#!/bin/sh\necho run\n' > run.sh && chmod 0755 run.sh
+printf 'shared' > shared && chmod 0777 shared
+printf 'secret' > secret && chmod 0600 secret
+printf 'x' > 'we ird/na me' && printf 'nl' > "$(printf 'new\nline')"
+chmod 0700 locked && chmod 1777 src && chmod 0555 src/pkg
+ln -s src/pkg/main.py rel-link && ln -s /workspace/src abs-link && ln -s missing dangling
+head -c 300000 /dev/urandom > blob.bin
+"""
+
+LISTING = "cd /workspace && find . -printf '%y %m %s %p -> %l\\n' | LC_ALL=C sort && md5sum blob.bin"
+
+
+async def test_round_trip_fork_and_incremental(app: App, client: AsyncClient, pool: str) -> None:
+    source = await client.lease(pool, timeout=60)
+    try:
+        sb = source[0]
+        r = await sb.exec(SETUP)
+        assert r.ok, r
+        r = await sb.exec(
+            "cd src/pkg && export GREETING=$'hi\\nthere' MODE=train && unset HOSTNAME", session="a"
+        )
+        assert r.ok, r
+        want = (await sb.exec(LISTING)).text
+        snap = await sb.snapshot(session="a", policy_version=5, turn=2, labels={"run": "it"})
+        assert snap.cwd == "/workspace/src/pkg"
+        assert snap.env["GREETING"] == "hi\nthere" and "HOSTNAME" not in snap.env
+    finally:
+        await source.release()
+
+    fork = await client.restore(snap.id, n=3, timeout=60)
+    try:
+        for target in fork:
+            assert (await target.exec(LISTING)).text == want
+            r = await target.exec('pwd; printf "%s|" "$GREETING" "$MODE" "${HOSTNAME-unset}"', session="a")
+            assert r.text == "/workspace/src/pkg\nhi\nthere|train|unset|"
+            assert target.info.labels[LABEL_SNAPSHOT] == snap.id
+        # Incremental: change one file, add one, delete one.
+        first = fork[0]
+        change = (
+            "cd /workspace && chmod u+w src/pkg && printf 'print(2)\\n' > src/pkg/main.py "
+            "&& rm secret && printf new > new.txt"
+        )
+        assert (await first.exec(change)).ok
+        child = await first.snapshot(session="a", policy_version=6)
+        assert child.parent_id == snap.id
+        assert child.stored_bytes == len("print(2)\n") + len("new")
+        assert [(c.id, c.policy_version) for c in child.chain] == [(snap.id, 5), (child.id, 6)]
+        again = await client.restore(child.id, timeout=60)
+        try:
+            r = await again[0].exec("cat /workspace/src/pkg/main.py /workspace/new.txt; ls /workspace/secret")
+            assert r.stdout.startswith(b"print(2)\nnew") and r.exit_code != 0
+        finally:
+            await again.release()
+    finally:
+        await fork.release()
+
+
+async def test_corrupt_snapshot_fails_and_leaves_no_sandbox(
+    app: App, client: AsyncClient, pool: str, tmp_path: Path
+) -> None:
+    async with client.acquire(pool, timeout=60) as sb:
+        assert (await sb.exec("printf 'precious' > a.txt")).ok
+        snap = await sb.snapshot()
+    assert app.snapshots is not None
+    entries = mf.decode((await app.snapshots._catalog.manifest(snap.id)) or b"")
+    key = blob_key(tenant_namespace("default"), entries[0].digest)
+    (app.settings.state_dir / "blobs" / key).write_bytes(b"tampered")
+    with pytest.raises(errors.FailedPrecondition, match="corrupt"):
+        await client.restore(snap.id, timeout=60)
+    leased = await client.list_sandboxes(pool, state=3)
+    assert leased == []
+
+
+async def test_concurrent_snapshots_and_gc(app: App, client: AsyncClient, pool: str) -> None:
+    snapshots = app.snapshots
+    assert snapshots is not None
+    group = await client.lease(pool, n=3, timeout=60)
+    try:
+        await asyncio.gather(
+            *(
+                s.exec(f"head -c 20000 /dev/urandom > own; printf same > common; echo {i} > i")
+                for i, s in enumerate(group)
+            )
+        )
+
+        async def churn(sb: Sandbox) -> list[str]:
+            kept = []
+            for round_ in range(3):
+                assert (await sb.exec(f"echo {round_} >> i")).ok
+                kept.append((await sb.snapshot()).id)
+                await snapshots.gc()
+            return kept
+
+        kept = [sid for ids in await asyncio.gather(*(churn(s) for s in group)) for sid in ids]
+    finally:
+        await group.release()
+    await snapshots.gc()
+    restored = await client.restore(kept[-1], timeout=60)
+    try:
+        assert (await restored[0].exec("cat i")).ok
+    finally:
+        await restored.release()

@@ -1,0 +1,96 @@
+"""Leader election on a real coordination.k8s.io Lease: only one of two
+electors leads; the standby takes over when the leader stops renewing."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+
+from sandboxd.backends.kubernetes import LeaderElector
+from sandboxd.backends.kubernetes.client import KubeClient
+from tests.kube.conftest import poll
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(90)]
+
+
+def elector(kube: KubeClient, namespace: str, lease: str, who: str) -> LeaderElector:
+    return LeaderElector(
+        kube, namespace, lease, who, lease_duration=3.0, renew_deadline=2.0, retry_period=0.25
+    )
+
+
+async def test_only_one_leads_and_the_standby_takes_over_after_renewals_stop(
+    kube: KubeClient, namespace: str
+) -> None:
+    lease = "sandboxd-" + secrets.token_hex(3)
+    a, b = elector(kube, namespace, lease, "a"), elector(kube, namespace, lease, "b")
+    a.start()
+    b.start()
+    try:
+        await poll(lambda: a.is_leader or b.is_leader, timeout=20, what="a leader")
+        leader, standby = (a, b) if a.is_leader else (b, a)
+        # Several renewal rounds pass: leadership stays put, never shared.
+        for _ in range(12):
+            await asyncio.sleep(0.25)
+            assert leader.is_leader and not standby.is_leader
+        held = await kube.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
+        )
+        assert held["spec"]["holderIdentity"] == leader.identity
+        # The leader dies without releasing (a crash): the standby waits out
+        # the lease duration as seen on its own clock, then takes over.
+        await leader.stop(release=False)
+        await poll(lambda: standby.is_leader, timeout=20, what="standby to take over")
+        held = await kube.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
+        )
+        assert held["spec"]["holderIdentity"] == standby.identity
+        assert held["spec"]["leaseTransitions"] >= 1
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_clean_stop_hands_over_at_once(kube: KubeClient, namespace: str) -> None:
+    lease = "sandboxd-" + secrets.token_hex(3)
+    a = elector(kube, namespace, lease, "a")
+    await a.wait_leading(timeout=20)
+    b = elector(kube, namespace, lease, "b")
+    b.start()
+    try:
+        await asyncio.sleep(0.6)
+        assert not b.is_leader
+        await a.stop(release=True)
+        # Released: b need not wait out the 3 s lease duration.
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await poll(lambda: b.is_leader, timeout=20, what="b to lead")
+        assert loop.time() - started < 2.5
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_leader_that_cannot_renew_steps_down(kube: KubeClient, namespace: str) -> None:
+    lease = "sandboxd-" + secrets.token_hex(3)
+    a = elector(kube, namespace, lease, "a")
+    await a.wait_leading(timeout=20)
+    try:
+        # Someone else takes the Lease by force (e.g. an operator): a's
+        # renewals now fail the holder check and it steps down.
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
+        for _ in range(5):
+            held = await kube.request("GET", path)
+            held["spec"]["holderIdentity"] = "intruder"
+            held["spec"]["leaseDurationSeconds"] = 60
+            try:
+                await kube.request("PUT", path, body=held)
+                break
+            except Exception:
+                continue
+        await poll(lambda: a.lost.is_set(), timeout=20, what="a to step down")
+        assert not a.is_leader
+    finally:
+        await a.stop()
