@@ -7,7 +7,10 @@
     between steps) on a demand pool that gets the loop's announcement at the
     start of every training phase ("in ~T s I will run N rollouts");
 (c) the same replay (same seed, same lengths) on a fixed-size pool of N
-    (min_ready = N): the baseline.
+    (min_ready = N): the baseline. (b) and (c) run side by side on one
+    server, so both meet the same engine and the same background load (the
+    machine may be shared); their busy phases hardly overlap (the demand pool
+    warms while the trainer trains, the fixed pool refills while rollouts run).
 
     python -m benchmarks.demand            # ~3-4 minutes on 2 cores
     python -m benchmarks.demand --quick    # a smoke run
@@ -62,8 +65,8 @@ class Config:
     """W: warm size before the burst; the burst is 10 x W acquires."""
     groups: int = 8
     group_size: int = 2
-    steps: int = 4
-    train_seconds: float = 10.0
+    steps: int = 5
+    train_seconds: float = 14.0
     rollout_median_seconds: float = 3.0
     rollout_sigma: float = 0.8
     rollout_cap_seconds: float = 15.0
@@ -298,7 +301,6 @@ async def replay(
             pool, image, min_ready=0, max_size=2 * n, max_ready=n, idle_seconds=cfg.idle_seconds
         )
     else:
-        await client.create_pool(pool, image, min_ready=n, max_size=2 * n)
         await wait_pool(client, pool, lambda s: s.ready == n, 180, "fixed pool warm")
     series = Series()
     t0 = time.monotonic()
@@ -408,9 +410,14 @@ async def run(cfg: Config, image: str, server: Server) -> dict[str, Any]:
         burst_result = await burst(client, image, cfg)
         log(f"burst: {burst_result['failures']} failures, p99 {burst_result['latency']['p99_ms']} ms")
         lengths = plan_lengths(cfg)
-        steps = await replay(client, image, cfg, lengths, announced=True)
+        # The fixed pool is filled first; then both replays run side by side.
+        await client.create_pool("fixed", image, min_ready=cfg.per_step, max_size=2 * cfg.per_step)
+        await wait_pool(client, "fixed", lambda s: s.ready == cfg.per_step, 180, "fixed pool warm")
+        steps, fixed = await asyncio.gather(
+            replay(client, image, cfg, lengths, announced=True),
+            replay(client, image, cfg, lengths, announced=False),
+        )
         log(f"announced: p99 {steps['acquire']['p99_ms']} ms, idle {steps['idle_warm_sandbox_seconds']}")
-        fixed = await replay(client, image, cfg, lengths, announced=False)
         log(f"fixed: p99 {fixed['acquire']['p99_ms']} ms, idle {fixed['idle_warm_sandbox_seconds']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     plot(steps, fixed, cfg, PNG_PATH)

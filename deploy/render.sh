@@ -9,9 +9,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/testcluster/versions.sh"
 helm=${HELM:-$KUBE_CACHE/bin/helm-$HELM_VERSION}
 [[ -x $helm ]] || "$here/testcluster/build.sh" helm >&2
-{
+render() {
     echo "# Rendered from charts/sandboxd by deploy/render.sh; do not edit by hand."
     "$helm" template sandboxd "$here/../charts/sandboxd" --namespace sandboxd \
         -f "$here/kustomize/values.yaml"
-} > "$here/kustomize/sandboxd.yaml"
+}
+if [[ ${1:-} == - ]]; then  # to stdout (CI compares it with the committed file)
+    render
+    exit
+fi
+render > "$here/kustomize/sandboxd.yaml"
 echo "wrote $here/kustomize/sandboxd.yaml" >&2

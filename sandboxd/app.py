@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import grpc.aio
@@ -18,12 +23,15 @@ from sandboxd.api.execs import ExecServicer
 from sandboxd.api.files import FileServicer
 from sandboxd.api.pools import PoolServicer
 from sandboxd.api.preflight import PreflightServicer
+from sandboxd.api.rollouts import RolloutServicer
 from sandboxd.api.sandboxes import SandboxServicer
 from sandboxd.api.snapshots import SnapshotServicer
 from sandboxd.api.tracing import TracingInterceptor
 from sandboxd.backends.base import Backend
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
+from sandboxd.core.rollouts.service import RolloutManager
+from sandboxd.core.rollouts.store import RolloutStore
 from sandboxd.core.snapshots import SnapshotManager, make_snapshot_manager
 from sandboxd.core.store import StateStore
 from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, KubernetesBackendSettings, Settings
@@ -39,6 +47,8 @@ from sandboxd.v1 import (
     pools_pb2_grpc,
     preflight_pb2,
     preflight_pb2_grpc,
+    rollouts_pb2,
+    rollouts_pb2_grpc,
     sandboxes_pb2,
     sandboxes_pb2_grpc,
     snapshots_pb2,
@@ -55,6 +65,7 @@ SERVICE_NAMES = [
     preflight_pb2.DESCRIPTOR.services_by_name["PreflightService"].full_name,
     snapshots_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name,
     demand_pb2.DESCRIPTOR.services_by_name["DemandService"].full_name,
+    rollouts_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name,
 ]
 
 
@@ -156,19 +167,28 @@ class App:
     port: int
     snapshots: SnapshotManager | None = None
     telemetry: Telemetry | None = None
+    rollouts: RolloutManager | None = None
+    leader: LeaderGate | None = None
+    """Set when several replicas share a backend: pools run only while it leads."""
+    _step_down: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> str:
         return f"{self.settings.server.host}:{self.port}"
 
     async def start(self) -> None:
+        if self.leader is not None:
+            await self._wait_for_leadership()
         await self.control.start()
         if self.telemetry is not None:
             await self.telemetry.start()
         if self.snapshots is not None:
             await self.snapshots.start()
-        await self.server.start()
-        for name in ["", *SERVICE_NAMES]:
+        if self.rollouts is not None:
+            await self.rollouts.start()
+        if self.leader is None:
+            await self.server.start()
+        for name in ["", LIVENESS_SERVICE, *SERVICE_NAMES]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("sandboxd listening on %s (instance %s)", self.address, self.settings.instance_id)
 
@@ -179,10 +199,51 @@ class App:
         await self.server.stop(self.settings.server.grace_seconds if grace is None else grace)
         if self.snapshots is not None:
             await self.snapshots.stop()
+        if self.rollouts is not None:
+            await self.rollouts.stop()
         await self.control.stop()
         if self.telemetry is not None:
             await self.telemetry.stop()
+        if self._step_down is not None:
+            self._step_down.cancel()
+        if self.leader is not None:
+            await self.leader.stop()  # releases the Lease: a standby takes over at once
         await self.backend.close()
+
+    async def _wait_for_leadership(self) -> None:
+        """A standby answers health checks (NOT_SERVING overall, so Services
+        route to the leader only; LIVENESS_SERVICE SERVING, for liveness
+        probes) but runs no pools until it holds the Lease. A leader that
+        loses the Lease stops serving and asks the process to stop (SIGTERM),
+        so the orchestrator restarts it as a standby."""
+        assert self.leader is not None
+        leader = self.leader
+        await self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        for name in ["", *SERVICE_NAMES]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.start()
+        log.info("sandboxd standby on %s: waiting for the leader lease", self.address)
+        await leader.wait_leading()
+
+        async def step_down() -> None:
+            await leader.lost.wait()
+            log.error("sandboxd lost the leader lease; stopping")
+            for name in ["", *SERVICE_NAMES]:
+                await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        self._step_down = asyncio.create_task(step_down(), name="leader-step-down")
+
+
+LIVENESS_SERVICE = "sandboxd.liveness"
+
+
+class LeaderGate(Protocol):
+    lost: asyncio.Event
+
+    async def wait_leading(self, timeout: float | None = None) -> None: ...
+
+    async def stop(self, release: bool = True) -> None: ...
 
 
 def build_app(
@@ -219,6 +280,11 @@ def build_app(
     snapshots = make_snapshot_manager(settings, control, control.clock, persist=persist)
     snapshots_pb2_grpc.add_SnapshotServiceServicer_to_server(SnapshotServicer(snapshots), server)
     demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(control), server)
+    rollout_store = RolloutStore(
+        settings.state_dir / f"{settings.instance_id}-rollouts.sqlite3" if persist else None
+    )
+    rollouts = RolloutManager(control, rollout_store, control.clock, snapshots=snapshots)
+    rollouts_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(rollouts), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -229,6 +295,24 @@ def build_app(
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {settings.server.host}:{settings.server.port}")
-    return App(
-        settings, server, control, backend, health_servicer, port, snapshots=snapshots, telemetry=telemetry
+    app = App(
+        settings,
+        server,
+        control,
+        backend,
+        health_servicer,
+        port,
+        snapshots=snapshots,
+        telemetry=telemetry,
+        rollouts=rollouts,
     )
+    cfg = settings.backend
+    if isinstance(cfg, KubernetesBackendSettings) and cfg.leader_election:
+        from sandboxd.backends.kubernetes import KubernetesBackend, LeaderElector
+
+        if isinstance(backend, KubernetesBackend):
+            identity = f"{settings.instance_id}/{socket.gethostname()}/{os.getpid()}"
+            app.leader = LeaderElector(
+                backend.client, cfg.lease_namespace or cfg.namespace, cfg.lease_name, identity
+            )
+    return app

@@ -35,6 +35,13 @@ if [[ -f pyproject.toml ]]; then
     # Debian's python3 is marked externally managed (PEP 668); this host is
     # dedicated to sandboxd, so installing into it is intended.
     PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[dev]'
+    # The reference loop's PyTorch policy (~4 GB of wheels with CUDA; ~2 min the
+    # first time, cached after). SANDBOXD_SKIP_TORCH=1 skips it: the loop then
+    # uses its numpy implementation of the same policy.
+    if [[ "${SANDBOXD_SKIP_TORCH:-0}" != 1 ]]; then
+        PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[loop]' \
+            || say "torch did not install; the loop will use numpy"
+    fi
 else
     say "no pyproject.toml; skipping pip install"
 fi

@@ -11,5 +11,17 @@ echo "[test] mypy"
 python3 -m mypy
 echo "[test] import layers"
 lint-imports
+if [[ ${SANDBOXD_KUBE_TESTCLUSTER:-1} != 0 ]]; then
+    # A real API server (etcd, kube-apiserver, controller-manager, scheduler,
+    # kwok nodes) for tests/kube: built once from the Go module proxy and cached
+    # by version under ~/.cache/sandboxd/kube (cold: 20-40 min on 2 cores),
+    # started idempotently (warm: seconds). Without it tests/kube skip.
+    echo "[test] kubernetes test cluster"
+    if deploy/testcluster/build.sh >&2 && kubeconfig=$(deploy/testcluster/up.sh | tail -1); then
+        export KUBECONFIG=$kubeconfig
+    else
+        echo "[test] kubernetes test cluster unavailable: tests/kube will be skipped" >&2
+    fi
+fi
 echo "[test] pytest"
 python3 -m pytest -q -p no:cacheprovider "$@"

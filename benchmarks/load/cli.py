@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import math
 import os
 import platform
 import secrets
@@ -48,7 +49,13 @@ MAX_WARM_POOL = 128
 
 
 def log(msg: str) -> None:
-    print(f"[load {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    line = f"[load {time.strftime('%H:%M:%S')}] {msg}"
+    try:
+        from tqdm import tqdm  # keeps a running progress bar intact
+    except ImportError:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        tqdm.write(line, file=sys.stderr)
 
 
 # -- loopback only ----------------------------------------------------------------
@@ -100,10 +107,14 @@ async def run_driver(
     progress: bool,
     setup: Callable[[float], Any],
     teardown: Callable[[], Any],
+    wait_idle: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(summary, series) of one driver: set up, play, tear down and count leaks,
     whatever fails on the way (a failure is an error of type harness:...)."""
     out: dict[str, Any] = {"errors": {}}
+    out["background_cpu_pct"] = await asyncio.to_thread(wait_for_idle, wait_idle)
+    if out["background_cpu_pct"] > 25:
+        log(f"warning: the host is {out['background_cpu_pct']:.0f}% busy before {driver.name} starts")
     sampler = Sampler(driver)
     busy0 = _cpu()
     own0 = time.process_time()
@@ -133,9 +144,29 @@ async def run_driver(
         "samples_ms": out.pop("samples_ms", {}),
         "timeline": sampler.timeline(),
         "step_s": out.get("step_s", []),
+        "step_start_s": out.get("step_start_s", []),
     }
     out["timeline_samples"] = len(series["timeline"])
     return out, series
+
+
+def host_busy_pct(seconds: float = 1.0) -> float:
+    """Host-wide CPU busy share over ``seconds`` (every process, ours included). Blocking."""
+    b0, t0 = _cpu()
+    time.sleep(seconds)
+    b1, t1 = _cpu()
+    return round(100.0 * (b1 - b0) / (t1 - t0), 1) if t1 > t0 else math.nan
+
+
+def wait_for_idle(limit: float, threshold: float = 25.0) -> float:
+    """Waits up to ``limit`` seconds for the host to be under ``threshold`` % busy
+    (other workloads skew every number); returns the last reading. Blocking."""
+    deadline = time.monotonic() + limit
+    busy = host_busy_pct()
+    while busy > threshold and time.monotonic() < deadline:
+        log(f"host {busy:.0f}% busy before we start; waiting (--wait-idle)")
+        busy = host_busy_pct(2.0)
+    return busy
 
 
 def planned_snapshots(profile: Profile) -> int:
@@ -183,7 +214,7 @@ async def run_all(args: argparse.Namespace, profile: Profile) -> tuple[dict[str,
         )
         drivers["sandboxd"], series["sandboxd"] = await run_driver(
             sd, profile, run_id=run_id, warm_timeout=args.warm_timeout, progress=args.progress,
-            setup=sd.setup, teardown=sd.teardown,
+            setup=sd.setup, teardown=sd.teardown, wait_idle=args.wait_idle,
         )  # fmt: skip
         sandboxd_snapshots = sd.snapshots
         snapshot_note = sd.snapshot_note
@@ -200,7 +231,7 @@ async def run_all(args: argparse.Namespace, profile: Profile) -> tuple[dict[str,
         log(f"baseline: docker run/exec/rm per rollout, {threads} threads")
         drivers["baseline"], series["baseline"] = await run_driver(
             bl, profile, run_id=run_id, warm_timeout=args.warm_timeout, progress=args.progress,
-            setup=bl.setup, teardown=bl.teardown,
+            setup=bl.setup, teardown=bl.teardown, wait_idle=args.wait_idle,
         )  # fmt: skip
         drivers["baseline"]["snapshots"] = {
             "supported": bl.snapshots, "planned": snaps,
@@ -245,6 +276,18 @@ def machine_info() -> dict[str, Any]:
 # -- entry point -----------------------------------------------------------------------
 
 
+def replot(result: Path) -> list[str]:
+    """(Re)draws the PNGs of a result from its series sidecar."""
+    from benchmarks.load.plots import plot_all
+
+    report = json.loads(result.read_text())
+    stem = result.with_suffix("")
+    series = json.loads(stem.with_name(stem.name + ".series.json").read_text())
+    for name, d in series.items():
+        d.setdefault("between_steps_s", report.get("drivers", {}).get(name, {}).get("between_steps_s", []))
+    return plot_all(series, stem, f"{report.get('profile')} x{report.get('rollouts')}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.load", description=(__doc__ or "").split("\n")[0])
     p.add_argument("--profile", default="step-sync", help=f"a preset ({', '.join(PRESETS)}) or a TOML file")
@@ -276,6 +319,13 @@ def parser() -> argparse.ArgumentParser:
         "--baseline-threads", type=int, help="thread pool of the baseline (default: rollouts in flight)"
     )
     p.add_argument("--server-backend", choices=["docker", "fake"], default="docker", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each driver, wait up to this long for the host to be under 25%% busy",
+    )
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="result JSON path")
     p.add_argument("--no-plots", dest="plots", action="store_false")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -311,6 +361,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cp.add_argument("b", type=Path)
         cargs = cp.parse_args(argv[1:])
         print(compare(cargs.a, cargs.b))
+        return 0
+    if argv[:1] == ["plot"]:
+        pp = argparse.ArgumentParser(prog="python -m benchmarks.load plot")
+        pp.add_argument("result", type=Path, help="a result JSON; its <stem>.series.json must be beside it")
+        pargs = pp.parse_args(argv[1:])
+        for path in replot(pargs.result):
+            print(path)
         return 0
     if argv[:1] == ["run"]:
         argv = argv[1:]

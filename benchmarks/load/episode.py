@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -177,7 +178,7 @@ async def play(driver: Driver, rec: Recorder, box: object, plan: Plan, timeout: 
             await think(turn.think_seconds, stop)
             for action in turn.actions:
                 if isinstance(action, Write):
-                    await rec.call("write", lambda a=action: driver.write(box, a.files))  # type: ignore[misc]
+                    await rec.call("write", functools.partial(driver.write, box, action.files))
                 else:
                     op = "exec_session" if action.session else "exec_oneshot"
                     await _exec(driver, rec, box, action, timeout, op)
@@ -199,8 +200,10 @@ async def run_group(
     labels: Mapping[str, str],
     timeout: float,
     tally: Tally,
+    on_acquired: Callable[[], None] = lambda: None,
 ) -> None:
-    """Acquire len(plans) sandboxes at once, play a trajectory in each, release them all."""
+    """Acquire len(plans) sandboxes at once, play a trajectory in each, release
+    them all. ``on_acquired`` runs once the acquire is over (whatever its outcome)."""
     tally.planned += len(plans)
     try:
         boxes = await rec.call("acquire", lambda: driver.acquire(len(plans), labels))
@@ -210,6 +213,8 @@ async def run_group(
     except OpFailed:
         tally.failed += len(plans)
         return
+    finally:
+        on_acquired()
     try:
         await asyncio.gather(
             *(play(driver, rec, b, p, timeout, tally) for b, p in zip(boxes, plans, strict=True))

@@ -9,12 +9,27 @@ OPS = ("acquire", "exec_session", "exec_oneshot", "write", "reward", "release", 
 COLORS = {"sandboxd": "tab:blue", "baseline": "tab:red"}
 
 
+def step_windows(d: dict[str, Any]) -> list[tuple[float, float]]:
+    """(start, duration) of each step; older series lack the starts, which
+    then follow from the durations and the pauses between steps."""
+    steps: list[float] = d.get("step_s", [])
+    starts: list[float] = d.get("step_start_s", [])
+    if len(starts) != len(steps):
+        gaps: list[float] = d.get("between_steps_s", [])
+        starts, t = [], 0.0
+        for i, step in enumerate(steps):
+            starts.append(t)
+            t += step + (gaps[i] if i < len(gaps) else 0.0)
+    return list(zip(starts, steps, strict=True))
+
+
 def plot_all(series: dict[str, Any], stem: Path, title: str) -> list[str]:
     """Writes <stem>_latency_cdf.png and <stem>_pool.png; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     written = []
     drivers = [d for d in ("sandboxd", "baseline") if d in series]
@@ -30,6 +45,7 @@ def plot_all(series: dict[str, Any], stem: Path, title: str) -> list[str]:
                     ys = [(i + 1) / len(xs) for i in range(len(xs))]
                     ax.step(xs, ys, where="post", label=f"{d} (n={len(xs)})", color=COLORS.get(d))
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_title(op)
             ax.set_xlabel("latency (ms, log)")
             ax.set_ylabel("fraction ≤ x")
@@ -59,12 +75,11 @@ def plot_all(series: dict[str, Any], stem: Path, title: str) -> list[str]:
                     lw=2.2 if k == "demand" else 1.3,
                     ls="--" if k == "demand" else "-",
                 )
-            t_end = 0.0
-            for i, step in enumerate(series[d].get("step_s", [])):
-                ax.axvspan(t_end, t_end + step, alpha=0.06 if i % 2 else 0.12, color=COLORS.get(d))
-                t_end += step
+            for i, (start, step) in enumerate(step_windows(series[d])):
+                ax.axvspan(start, start + step, alpha=0.12, color=COLORS.get(d))
+                ax.text(start, ax.get_ylim()[1] * 0.97, f" step {i}: {step:.1f}s", fontsize=7, va="top")
             ax.axvline(0.0, color="k", lw=0.8)
-            ax.set_title(f"{d}: sandboxes over time (t < 0: warm-up; shaded: steps)")
+            ax.set_title(f"{d}: sandboxes over time (t < 0: warm-up; shaded: steps; between: trainer update)")
             ax.set_xlabel("seconds since the clock started")
             ax.set_ylabel("sandboxes")
             ax.grid(True, alpha=0.3)

@@ -9,6 +9,7 @@
     group_size = 8              # sandboxes per acquire (a GRPO group); 1 = single acquires
     steps = 2                   # step-sync only
     step_gap_seconds = 20       # step-sync: the trainer's update between steps (not in step time)
+    refill = "between-steps"    # step-sync: when the pool refills (continuous | between-steps)
     concurrency = 0             # open/burst: rollouts in flight at once; 0 = all
     arrival_rate = 0.0          # open: new groups per second (Poisson); 0 = as fast as concurrency allows
     max_seconds = 900           # hard bound on the run (every driver)
@@ -53,6 +54,7 @@ from benchmarks.load.dists import Dist, ProfileError, parse_dist
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 PRESETS = ("swe-like", "tool-calls", "burst", "step-sync")
 MODES = ("step-sync", "burst", "open")
+REFILLS = ("continuous", "between-steps")
 PLACEHOLDERS = frozenset({"file", "turn", "rollout"})
 MAX_FILE_BYTES = 64 * 1024
 """Largest file a profile may write: the baseline passes files base64-encoded on a command line."""
@@ -65,6 +67,10 @@ class RunShape:
     group_size: int
     steps: int
     step_gap_seconds: float
+    refill: str
+    """continuous: the pool refills as sandboxes are released, during the step;
+    between-steps: the harness lowers the pool's floor once every group of a
+    step holds its sandboxes and restores it after the step (the trainer's update)."""
     concurrency: int
     arrival_rate: float
     max_seconds: float
@@ -118,6 +124,7 @@ _RUN_DEFAULTS: dict[str, Any] = {
     "group_size": 1,
     "steps": 1,
     "step_gap_seconds": 0.0,
+    "refill": "continuous",
     "concurrency": 0,
     "arrival_rate": 0.0,
     "max_seconds": 900.0,
@@ -244,6 +251,7 @@ def parse_profile(
         group_size=_int("run.group_size", run_t["group_size"], 1, 1024),
         steps=_int("run.steps", run_t["steps"], 1, 1000),
         step_gap_seconds=_float("run.step_gap_seconds", run_t["step_gap_seconds"], 0.0, 3600.0),
+        refill=run_t["refill"],
         concurrency=_int("run.concurrency", run_t["concurrency"], 0),
         arrival_rate=_float("run.arrival_rate", run_t["arrival_rate"], 0.0),
         max_seconds=_float("run.max_seconds", run_t["max_seconds"], 0.0, 24 * 3600.0, above=True),
@@ -254,6 +262,10 @@ def parse_profile(
         raise ProfileError("run.steps", f"only step-sync runs several steps (mode is {run.mode!r})")
     if run.mode != "step-sync" and run.step_gap_seconds:
         raise ProfileError("run.step_gap_seconds", f"only step-sync has steps (mode is {run.mode!r})")
+    if run.refill not in REFILLS:
+        raise ProfileError("run.refill", f"must be one of {', '.join(REFILLS)}, not {run.refill!r}")
+    if run.mode != "step-sync" and run.refill != "continuous":
+        raise ProfileError("run.refill", f"only step-sync refills between steps (mode is {run.mode!r})")
     if run.mode != "open" and run.arrival_rate:
         raise ProfileError("run.arrival_rate", f"only open runs have an arrival rate (mode is {run.mode!r})")
 

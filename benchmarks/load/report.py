@@ -90,7 +90,8 @@ def rows_of(report: dict[str, Any], driver: str) -> list[tuple[str, Any]]:
         ("errors", ", ".join(f"{k}={v}" for k, v in sorted(d.get("errors", {}).items())) or "0"),
         ("leaked", d.get("leaked")),
         ("snapshots", d.get("snapshots", {}).get("note")),
-        ("host CPU busy (%)", d.get("host_cpu_busy_pct")),
+        ("host CPU busy before (%)", d.get("background_cpu_pct")),
+        ("host CPU busy during (%)", d.get("host_cpu_busy_pct")),
         ("server CPU (% of a core)", d.get("server_cpu_pct_of_one_core")),
         ("harness CPU (s)", d.get("harness_cpu_s")),
     ]

@@ -16,12 +16,12 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from benchmarks.load.episode import Driver, Plan, Tally, plan_episode, run_group
 from benchmarks.load.profile import Profile
-from benchmarks.load.stats import Bounds, Recorder
+from benchmarks.load.stats import Bounds, OpFailed, Recorder, Stopped
 
 SAMPLE_INTERVAL = 0.5
 HARD_STOP_GRACE = 60.0
@@ -30,6 +30,23 @@ HARD_STOP_GRACE = 60.0
 
 class SampledDriver(Driver, Protocol):
     async def sample(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class RefillDriver(Protocol):
+    """A driver whose pool the harness can tell when to refill (step-sync, refill between-steps)."""
+
+    async def hold_refill(self) -> None: ...
+
+    async def refill(self, timeout: float) -> None:
+        """Restores the pool's floor and waits until it is warm."""
+        ...
+
+
+async def _quiet(call: Awaitable[Any]) -> None:
+    """Awaits a recorded call whose failure is already counted."""
+    with contextlib.suppress(OpFailed, Stopped):
+        await call
 
 
 class Progress(Protocol):
@@ -112,40 +129,70 @@ async def play_profile(
     timeout = profile.episode.exec_timeout_seconds
     bar = make_progress(run.rollouts * run.steps, driver.name, progress)
     steps: list[float] = []
+    starts: list[float] = []
     loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     if sampler is not None:
         sampler.origin = t0
     soft = loop.call_later(run.max_seconds, bounds.halt, "max_seconds")
 
-    async def group(plans: list[Plan], labels: dict[str, str]) -> None:
-        before = tally.completed + tally.failed + tally.cut
-        await run_group(driver, rec, plans, labels, timeout, tally)
-        bar.update(tally.completed + tally.failed + tally.cut - before)
+    async def group(
+        plans: list[Plan], labels: dict[str, str], on_acquired: Callable[[], None] = lambda: None
+    ) -> None:
+        await run_group(driver, rec, plans, labels, timeout, tally, on_acquired)
+        bar.update(len(plans))
+
+    refills = run.refill == "between-steps" and isinstance(driver, RefillDriver)
+    gaps: list[float] = []
+
+    async def between_steps() -> None:
+        """The trainer's update: at least step_gap_seconds; with refill
+        between-steps, also until the pool is warm again (the excess is reported)."""
+        g0 = time.perf_counter()
+        if refills:
+            assert isinstance(driver, RefillDriver)
+            left = max(1.0, run.max_seconds - (g0 - t0))
+            with contextlib.suppress(OpFailed):
+                await rec.call("refill", lambda: driver.refill(left), cleanup=True)
+        rest = run.step_gap_seconds - (time.perf_counter() - g0)
+        if rest > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(bounds.stop.wait(), rest)
+        gaps.append(time.perf_counter() - g0)
 
     async def body() -> None:
         if run.mode in ("step-sync", "burst"):
             for step in range(run.steps):
-                if step > 0 and run.step_gap_seconds > 0:  # the trainer updating the policy
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(bounds.stop.wait(), run.step_gap_seconds)
+                if step > 0:
+                    await between_steps()
                 if bounds.stop.is_set():
                     break
                 plans = [plan_episode(profile, r, step) for r in range(run.rollouts)]
+                batches = groups_of(plans, run.group_size)
                 go = asyncio.Event()
+                hold: list[asyncio.Task[None]] = []
+                pending = [len(batches)]
 
-                async def gated(plans: list[Plan], g: int, go: asyncio.Event = go, step: int = step) -> None:
+                def acquired(pending: list[int] = pending, hold: list[asyncio.Task[None]] = hold) -> None:
+                    pending[0] -= 1
+                    if pending[0] == 0 and refills:  # every group holds its sandboxes: stop refilling
+                        assert isinstance(driver, RefillDriver)
+                        hold.append(asyncio.create_task(_quiet(rec.call("hold_refill", driver.hold_refill))))
+
+                async def gated(
+                    plans: list[Plan], g: int, go: asyncio.Event = go, step: int = step, done: Any = acquired
+                ) -> None:
                     await go.wait()
-                    await group(plans, {"run": run_id, "step": str(step), "group": str(g)})
+                    await group(plans, {"run": run_id, "step": str(step), "group": str(g)}, done)
 
-                tasks = [
-                    asyncio.create_task(gated(p, g)) for g, p in enumerate(groups_of(plans, run.group_size))
-                ]
+                tasks = [asyncio.create_task(gated(p, g)) for g, p in enumerate(batches)]
                 await asyncio.sleep(0)  # every task is parked on the gate
                 s0 = time.perf_counter()
+                starts.append(s0 - t0)
                 go.set()
                 await asyncio.gather(*tasks)
                 steps.append(time.perf_counter() - s0)
+                await asyncio.gather(*hold)
                 log(f"{driver.name}: step {step} took {steps[-1]:.2f}s")
         else:
             plans = [plan_episode(profile, r, 0) for r in range(run.rollouts)]
@@ -165,6 +212,7 @@ async def play_profile(
                         await asyncio.wait_for(bounds.stop.wait(), rng.expovariate(run.arrival_rate))
                 tasks.append(asyncio.create_task(limited(p, g)))
             await asyncio.gather(*tasks)
+            starts.append(0.0)
             steps.append(time.perf_counter() - t0)
 
     main = asyncio.create_task(body())
@@ -186,6 +234,8 @@ async def play_profile(
     return {
         "wall_s": round(wall, 3),
         "step_s": [round(s, 3) for s in steps],
+        "between_steps_s": [round(g, 3) for g in gaps],
+        "step_start_s": [round(x, 3) for x in starts],
         "stopped_by": bounds.stopped_by or "completed",
         "requests": bounds.requests,
         "episodes": {

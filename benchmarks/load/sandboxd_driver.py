@@ -128,6 +128,15 @@ class SandboxdDriver:
             return None
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    async def hold_refill(self) -> None:
+        """Every group of the step holds its sandboxes: no refill during the step."""
+        await self.c.update_pool(self.pool, min_ready=0)
+
+    async def refill(self, timeout: float) -> None:
+        """Between steps: the floor back, and wait until the pool is warm."""
+        await self.c.update_pool(self.pool, min_ready=self.min_ready)
+        await self.wait_warm(self.min_ready, timeout)
+
     async def teardown(self) -> dict[str, Any]:
         """Deletes the pool (if ours), stops the server (if ours), and counts leaks."""
         out: dict[str, Any] = {"leaked": 0, "leftovers": []}

@@ -92,7 +92,7 @@ start() { # name args...
 wait_for() { # description command...
     local what=$1; shift
     local end=$((SECONDS + DEADLINE))
-    until "$@"; do
+    until "$@" >/dev/null 2>&1; do
         ((SECONDS < end)) || die "timed out after ${DEADLINE}s waiting for $what (logs: $STATE/logs)"
         sleep 0.5
     done
@@ -121,6 +121,8 @@ start kube-apiserver "$BIN/kube-apiserver-$KUBE_VERSION" \
     --service-cluster-ip-range 10.96.0.0/16 \
     --authorization-mode Node,RBAC \
     --enable-admission-plugins NodeRestriction \
+    --kubelet-client-certificate "$PKI/admin.crt" --kubelet-client-key "$PKI/admin.key" \
+    --kubelet-preferred-address-types InternalIP \
     --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
     --profiling=false --v=1
 wait_for kube-apiserver readyz
@@ -130,7 +132,6 @@ start kube-controller-manager "$BIN/kube-controller-manager-$KUBE_VERSION" \
     --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
     --root-ca-file "$PKI/ca.crt" --service-account-private-key-file "$PKI/sa.key" \
     --use-service-account-credentials=false \
-    --controllers '*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route' \
     --kube-api-qps 200 --kube-api-burst 400 --profiling=false --v=1
 
 start kube-scheduler "$BIN/kube-scheduler-$KUBE_VERSION" \
@@ -138,7 +139,30 @@ start kube-scheduler "$BIN/kube-scheduler-$KUBE_VERSION" \
     --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" --leader-elect=false \
     --kube-api-qps 500 --kube-api-burst 1000 --profiling=false --v=1
 
-start kwok "$BIN/kwok-$KWOK_VERSION" --kubeconfig "$KCFG" \
+# kwok also plays the nodes' kubelet API (exec, logs) on $KWOK_PORT. With
+# KWOK_LOCAL_EXEC=1 (the default), exec into Pods of the namespace
+# sandboxd-local-exec runs the command as a local process on this
+# host (no container!): it proves the API server's exec stream end to end,
+# not container isolation. On by default (test cluster only; one namespace).
+kwok_config=$STATE/kwok.yaml
+if [[ ${KWOK_LOCAL_EXEC:-1} == 1 ]]; then
+    cat > "$kwok_config" <<YAML
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterExec
+metadata:
+  name: local-exec
+spec:
+  selector:
+    matchNamespaces: [${KWOK_LOCAL_EXEC_NAMESPACES:-sandboxd-local-exec}]
+  execs:
+  - local:
+      workDir: /tmp
+YAML
+else
+    : > "$kwok_config"
+fi
+start kwok "$BIN/kwok-$KWOK_VERSION" --kubeconfig "$KCFG" --config "$kwok_config" \
+    --node-port "$KWOK_PORT" \
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
     --node-ip 127.0.0.1 --cidr 10.244.0.0/16 \
@@ -169,7 +193,7 @@ status:
   capacity: {cpu: "64", memory: 256Gi, pods: "1000", ephemeral-storage: 1Ti}
   nodeInfo:
     architecture: amd64
-    kubeletVersion: fake
+    kubeletVersion: $KUBE_VERSION
     operatingSystem: linux
 ---
 YAML

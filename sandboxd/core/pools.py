@@ -24,7 +24,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
@@ -50,6 +50,9 @@ from sandboxd.errors import (
     InvalidArgument,
     PermanentBackendError,
 )
+
+if TYPE_CHECKING:
+    from sandboxd.core.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +103,8 @@ class PoolTuning:
     retry_max_seconds: float = _MAX_BACKOFF
     rate_window_seconds: float = 30.0
     """Smoothing window of the acquire rate."""
-    startup_estimate_seconds: float = 1.0
-    """Start-up latency assumed until one has been measured."""
+    startup_estimate_seconds: float = 2.0
+    """Start-up latency assumed until one has been measured (by any pool)."""
     announcement_ttl_seconds: float = 120.0
     """How long after its due time an announcement counts by default."""
 
@@ -117,6 +120,15 @@ class PoolHost(Protocol):
 
     async def paced(self) -> None:
         """Waits for the pacer's go-ahead for one backend create attempt."""
+        ...
+
+    def observe_startup(self, seconds: float) -> None:
+        """A start-up latency measured by one of the pools."""
+        ...
+
+    def startup_estimate(self) -> float | None:
+        """Start-up latency measured across pools; None until there is one.
+        A pool that has not started anything yet uses it."""
         ...
 
 
@@ -178,8 +190,9 @@ class WarmPool:
         self._backoff_until = 0.0
         self._creates: set[asyncio.Task[None]] = set()
         self._destroys: set[asyncio.Task[None]] = set()
+        self._leaving: set[str] = set()
         self._loop_task: asyncio.Task[None] | None = None
-        self._own_host: Any = None
+        self._own_host: Reconciler | None = None
         self._closed = False
         self._changed = asyncio.Event()
         # Demand signals and the policy's memory.
@@ -188,7 +201,7 @@ class WarmPool:
         self.plan: Plan | None = None
         self._scaler_state = ScalerState()
         self._rate = DecayingRate(self._tuning.rate_window_seconds)
-        self._startup = Ewma(0.3, self._tuning.startup_estimate_seconds)
+        self._startup = Ewma(0.5, self._tuning.startup_estimate_seconds, alpha_down=0.1)
         self.announcements: tuple[Announcement, ...] = ()
 
     # -- counts -------------------------------------------------------------
@@ -211,9 +224,18 @@ class WarmPool:
     def _outstanding(self) -> int:
         return sum(w.n - len(w.got) for w in self._waiters)
 
+    @property
+    def destroying(self) -> int:
+        """Destroys in flight (RELEASING and FAILED sandboxes on their way out)."""
+        return len(self._leaving)
+
     def _occupied(self) -> int:
-        # Everything that counts against max_size: all but what is on its way out.
-        return sum(1 for r in self.records.values() if r.state in (State.CREATING, State.READY, State.LEASED))
+        # Everything that counts against max_size: all but what is on its way out (O(1)).
+        return len(self.records) - len(self._leaving)
+
+    def _in_use(self) -> int:
+        """Leased (or handed over and about to be), in O(1)."""
+        return max(0, self._occupied() - len(self._ready) - self.creating)
 
     def _room(self) -> int:
         return max(0, min(self.config.max_size - self._occupied(), self._max_starting - self.creating))
@@ -265,10 +287,10 @@ class WarmPool:
             now=now,
             ready=len(self._ready),
             creating=self.creating,
-            leased=self.count(State.LEASED),
+            leased=self._in_use(),
             waiting=self._outstanding(),
             acquire_rate=self._rate.rate(now),
-            startup_seconds=self._startup.value,
+            startup_seconds=self.startup_seconds,
             announcements=self.announcements,
         )
 
@@ -335,7 +357,7 @@ class WarmPool:
             "warm_keep": self.warm_keep,
             "waiting_acquirers": len(self._waiters),
             "acquire_rate_per_second": self._rate.rate(now),
-            "startup_estimate_seconds": self._startup.value,
+            "startup_estimate_seconds": self.startup_seconds,
             "announced_sandboxes": sum(a.remaining for a in self.announcements if now < a.expires),
             "failed_total": self.failed_total,
         }
@@ -350,6 +372,10 @@ class WarmPool:
 
     @property
     def startup_seconds(self) -> float:
+        if not self._startup.samples and self._host is not None:
+            shared = self._host.startup_estimate()
+            if shared is not None:
+                return shared
         return self._startup.value
 
     # -- change notification -------------------------------------------------
@@ -482,7 +508,10 @@ class WarmPool:
                 except Exception as e:
                     self._attempt_failed(e)
                     raise
-                self._startup.add(max(0.0, self._clock.monotonic() - began))
+                took = max(0.0, self._clock.monotonic() - began)
+                self._startup.add(took)
+                if self._host is not None:
+                    self._host.observe_startup(took)
         return handle
 
     async def _create_one(self, rec: SandboxRecord) -> None:
@@ -656,6 +685,7 @@ class WarmPool:
             with contextlib.suppress(ValueError):
                 self._ready.remove(rec)
         rec.move(State.RELEASING, self._clock.time(), reason)
+        self._leaving.add(rec.sandbox_id)
         self._on_change(rec)
         self._spawn(self._destroy(rec), self._destroys)
         self.poke()
@@ -677,6 +707,7 @@ class WarmPool:
             with contextlib.suppress(ValueError):
                 self._ready.remove(rec)
         rec.move(State.FAILED, self._clock.time(), reason)
+        self._leaving.add(rec.sandbox_id)
         self.failed_total += 1
         self._meters.sandbox_failures.add(1, {"pool": self.name, "reason": kind})
         self._on_change(rec)
@@ -686,6 +717,7 @@ class WarmPool:
     async def _destroy(self, rec: SandboxRecord) -> None:
         if rec.state in (State.READY, State.LEASED):
             rec.move(State.RELEASING, self._clock.time())
+        self._leaving.add(rec.sandbox_id)
         try:
             if rec.handle:
                 await self._backend.destroy(rec.handle)
@@ -694,6 +726,7 @@ class WarmPool:
         finally:
             rec.move(State.GONE, self._clock.time())
             self.records.pop(rec.sandbox_id, None)
+            self._leaving.discard(rec.sandbox_id)
             self._on_change(rec)
             self.poke()
 

@@ -37,7 +37,7 @@ from sandboxd.clock import Clock
 from sandboxd.core.lifecycle import State
 from sandboxd.core.meters import PoolMeters
 from sandboxd.core.pools import PoolTuning, WarmPool
-from sandboxd.core.scaling import PolicyConfig, share
+from sandboxd.core.scaling import Ewma, PolicyConfig, share
 from sandboxd.errors import BackendError
 from sandboxd.settings import PoolSettings
 
@@ -133,6 +133,7 @@ class Reconciler:
         self.meters = PoolMeters(meter, lambda: list(self.pools.values()))
         self.pacer = Pacer(self.budget.create_rate, self.budget.create_burst)
         self.passes = 0
+        self._startup = Ewma(0.5, self.tuning.startup_estimate_seconds, alpha_down=0.1)
         self.reclaimed = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -160,6 +161,12 @@ class Reconciler:
 
     async def paced(self) -> None:
         await self.pacer.wait()
+
+    def observe_startup(self, seconds: float) -> None:
+        self._startup.add(seconds)
+
+    def startup_estimate(self) -> float | None:
+        return self._startup.value if self._startup.samples else None
 
     # -- running ----------------------------------------------------------------
 
@@ -255,10 +262,7 @@ class Reconciler:
         """The total budget is full while acquirers wait: destroy warm
         sandboxes of pools nobody waits on (beyond their floor), the pool
         with the most to spare first. Destroys already under way count."""
-        releasing = sum(
-            1 for p in pools for r in p.records.values() if r.state in (State.RELEASING, State.FAILED)
-        )
-        unmet -= releasing
+        unmet -= sum(p.destroying for p in pools)
         donors = sorted(
             (p for p in pools if not p.waiting and p.ready > p.config.min_ready),
             key=lambda p: p.ready - p.config.min_ready,

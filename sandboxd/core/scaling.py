@@ -67,6 +67,9 @@ class PolicyConfig:
     """Warm sandboxes kept for unannounced traffic: rate x start-up x this."""
     min_rate_term: float = 0.25
     """Expected arrivals per start-up below which traffic keeps none warm."""
+    lead_factor: float = 1.5
+    """Safety factor on the time an announcement needs to warm (start-up
+    plus count / throughput); the engine can be slower than it was."""
     lead_margin: float = 2.0
     """Seconds added to an announcement's lead time."""
     create_throughput: float = 0.0
@@ -128,6 +131,10 @@ class ScalerState:
     is the highest level within the window."""
 
     history: tuple[tuple[float, int], ...] = ()
+    warming: frozenset[tuple[str, float]] = frozenset()
+    """Announcements (source, due) that have started warming: they stay
+    active until consumed or expired, even if a faster start-up estimate
+    shortens their lead again (that would destroy and re-create)."""
 
 
 @dataclass(frozen=True)
@@ -146,30 +153,35 @@ def lead_seconds(announcement: Announcement, signals: Signals, config: PolicyCon
     """How long before its due time an announcement starts warming."""
     startup = max(signals.startup_seconds, config.min_startup_seconds, 1e-3)
     throughput = config.create_throughput or max(config.max_starting, 1) / startup
-    return startup + announcement.remaining / throughput + config.lead_margin
+    return config.lead_factor * (startup + announcement.remaining / throughput) + config.lead_margin
 
 
-def active_announcements(signals: Signals, config: PolicyConfig) -> list[Announcement]:
-    """Announcements the pool warms for now: within their lead, not expired."""
+def active_announcements(
+    signals: Signals, config: PolicyConfig, warming: frozenset[tuple[str, float]] = frozenset()
+) -> list[Announcement]:
+    """Announcements the pool warms for now: within their lead (or already
+    warming), not expired, not consumed."""
     return [
         a
         for a in signals.announcements
         if a.remaining > 0
         and signals.now < a.expires
-        and signals.now >= a.due - lead_seconds(a, signals, config)
+        and ((a.source, a.due) in warming or signals.now >= a.due - lead_seconds(a, signals, config))
     ]
 
 
 def decide(signals: Signals, bounds: Bounds, config: PolicyConfig, state: ScalerState) -> Plan:
     """The warm target and what to keep, from the signals."""
     rate_term = announced_term = 0
+    warming: frozenset[tuple[str, float]] = frozenset()
     if not bounds.follows_demand:
         desired, reason = bounds.min_ready, f"static pool: min_ready {bounds.min_ready}"
     else:
         startup = max(signals.startup_seconds, config.min_startup_seconds)
         expected = signals.acquire_rate * startup * config.rate_headroom
         rate_term = math.ceil(expected) if expected >= config.min_rate_term else 0
-        active = active_announcements(signals, config)
+        active = active_announcements(signals, config, state.warming)
+        warming = frozenset((a.source, a.due) for a in active)
         announced_term = sum(a.remaining for a in active)
         want = rate_term + announced_term
         room = max(0, bounds.max_size - signals.leased - signals.waiting)
@@ -179,6 +191,14 @@ def decide(signals: Signals, bounds: Bounds, config: PolicyConfig, state: Scaler
         if rate_term:
             parts.append(f"rate {signals.acquire_rate:.2f}/s x start-up {signals.startup_seconds:.2f}s")
         reason = " + ".join(parts) or "idle"
+        pending = [
+            a
+            for a in signals.announcements
+            if a not in active and a.remaining > 0 and signals.now < a.expires
+        ]
+        if pending:
+            starts = min(a.due - lead_seconds(a, signals, config) for a in pending) - signals.now
+            reason += f" ({sum(a.remaining for a in pending)} announced, warming in {max(starts, 0):.0f}s)"
         desired = min(want, bounds.max_ready, room)
         if desired < want:
             reason += f", capped at {desired}"
@@ -196,7 +216,7 @@ def decide(signals: Signals, bounds: Bounds, config: PolicyConfig, state: Scaler
         target=desired,
         keep=keep,
         reason=reason,
-        state=ScalerState(tuple(history)),
+        state=ScalerState(tuple(history), warming),
         rate_term=rate_term,
         announced_term=announced_term,
     )
@@ -260,13 +280,20 @@ class DecayingRate:
 
 
 class Ewma:
-    """Exponentially weighted mean; the first sample sets it."""
+    """Exponentially weighted mean; the first sample sets it. With
+    ``alpha_down`` it rises faster than it falls (a cautious latency estimate:
+    one slow start-up counts more than one fast one)."""
 
-    def __init__(self, alpha: float, initial: float) -> None:
+    def __init__(self, alpha: float, initial: float, alpha_down: float | None = None) -> None:
         self.alpha = alpha
+        self.alpha_down = alpha if alpha_down is None else alpha_down
         self.value = initial
         self.samples = 0
 
     def add(self, x: float) -> None:
-        self.value = x if self.samples == 0 else self.alpha * x + (1 - self.alpha) * self.value
+        if self.samples == 0:
+            self.value = x
+        else:
+            a = self.alpha if x >= self.value else self.alpha_down
+            self.value = a * x + (1 - a) * self.value
         self.samples += 1

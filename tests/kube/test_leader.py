@@ -4,13 +4,18 @@ electors leads; the standby takes over when the leader stops renewing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+from pathlib import Path
 
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sandboxd.app import LIVENESS_SERVICE, build_app
 from sandboxd.backends.kubernetes import LeaderElector
 from sandboxd.backends.kubernetes.client import KubeClient
-from tests.kube.conftest import poll
+from sandboxd.client import AsyncClient
+from tests.kube.conftest import kube_settings, poll
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(90)]
 
@@ -94,3 +99,52 @@ async def test_a_leader_that_cannot_renew_steps_down(kube: KubeClient, namespace
         assert not a.is_leader
     finally:
         await a.stop()
+
+
+async def test_two_replicas_only_the_leader_serves_and_the_standby_takes_over(
+    tmp_path: Path, kubeconfig: str, namespace: str
+) -> None:
+    settings = kube_settings(
+        tmp_path,
+        kubeconfig,
+        namespace,
+        backend={
+            "kind": "kubernetes",
+            "namespace": namespace,
+            "kubeconfig": kubeconfig,
+            "leader_election": True,
+            "lease_name": "sandboxd-" + secrets.token_hex(3),
+        },
+    )
+    first, second = build_app(settings), build_app(settings)
+    await first.start()
+    first_running = True
+    standby = asyncio.create_task(second.start())
+    try:
+        async with AsyncClient(first.address) as c1, AsyncClient(second.address) as c2:
+            await poll(lambda: _status(c2, ""), timeout=20, what="standby to answer health")
+            assert await _status(c1, "") == health_pb2.HealthCheckResponse.SERVING
+            assert await _status(c2, "") == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await _status(c2, LIVENESS_SERVICE) == health_pb2.HealthCheckResponse.SERVING
+            assert not standby.done()
+            first_running = False
+            await first.stop(grace=1)  # releases the Lease
+            await asyncio.wait_for(standby, 30)
+            assert await _status(c2, "") == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        if first_running:
+            await first.stop(grace=1)
+        if not standby.done():
+            standby.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await standby
+        await second.stop(grace=1)
+
+
+async def _status(client: AsyncClient, service: str) -> int:
+    stub = health_pb2_grpc.HealthStub(client._channel)
+    try:
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+    except Exception:
+        return 0
+    return int(reply.status)

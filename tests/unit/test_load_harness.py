@@ -112,6 +112,8 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"run.rollouts": "many"}, "run.rollouts: must be an integer"),
     ({"run.colour": 1}, "run: unknown key.*colour"),
     ({"run.steps": 2}, "run.steps: only step-sync"),
+    ({"run.refill": "between-steps"}, "run.refill: only step-sync"),
+    ({"run.mode": "step-sync", "run.refill": "lazily"}, "run.refill: must be one of"),
     ({"episode.turns": {"dist": "zipf"}}, "episode.turns.dist: must be one of"),
     ({"episode.turns": {"dist": "lognormal", "median": 3}}, "episode.turns: missing 'sigma'"),
     ({"episode.turns": {"dist": "uniform", "min": 5, "max": 2}}, "episode.turns: min 5 is above max 2"),
@@ -473,6 +475,17 @@ async def test_episodes_run_on_sandboxd_without_errors_or_leaks(app: App) -> Non
 
 
 @pytest.mark.timeout(30)
+async def test_refill_between_steps_holds_the_pool_during_a_step(app: App) -> None:
+    profile = fake_profile(**{"run.refill": "between-steps", "run.steps": 3, "run.step_gap_seconds": 0.0})
+    raw, down = await run_sandboxd(app, profile)
+    assert raw["errors"] == {}, raw["error_samples"]
+    assert raw["latency_ms"]["hold_refill"]["n"] == 3  # once per step, when every group holds its sandboxes
+    assert raw["latency_ms"]["refill"]["n"] == 2  # between steps: floor restored, pool warm again
+    assert len(raw["between_steps_s"]) == 2 and len(raw["step_s"]) == 3
+    assert down["leaked"] == 0
+
+
+@pytest.mark.timeout(30)
 async def test_rpc_errors_are_typed_by_status_code(app: App) -> None:
     async with AsyncClient(app.address) as client:
         await client.create_pool("tiny", IMAGE, min_ready=0, max_size=1)
@@ -568,3 +581,21 @@ def test_sandboxd_bench_delegates_to_the_harness(tmp_path: Path, capsys: pytest.
     path.write_text(json.dumps(build_report({"profile": "x"}, {"sandboxd": _driver_result(1.0, 2.0)})))
     assert sandboxd_cli.main(["bench", "compare", str(path), str(path)]) == 0
     assert "A: r.json" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_plots_are_drawn_from_a_result(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from benchmarks.load.plots import step_windows
+
+    timeline = [{"t": float(t), "ready": t, "demand": 2 * t} for t in range(-2, 5)]
+    series = {
+        "sandboxd": {"samples_ms": {"exec_session": [1.0, 2.0, 30.0]}, "timeline": timeline, "step_s": [1.0, 2.0]},
+        "baseline": {"samples_ms": {"exec_session": [9.0, 90.0]}, "timeline": [], "step_s": [3.0]},
+    }
+    (tmp_path / "r.json").write_text(json.dumps({"profile": "x", "rollouts": 2, "drivers": {}}))
+    (tmp_path / "r.series.json").write_text(json.dumps(series))
+    assert [Path(p).name for p in cli.replot(tmp_path / "r.json")] == ["r_latency_cdf.png", "r_pool.png"]
+    assert (tmp_path / "r_pool.png").stat().st_size > 0
+    assert step_windows({"step_s": [1.0, 2.0], "between_steps_s": [5.0]}) == [(0.0, 1.0), (6.0, 2.0)]
+    assert step_windows({"step_s": [1.0], "step_start_s": [0.5]}) == [(0.5, 1.0)]

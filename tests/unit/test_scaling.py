@@ -32,7 +32,9 @@ from sandboxd.core.scaling import (
 pytestmark = pytest.mark.timeout(60)
 
 DEMAND = Bounds(min_ready=0, max_ready=64, max_size=128)
-CONFIG = PolicyConfig(scale_down_delay=30.0, rate_headroom=1.5, lead_margin=2.0, max_starting=8)
+CONFIG = PolicyConfig(
+    scale_down_delay=30.0, rate_headroom=1.5, lead_factor=1.0, lead_margin=2.0, max_starting=8
+)
 
 
 def plan_at(now: float, state: ScalerState | None = None, bounds: Bounds = DEMAND, **signals: Any) -> Plan:
@@ -83,14 +85,16 @@ def test_announcement_warms_within_its_lead_and_stops_at_expiry() -> None:
     a = Announcement("gen", 64, due=100.0, expires=160.0)
     sig = {"startup_seconds": 1.0, "announcements": (a,)}
     # Lead: one start-up (1 s) + 64 / (8 per second) + 2 s margin = 11 s.
-    assert plan_at(88.0, **sig).target == 0
+    early = plan_at(88.0, **sig)
+    assert early.target == 0
+    assert "64 announced, warming in 1s" in early.reason
     assert plan_at(89.5, **sig).target == 64
     assert plan_at(120.0, **sig).announced_term == 64
     assert plan_at(160.0, **sig).target == 0
 
 
 def test_lead_grows_with_the_count_and_a_slow_start_pipeline() -> None:
-    slow = PolicyConfig(max_starting=2, lead_margin=0.0)
+    slow = PolicyConfig(max_starting=2, lead_factor=1.0, lead_margin=0.0)
     a = Announcement("gen", 40, due=100.0, expires=200.0)
     # 2 at a time, 2 s each: 1 per second, so 40 need 40 s plus one start-up.
     sig = Signals(now=57.0, startup_seconds=2.0, announcements=(a,))
@@ -98,11 +102,31 @@ def test_lead_grows_with_the_count_and_a_slow_start_pipeline() -> None:
     sig = Signals(now=58.5, startup_seconds=2.0, announcements=(a,))
     assert active_announcements(sig, slow) == [a]
     # A configured pipeline throughput wins over the derived one.
-    fast = PolicyConfig(create_throughput=40.0, lead_margin=0.0)
+    fast = PolicyConfig(create_throughput=40.0, lead_factor=1.0, lead_margin=0.0)
     sig = Signals(now=96.5, startup_seconds=2.0, announcements=(a,))
     assert active_announcements(sig, fast) == []  # lead: 2 s + 40 / 40 per second
     sig = Signals(now=97.5, startup_seconds=2.0, announcements=(a,))
     assert active_announcements(sig, fast) == [a]
+
+
+def test_the_lead_has_a_safety_factor() -> None:
+    a = Announcement("gen", 16, due=100.0, expires=200.0)
+    cautious = PolicyConfig(max_starting=8, lead_factor=2.0, lead_margin=1.0)
+    # 2 x (1 s start-up + 16 / 8 per second) + 1 s = 7 s.
+    assert active_announcements(Signals(now=92.9, announcements=(a,)), cautious) == []
+    assert active_announcements(Signals(now=93.1, announcements=(a,)), cautious) == [a]
+
+
+def test_an_announcement_that_started_warming_stays_active() -> None:
+    a = Announcement("gen", 64, due=100.0, expires=160.0)
+    plan = plan_at(90.0, startup_seconds=1.0, announcements=(a,))  # lead 11 s: warming
+    assert plan.target == 64
+    # Start-ups got faster (lead 2.2 s): the announcement is no longer within
+    # its lead, but what is warming for it is not dropped (and re-created later).
+    plan = plan_at(91.0, plan.state, startup_seconds=0.1, announcements=(a,))
+    assert plan.target == 64
+    fresh = plan_at(91.0, startup_seconds=0.1, announcements=(a,))
+    assert fresh.target == 0
 
 
 def test_acquires_consume_announcements_earliest_first() -> None:

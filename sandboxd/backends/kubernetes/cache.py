@@ -189,9 +189,15 @@ class PodCache:
                     "resourceVersion": self._rv,
                     "timeoutSeconds": str(random.randint(240, 360)),
                 }
+                applied = 0
                 async for event in self._client.watch(self._path, query):
                     backoff = 0.2
                     self._apply(event)
+                    applied += 1
+                    if applied % 32 == 0:
+                        # A burst of buffered events (a pool warming up) must
+                        # not hold the event loop: let acquires run between.
+                        await asyncio.sleep(0)
             except asyncio.CancelledError:
                 raise
             except KubeError as e:

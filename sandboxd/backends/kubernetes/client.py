@@ -144,7 +144,7 @@ class KubeClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl_context(), limit=0)
-            self._session = aiohttp.ClientSession(connector=connector)
+            self._session = aiohttp.ClientSession(connector=connector, read_bufsize=1 << 22)
         return self._session
 
     def url(self, path: str, query: Mapping[str, Any] | list[tuple[str, Any]] | None = None) -> str:

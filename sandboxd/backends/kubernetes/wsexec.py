@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping, Sequence
 
 import aiohttp
 
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 
+_EXIT_STATUS = re.compile(r"exit status (\d+)$")
 V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
@@ -128,7 +130,10 @@ class ExecStream:
                         return int(str(cause.get("message")))
                     except ValueError:
                         break
-        return None
+        # kwok's local exec (the test cluster) reports a non-zero exit as an
+        # InternalError "... exit status N" instead of the kubelet's ExitCode cause.
+        found = _EXIT_STATUS.search(str(self.status.get("message") or ""))
+        return int(found.group(1)) if found else None
 
     @property
     def failure(self) -> str:

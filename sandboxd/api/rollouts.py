@@ -1,0 +1,258 @@
+"""RolloutService: decode, call the rollout manager, encode."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from sandboxd.core.rollouts.figures import Figures, StalenessStats
+from sandboxd.core.rollouts.model import (
+    Batch,
+    FilterMode,
+    Group,
+    InfraFailure,
+    Outcome,
+    RunConfig,
+    Segment,
+    StalenessMode,
+    StepReward,
+    Trajectory,
+)
+from sandboxd.core.rollouts.service import RolloutManager, VerifierSpec
+from sandboxd.errors import InvalidArgument
+from sandboxd.v1 import rollouts_pb2 as pb
+from sandboxd.v1 import rollouts_pb2_grpc
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _enum(cls: type[E], value: int, field: str, default: E) -> E:
+    if not value:
+        return default
+    try:
+        return cls(value)
+    except ValueError:
+        raise InvalidArgument(field, f"unknown value {value}") from None
+
+
+def config_from(c: pb.RunConfig) -> RunConfig:
+    return RunConfig(
+        batch_groups=c.batch_groups,
+        group_size=c.group_size or 8,
+        max_staleness=c.max_staleness,
+        staleness_mode=_enum(StalenessMode, c.staleness_mode, "config.staleness_mode", StalenessMode.DROP),
+        filter_mode=_enum(FilterMode, c.filter_mode, "config.filter_mode", FilterMode.MASK),
+        filter_epsilon=c.filter_epsilon if c.HasField("filter_epsilon") else 1e-6,
+        filter_mean_min=c.filter_mean_min,
+        filter_mean_max=c.filter_mean_max,
+        backfill_cap=c.backfill_cap,
+        over_sample=c.over_sample,
+        partial_rollouts=c.partial_rollouts,
+        max_versions_spanned=c.max_versions_spanned,
+        pool=c.pool,
+        sandboxes_per_group=c.sandboxes_per_group,
+        max_concurrent=c.max_concurrent,
+        controller=c.controller,
+        ack_timeout_seconds=c.ack_timeout_seconds,
+        window_seconds=c.window_seconds,
+    )
+
+
+def config_to(c: RunConfig) -> pb.RunConfig:
+    return pb.RunConfig(
+        batch_groups=c.batch_groups,
+        group_size=c.group_size,
+        max_staleness=c.max_staleness,
+        staleness_mode=c.staleness_mode.value,  # type: ignore[arg-type]
+        filter_mode=c.filter_mode.value,  # type: ignore[arg-type]
+        filter_epsilon=c.filter_epsilon,
+        filter_mean_min=c.filter_mean_min,
+        filter_mean_max=c.filter_mean_max,
+        backfill_cap=c.backfill_cap,
+        over_sample=c.over_sample,
+        partial_rollouts=c.partial_rollouts,
+        max_versions_spanned=c.max_versions_spanned,
+        pool=c.pool,
+        sandboxes_per_group=c.sandboxes_per_group,
+        max_concurrent=c.max_concurrent,
+        controller=c.controller,
+        ack_timeout_seconds=c.ack_timeout_seconds,
+        window_seconds=c.window_seconds,
+    )
+
+
+def trajectory_from(t: pb.Trajectory) -> tuple[Trajectory, VerifierSpec | None]:
+    steps = [StepReward(s.step, s.reward, dict(s.components)) for s in t.steps]
+    verifier = None
+    if t.HasField("verifier") and t.verifier.command:
+        verifier = VerifierSpec(t.verifier.sandbox_id, t.verifier.command, t.verifier.timeout_seconds)
+    reward: float | None = t.reward
+    if steps and not t.reward:
+        reward = None  # the sum of the steps
+    return (
+        Trajectory(
+            trajectory_id=t.trajectory_id,
+            payload=t.payload,
+            segments=[Segment(s.policy_version, s.tokens) for s in t.segments],
+            reward=reward,
+            components=dict(t.components),
+            steps=steps,
+            failure=_enum(InfraFailure, t.failure, "trajectories.failure", InfraFailure.NONE),
+            failure_detail=t.failure_detail,
+            env_policy_version=t.env_policy_version or None,
+            sandbox_id=t.sandbox_id,
+        ),
+        verifier,
+    )
+
+
+def _segments(t: Trajectory) -> list[pb.Segment]:
+    return [pb.Segment(policy_version=s.policy_version, tokens=s.tokens) for s in t.segments]
+
+
+def scored_to(t: Trajectory, default_version: int) -> pb.ScoredTrajectory:
+    return pb.ScoredTrajectory(
+        trajectory_id=t.trajectory_id,
+        payload=t.payload,
+        segments=_segments(t),
+        reward=t.reward or 0.0,
+        components=t.components,
+        steps=[pb.StepReward(step=s.step, reward=s.reward, components=s.components) for s in t.steps],
+        masked=t.masked,
+        mask_reason=t.mask_reason,
+        failure=t.failure.value,  # type: ignore[arg-type]
+        failure_detail=t.failure_detail,
+        advantage=t.advantage,
+        segment_masked=t.segment_masked,
+        env_policy_version=t.env_version(default_version),
+    )
+
+
+def group_to(g: Group) -> pb.ScoredGroup:
+    return pb.ScoredGroup(
+        group_id=g.group_id,
+        prompt_id=g.prompt_id,
+        start_version=g.start_version,
+        trajectories=[scored_to(t, g.start_version) for t in g.trajectories],
+        outcome=g.outcome.value if g.outcome else 0,  # type: ignore[arg-type]
+        reason=g.reason,
+        reward_mean=g.reward_mean,
+        reward_std=g.reward_std,
+    )
+
+
+def slot_to(g: Group) -> pb.Slot:
+    return pb.Slot(
+        group_id=g.group_id,
+        policy_version=g.start_version,
+        prompt_id=g.prompt_id,
+        resume=[
+            pb.ParkedTrajectory(
+                trajectory_id=t.trajectory_id,
+                payload=t.payload,
+                segments=_segments(t),
+                snapshot_id=t.snapshot_id,
+                env_policy_version=t.env_version(g.start_version),
+            )
+            for t in g.resume
+        ],
+    )
+
+
+def batch_to(b: Batch) -> pb.Batch:
+    return pb.Batch(
+        batch_id=b.batch_id,
+        groups=[group_to(g) for g in b.groups],
+        policy_version=b.policy_version,
+        delivery=b.delivery,
+    )
+
+
+def stats_to(s: StalenessStats) -> pb.StalenessStats:
+    return pb.StalenessStats(
+        mean=s.mean, max=s.max, share_stale=s.share_stale, over_budget=s.over_budget, histogram=s.histogram
+    )
+
+
+def figures_to(f: Figures) -> pb.Figures:
+    return pb.Figures(
+        production_rate=f.production_rate,
+        keep_rate=f.keep_rate,
+        effective_rate=f.effective_rate,
+        consumption_rate=f.consumption_rate,
+        trainer_idle_ratio=f.trainer_idle_ratio,
+        generator_idle_ratio=f.generator_idle_ratio,
+        queue_depth=f.queue_depth,
+        in_flight=f.in_flight,
+        parked=f.parked,
+        unacked_batches=f.unacked_batches,
+        staleness_trajectory=stats_to(f.staleness_trajectory),
+        staleness_token=stats_to(f.staleness_token),
+        staleness_env=stats_to(f.staleness_env),
+        filtered=f.filtered,
+        policy_version=f.policy_version,
+        target_concurrency=f.target_concurrency,
+        accepted_total=f.accepted_total,
+        consumed_groups=f.consumed_groups,
+        infra_failures_masked=f.infra_failures_masked,
+        window_seconds=f.window_seconds,
+        controller_reason=f.controller_reason,
+    )
+
+
+class RolloutServicer(rollouts_pb2_grpc.RolloutServiceServicer):
+    def __init__(self, manager: RolloutManager) -> None:
+        self._m = manager
+
+    async def ConfigureRun(self, request: pb.ConfigureRunRequest, context: Any) -> pb.ConfigureRunResponse:
+        queue = await self._m.configure(request.run, config_from(request.config))
+        return pb.ConfigureRunResponse(config=config_to(queue.config), policy_version=queue.version)
+
+    async def RequestSlots(self, request: pb.RequestSlotsRequest, context: Any) -> pb.RequestSlotsResponse:
+        slots, version = await self._m.request_slots(request.run, request.count or 1)
+        return pb.RequestSlotsResponse(slots=[slot_to(g) for g in slots], policy_version=version)
+
+    async def ReportProgress(
+        self, request: pb.ReportProgressRequest, context: Any
+    ) -> pb.ReportProgressResponse:
+        trajectories = [trajectory_from(t)[0] for t in request.trajectories]
+        g = await self._m.report_progress(
+            request.run, request.group_id, list(request.lease_ids), trajectories
+        )
+        return pb.ReportProgressResponse(
+            cancelled=g.outcome in (Outcome.CANCELLED, Outcome.PARKED),
+            outcome=g.outcome.value if g.outcome else 0,  # type: ignore[arg-type]
+            policy_version=self._m.get(request.run).queue.version,
+        )
+
+    async def SubmitGroup(self, request: pb.SubmitGroupRequest, context: Any) -> pb.SubmitGroupResponse:
+        pairs = [trajectory_from(t) for t in request.trajectories]
+        g = await self._m.submit(
+            request.run, request.group_id, request.prompt_id, [t for t, _ in pairs], [v for _, v in pairs]
+        )
+        return pb.SubmitGroupResponse(group=group_to(g))
+
+    async def PullBatch(
+        self, request: pb.PullBatchRequest, context: Any
+    ) -> AsyncIterator[pb.PullBatchResponse]:
+        async for batch in self._m.pull(request.run, request.max_batches):
+            yield pb.PullBatchResponse(batch=batch_to(batch))
+
+    async def AckBatch(self, request: pb.AckBatchRequest, context: Any) -> pb.AckBatchResponse:
+        await self._m.ack(request.run, request.batch_id)
+        return pb.AckBatchResponse()
+
+    async def PublishPolicyVersion(
+        self, request: pb.PublishPolicyVersionRequest, context: Any
+    ) -> pb.PublishPolicyVersionResponse:
+        return pb.PublishPolicyVersionResponse(version=await self._m.publish(request.run, request.version))
+
+    async def WatchPolicyVersion(
+        self, request: pb.WatchPolicyVersionRequest, context: Any
+    ) -> AsyncIterator[pb.WatchPolicyVersionResponse]:
+        async for version in self._m.watch_version(request.run):
+            yield pb.WatchPolicyVersionResponse(version=version)
+
+    async def GetFigures(self, request: pb.GetFiguresRequest, context: Any) -> pb.GetFiguresResponse:
+        return pb.GetFiguresResponse(figures=figures_to(await self._m.figures(request.run)))

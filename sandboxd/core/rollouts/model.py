@@ -1,0 +1,300 @@
+"""The rollout queue's vocabulary: run configuration, trajectories, groups,
+batches. Plain dataclasses, no I/O; ``to_json``/``from_json`` for the store."""
+
+from __future__ import annotations
+
+import base64
+import enum
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.errors import InvalidArgument
+
+
+class FilterMode(enum.Enum):
+    OFF = 1
+    MASK = 2
+    DROP_AND_BACKFILL = 3
+
+
+class StalenessMode(enum.Enum):
+    DROP = 1
+    COUNT = 2
+    MASK = 3
+
+
+class InfraFailure(enum.Enum):
+    """Why a trajectory has no reward. Never scored 0: masked and counted."""
+
+    NONE = 0
+    SANDBOX_LOST = 1
+    BACKEND = 2
+    VERIFIER = 3
+    GENERATOR = 4
+
+
+class GroupState(enum.Enum):
+    RUNNING = 1
+    QUEUED = 2  # admitted, waiting for the trainer
+    DELIVERED = 3  # in a batch, not yet acknowledged
+    DONE = 4  # acknowledged
+    DROPPED = 5  # filtered out
+    CANCELLED = 6  # straggler or over-stale, sandboxes released
+    PARKED = 7  # straggler kept for later (token state + snapshot)
+
+
+class Outcome(enum.Enum):
+    ADMITTED = 1
+    MASKED = 2
+    DROPPED = 3
+    CANCELLED = 4
+    PARKED = 5
+
+
+@dataclass
+class RunConfig:
+    batch_groups: int
+    """Groups per training step (B)."""
+    group_size: int = 8
+    max_staleness: int = 1
+    """Staleness budget S in policy versions."""
+    staleness_mode: StalenessMode = StalenessMode.DROP
+    filter_mode: FilterMode = FilterMode.MASK
+    filter_epsilon: float = 1e-6
+    filter_mean_min: float = 0.0
+    filter_mean_max: float = 0.0
+    """Both 0: no mean range check."""
+    backfill_cap: int = 0
+    """Dropped groups replaced per policy version; 0 = batch_groups."""
+    over_sample: float = 0.0
+    partial_rollouts: bool = False
+    max_versions_spanned: int = 0
+    """0 = max_staleness + 1."""
+    pool: str = ""
+    sandboxes_per_group: int = 0
+    """0 = group_size."""
+    max_concurrent: int = 0
+    """Groups running at once; 0 = only the gate limits."""
+    controller: bool = False
+    ack_timeout_seconds: float = 600.0
+    window_seconds: float = 60.0
+
+    def check(self) -> RunConfig:
+        def positive(name: str, value: float) -> None:
+            if value < 1:
+                raise InvalidArgument(f"config.{name}", f"must be >= 1, got {value}")
+
+        def non_negative(name: str, value: float) -> None:
+            if value < 0 or not math.isfinite(value):
+                raise InvalidArgument(f"config.{name}", f"must be >= 0, got {value}")
+
+        positive("batch_groups", self.batch_groups)
+        positive("group_size", self.group_size)
+        for name in ("max_staleness", "backfill_cap", "max_versions_spanned", "sandboxes_per_group"):
+            non_negative(name, getattr(self, name))
+        non_negative("max_concurrent", self.max_concurrent)
+        non_negative("filter_epsilon", self.filter_epsilon)
+        non_negative("ack_timeout_seconds", self.ack_timeout_seconds)
+        non_negative("window_seconds", self.window_seconds)
+        if not 0 <= self.over_sample <= 4:
+            raise InvalidArgument("config.over_sample", f"must be between 0 and 4, got {self.over_sample}")
+        if self.filter_mean_min > self.filter_mean_max:
+            raise InvalidArgument(
+                "config.filter_mean_min",
+                f"({self.filter_mean_min}) must not exceed filter_mean_max ({self.filter_mean_max})",
+            )
+        if self.batch_groups > 100_000 or self.group_size > 100_000:
+            raise InvalidArgument("config.batch_groups", "batch_groups and group_size must be <= 100000")
+        self.ack_timeout_seconds = self.ack_timeout_seconds or 600.0
+        self.window_seconds = self.window_seconds or 60.0
+        return self
+
+    @property
+    def spanned_cap(self) -> int:
+        return self.max_versions_spanned or self.max_staleness + 1
+
+    @property
+    def backfills(self) -> int:
+        return self.backfill_cap or self.batch_groups
+
+    @property
+    def extra_slots(self) -> int:
+        """Over-sampling allowance on top of the staleness gate."""
+        return math.ceil(self.over_sample * self.batch_groups)
+
+    @property
+    def per_group(self) -> int:
+        return self.sandboxes_per_group or self.group_size
+
+    @property
+    def has_mean_range(self) -> bool:
+        return self.filter_mean_min < self.filter_mean_max
+
+
+@dataclass
+class Segment:
+    policy_version: int
+    tokens: int
+
+
+@dataclass
+class StepReward:
+    step: int
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    trajectory_id: str
+    payload: bytes = b""
+    segments: list[Segment] = field(default_factory=list)
+    reward: float | None = None
+    """None until scored, and for ever when an infrastructure failure masked it."""
+    components: dict[str, float] = field(default_factory=dict)
+    steps: list[StepReward] = field(default_factory=list)
+    failure: InfraFailure = InfraFailure.NONE
+    failure_detail: str = ""
+    env_policy_version: int | None = None
+    sandbox_id: str = ""
+    masked: bool = False
+    mask_reason: str = ""
+    advantage: float = 0.0
+    segment_masked: list[bool] = field(default_factory=list)
+    snapshot_id: str = ""
+
+    def oldest_version(self, default: int) -> int:
+        return min((s.policy_version for s in self.segments), default=default)
+
+    def env_version(self, default: int) -> int:
+        if self.env_policy_version is not None:
+            return self.env_policy_version
+        return self.oldest_version(default)
+
+    def mask(self, reason: str) -> None:
+        if not self.masked:
+            self.masked = True
+            self.mask_reason = reason
+        self.advantage = 0.0
+
+
+@dataclass
+class Group:
+    group_id: str
+    start_version: int
+    started_at: float
+    prompt_id: str = ""
+    state: GroupState = GroupState.RUNNING
+    lease_ids: list[str] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)
+    outcome: Outcome | None = None
+    reason: str = ""
+    reward_mean: float = 0.0
+    reward_std: float = 0.0
+    resumed_from: str = ""
+    """Id of the parked group this one resumes."""
+    resume: list[Trajectory] = field(default_factory=list)
+    """What the slot handed back to resume (parked token state)."""
+    snapshots_ready: bool = True
+    """Parked: whether its snapshots were taken (only then is it handed out)."""
+    accepted_seq: int = 0
+
+    def oldest_version(self) -> int:
+        versions = [t.oldest_version(self.start_version) for t in self.trajectories]
+        return min(versions, default=self.start_version)
+
+
+@dataclass
+class Batch:
+    batch_id: str
+    groups: list[Group]
+    policy_version: int
+    delivery: int = 0
+    delivered_at: float = 0.0
+    deadline: float = 0.0
+    stream: int = 0
+    """Which PullBatch stream holds it (0: none, waiting to be redelivered)."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+# -- (de)serialisation for the store -------------------------------------------
+
+
+def _enc(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"__b64": base64.b64encode(value).decode()}
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, list):
+        return [_enc(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _enc(v) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: _enc(getattr(value, k)) for k in value.__dataclass_fields__}
+    return value
+
+
+def _bytes(value: Any) -> bytes:
+    return base64.b64decode(value["__b64"]) if isinstance(value, dict) else b""
+
+
+def trajectory_from(d: dict[str, Any]) -> Trajectory:
+    return Trajectory(
+        trajectory_id=d["trajectory_id"],
+        payload=_bytes(d["payload"]),
+        segments=[Segment(**s) for s in d["segments"]],
+        reward=d["reward"],
+        components=dict(d["components"]),
+        steps=[StepReward(**s) for s in d["steps"]],
+        failure=InfraFailure[d["failure"]],
+        failure_detail=d["failure_detail"],
+        env_policy_version=d["env_policy_version"],
+        sandbox_id=d["sandbox_id"],
+        masked=d["masked"],
+        mask_reason=d["mask_reason"],
+        advantage=d["advantage"],
+        segment_masked=list(d["segment_masked"]),
+        snapshot_id=d["snapshot_id"],
+    )
+
+
+def group_to_json(g: Group) -> dict[str, Any]:
+    out: dict[str, Any] = _enc(g)
+    return out
+
+
+def group_from_json(d: dict[str, Any]) -> Group:
+    return Group(
+        group_id=d["group_id"],
+        start_version=d["start_version"],
+        started_at=d["started_at"],
+        prompt_id=d["prompt_id"],
+        state=GroupState[d["state"]],
+        lease_ids=list(d["lease_ids"]),
+        trajectories=[trajectory_from(t) for t in d["trajectories"]],
+        outcome=Outcome[d["outcome"]] if d["outcome"] else None,
+        reason=d["reason"],
+        reward_mean=d["reward_mean"],
+        reward_std=d["reward_std"],
+        resumed_from=d["resumed_from"],
+        resume=[trajectory_from(t) for t in d["resume"]],
+        snapshots_ready=d["snapshots_ready"],
+        accepted_seq=d["accepted_seq"],
+    )
+
+
+def config_to_json(c: RunConfig) -> dict[str, Any]:
+    out: dict[str, Any] = _enc(c)
+    return out
+
+
+def config_from_json(d: dict[str, Any]) -> RunConfig:
+    d = dict(d)
+    d["staleness_mode"] = StalenessMode[d["staleness_mode"]]
+    d["filter_mode"] = FilterMode[d["filter_mode"]]
+    return RunConfig(**d)

@@ -1,0 +1,548 @@
+"""One run's rollout queue: pure logic on an injected clock, no I/O.
+
+    generator ──RequestSlots──> gate ──> RUNNING ──SubmitGroup──> score
+                                  ^          │  (stragglers)        │ infra failures masked
+                 parked first ────┘          ├──> CANCELLED         │ hard staleness bound
+                                             └──> PARKED ───────────┤ zero-advantage filter
+                                                                    v
+    trainer <──PullBatch── batch (oldest first) <── QUEUED <── admitted / masked
+            ──AckBatch──> DONE     (unacknowledged: redelivered)
+
+The gate (AReaL/SkyRL): a group may start only while
+``accepted + running <= (S + v + 1) * B`` (plus ``ceil(over_sample * B)``
+when over-sampling), where ``accepted`` counts every group ever admitted, S
+is the staleness budget, v the trainer's policy version and B the groups per
+step. Consumed in order, a group started under version u is trained by
+version u + S at the latest. The service (sandboxd.core.rollouts.service)
+carries out what the queue decides: releasing or snapshotting the sandboxes
+of cancelled groups, running verifiers, persisting, announcing demand.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandboxd.clock import Clock
+from sandboxd.core.rollouts.controller import ControllerInput, plan
+from sandboxd.core.rollouts.figures import EventRate, Figures, StalenessStats, TimeSplit
+from sandboxd.core.rollouts.model import (
+    Batch,
+    FilterMode,
+    Group,
+    GroupState,
+    InfraFailure,
+    Outcome,
+    RunConfig,
+    StalenessMode,
+    Trajectory,
+    new_id,
+)
+from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+
+_TOMBSTONES = 10_000
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """A running group the queue took away: release its leases, or (park)
+    snapshot its sandboxes first and then call ``parked_ready``."""
+
+    group: Group
+    park: bool
+    reason: str
+
+
+class RolloutQueue:
+    def __init__(self, run: str, config: RunConfig, clock: Clock, *, version: int = 0) -> None:
+        self.run = run
+        self.config = config.check()
+        self.clock = clock
+        self.version = version
+        self.accepted_total = 0
+        self.consumed_groups = 0
+        self.running: dict[str, Group] = {}
+        self.queued: list[Group] = []
+        self.parked: OrderedDict[str, Group] = OrderedDict()
+        self.batches: OrderedDict[str, Batch] = OrderedDict()
+        self.redeliver: deque[str] = deque()
+        self._acked: OrderedDict[str, None] = OrderedDict()
+        self._ended: OrderedDict[str, Group] = OrderedDict()
+        self.cohort_done: Counter[int] = Counter()
+        self.backfilled: Counter[int] = Counter()
+        self.filtered: Counter[str] = Counter()
+        self.infra_masked = 0
+        self.target = config.max_concurrent or (config.batch_groups if config.controller else 0)
+        self.controller_reason = ""
+        self.pool_cap = 0
+        self.discarded_snapshots: list[str] = []
+        """Snapshots of parked work given up (span cap): the service deletes them."""
+        S = config.max_staleness
+        self.stale_traj, self.stale_token, self.stale_env = (StalenessStats(S) for _ in range(3))
+        now = clock.monotonic()
+        self._produced = EventRate()
+        self._completed = EventRate()
+        self._admitted = EventRate()
+        self._consumed = EventRate()
+        self._trainer = TimeSplit(now, "away")
+        self._generator = TimeSplit(now, "idle", 0)
+        self._started_at = now
+        self._streams: set[int] = set()
+        self._next_stream = 0
+        self._seq = 0
+        self._next_control = now
+        self._ack_gap = 0.0
+        self._last_ack = 0.0
+        self.on_change: Callable[[], None] | None = None
+        self.dirty_groups: set[str] = set()
+        self.dirty_batches: set[str] = set()
+
+    # -- bookkeeping ---------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        return self.clock.monotonic()
+
+    def _changed(self) -> None:
+        running = len(self.running)
+        self._generator.set(self.now, "busy" if running else "idle", running)
+        in_hand = any(b.stream for b in self.batches.values())
+        self._trainer.set(self.now, "busy" if in_hand else ("idle" if self._streams else "away"))
+        if self.on_change is not None:
+            self.on_change()
+
+    def _touch(self, g: Group) -> None:
+        self.dirty_groups.add(g.group_id)
+
+    def _end(self, g: Group, state: GroupState, outcome: Outcome, reason: str) -> None:
+        g.state, g.outcome, g.reason = state, outcome, reason
+        self._ended[g.group_id] = g
+        while len(self._ended) > _TOMBSTONES:
+            self._ended.popitem(last=False)
+        self._touch(g)
+
+    def find(self, group_id: str) -> Group:
+        for table in (self.running, self.parked, self._ended):
+            if group_id in table:
+                return table[group_id]
+        for g in self.queued:
+            if g.group_id == group_id:
+                return g
+        for b in self.batches.values():
+            for g in b.groups:
+                if g.group_id == group_id:
+                    return g
+        raise NotFound(f"group {group_id!r} not found in run {self.run!r}")
+
+    def tick(self) -> bool:
+        """Expires unacknowledged batches and runs the controller when due;
+        True when the controller changed the target."""
+        now = self.now
+        for b in self.batches.values():
+            if b.stream and b.deadline <= now:
+                b.stream = 0
+                self.redeliver.append(b.batch_id)
+                self.dirty_batches.add(b.batch_id)
+        changed = False
+        if self.config.controller and now >= self._next_control:
+            self._next_control = now + max(1.0, self.config.window_seconds / 10)
+            f = self.figures()
+            decision = plan(
+                ControllerInput(
+                    target=self.target or self.config.batch_groups,
+                    in_flight_mean=f.in_flight_mean,
+                    effective_rate=f.effective_rate,
+                    consumption_rate=f.consumption_rate,
+                    trainer_idle_ratio=f.trainer_idle_ratio,
+                    queue_depth=f.queue_depth,
+                    batch_groups=self.config.batch_groups,
+                    max_staleness=self.config.max_staleness,
+                    extra_slots=self.config.extra_slots,
+                    pool_cap=self.pool_cap,
+                )
+            )
+            changed = decision.target != self.target
+            self.target, self.controller_reason = decision.target, decision.reason
+        self._changed()
+        return changed
+
+    # -- generator side --------------------------------------------------------
+
+    def capacity(self) -> int:
+        c = self.config
+        limits = [(c.max_staleness + self.version + 1) * c.batch_groups + c.extra_slots
+                  - (self.accepted_total + len(self.running))]  # fmt: skip
+        if self.target:
+            limits.append(self.target - len(self.running))
+        if self.pool_cap:
+            limits.append(self.pool_cap - len(self.running))
+        return max(0, min(limits))
+
+    def retry_after(self) -> float:
+        """When asking again is likely to find capacity: half the usual time
+        between two acknowledged batches (the trainer frees B slots per step)."""
+        gap = self._ack_gap or 1.0
+        return round(min(30.0, max(0.05, gap / 2)), 3)
+
+    def request_slots(self, count: int) -> list[Group]:
+        if count < 1:
+            raise InvalidArgument("count", f"must be >= 1, got {count}")
+        self.tick()
+        room = min(count, self.capacity())
+        if room == 0:
+            raise ResourceExhausted(
+                f"run {self.run!r} is at capacity: {self.accepted_total} accepted + {len(self.running)} "
+                f"running for policy version {self.version} (budget {self.config.max_staleness}, "
+                f"{self.config.batch_groups} groups per step)",
+                self.retry_after(),
+            )
+        out: list[Group] = []
+        for parked in list(self.parked.values()):
+            if len(out) >= room:
+                break
+            if not parked.snapshots_ready:
+                continue
+            del self.parked[parked.group_id]
+            spanned = self.version - parked.oldest_version() + 1
+            if spanned > self.config.spanned_cap:
+                self.filtered["span_cap"] += 1
+                self.discarded_snapshots += [t.snapshot_id for t in parked.trajectories if t.snapshot_id]
+                self._end(parked, GroupState.DROPPED, Outcome.DROPPED, "span_cap")
+                continue
+            g = Group(
+                new_id("grp"),
+                self.version,
+                self.now,
+                prompt_id=parked.prompt_id,
+                resumed_from=parked.group_id,
+                resume=parked.trajectories,
+            )
+            self._end(parked, GroupState.DONE, Outcome.PARKED, f"resumed as {g.group_id}")
+            out.append(g)
+        while len(out) < room:
+            out.append(Group(new_id("grp"), self.version, self.now))
+        for g in out:
+            self.running[g.group_id] = g
+            self._touch(g)
+        self._changed()
+        return out
+
+    def report_progress(self, group_id: str, lease_ids: list[str], trajectories: list[Trajectory]) -> Group:
+        g = self.find(group_id)
+        if g.state is GroupState.RUNNING:
+            if lease_ids:
+                g.lease_ids = list(dict.fromkeys([*g.lease_ids, *lease_ids]))
+            if trajectories:
+                g.trajectories = trajectories
+            self._touch(g)
+        return g
+
+    def submit(
+        self, group_id: str, prompt_id: str, trajectories: list[Trajectory]
+    ) -> tuple[Group, list[Cancellation]]:
+        self.tick()
+        g = self.running.get(group_id)
+        if g is None:
+            found = self.find(group_id)
+            raise FailedPrecondition(
+                f"group {group_id} is {found.state.name.lower()}"
+                + (f" ({found.reason})" if found.reason else "")
+                + "; it cannot be submitted"
+            )
+        _check_trajectories(trajectories)
+        del self.running[group_id]
+        g.trajectories = trajectories
+        g.prompt_id = prompt_id or g.prompt_id
+        now = self.now
+        self._produced.add(now, len(trajectories))
+        self._completed.add(now, 1)
+        cancels: list[Cancellation] = []
+        if self._score(g):
+            self.accepted_total += 1
+            self._seq += 1
+            g.accepted_seq = self._seq
+            g.state = GroupState.QUEUED
+            self.queued.append(g)
+            self._admitted.add(now, 1)
+            self._touch(g)
+            self.cohort_done[g.start_version] += 1
+            if self.config.over_sample > 0 and self.cohort_done[g.start_version] >= self.config.batch_groups:
+                for straggler in [r for r in self.running.values() if r.start_version == g.start_version]:
+                    cancels.append(self._cancel(straggler, "straggler"))
+        self._changed()
+        return g, cancels
+
+    def _drop(self, g: Group, reason: str) -> bool:
+        self.filtered[reason] += 1
+        self._end(g, GroupState.DROPPED, Outcome.DROPPED, reason)
+        return False
+
+    def _score(self, g: Group) -> bool:
+        """Masks infrastructure failures, applies the staleness bound and the
+        zero-advantage filter, sets advantages. True when admitted."""
+        c = self.config
+        for t in g.trajectories:
+            if t.failure is not InfraFailure.NONE:
+                t.reward = None
+                t.mask(f"infra_failure:{t.failure.name.lower()}")
+                self.infra_masked += 1
+                self.filtered["infra_failure"] += 1
+            elif t.reward is None:
+                t.reward = sum(s.reward for s in t.steps)
+        if all(t.masked for t in g.trajectories):
+            return self._drop(g, "all_infra_failed")
+        if not self._bound_staleness(g):
+            return False
+        rewards = [t.reward for t in g.trajectories if not t.masked and t.reward is not None]
+        mean = statistics.fmean(rewards)
+        std = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+        g.reward_mean, g.reward_std = mean, std
+        reason = ""
+        if std <= c.filter_epsilon:
+            reason = "zero_std"
+        elif c.has_mean_range and not c.filter_mean_min <= mean <= c.filter_mean_max:
+            reason = "mean_out_of_range"
+        if reason and c.filter_mode is not FilterMode.OFF:
+            backfill = c.filter_mode is FilterMode.DROP_AND_BACKFILL
+            if backfill and self.backfilled[g.start_version] < c.backfills:
+                self.backfilled[g.start_version] += 1
+                return self._drop(g, reason)
+            self.filtered[reason] += 1
+            for t in g.trajectories:
+                t.mask(reason)
+            g.outcome, g.reason = Outcome.MASKED, reason
+            return True
+        for t in g.trajectories:
+            if not t.masked and t.reward is not None:
+                t.advantage = (t.reward - mean) / (std + 1e-6) if std > 0 else 0.0
+        g.outcome, g.reason = Outcome.ADMITTED, reason
+        return True
+
+    def _bound_staleness(self, g: Group) -> bool:
+        """The hard bound against the current version; False when dropped."""
+        c = self.config
+        floor = self.version - c.max_staleness
+        live = [t for t in g.trajectories if not t.masked]
+        if all(t.oldest_version(g.start_version) >= floor for t in live):
+            return True
+        if c.staleness_mode is StalenessMode.DROP:
+            return self._drop(g, "stale")
+        if c.staleness_mode is StalenessMode.MASK:
+            for t in live:
+                t.segment_masked = [s.policy_version < floor for s in t.segments]
+                if t.oldest_version(g.start_version) < floor:
+                    t.mask("stale")
+                    self.filtered["stale_trajectory"] += 1
+            if all(t.masked for t in g.trajectories):
+                return self._drop(g, "stale")
+        return True
+
+    def _cancel(self, g: Group, reason: str) -> Cancellation:
+        del self.running[g.group_id]
+        park = self.config.partial_rollouts
+        if park:
+            g.state, g.outcome, g.reason = GroupState.PARKED, Outcome.PARKED, reason
+            g.snapshots_ready = False
+            self.parked[g.group_id] = g
+            self.filtered["parked"] += 1
+            self._touch(g)
+        else:
+            self.filtered["cancelled" if reason == "straggler" else reason] += 1
+            self._end(g, GroupState.CANCELLED, Outcome.CANCELLED, reason)
+        return Cancellation(g, park, reason)
+
+    def parked_ready(self, group_id: str, snapshots: dict[str, str]) -> None:
+        """The service took the parked group's snapshots (trajectory id ->
+        snapshot id; missing ones resume without environment state)."""
+        g = self.parked.get(group_id)
+        if g is None:
+            return
+        for t in g.trajectories:
+            t.snapshot_id = snapshots.get(t.trajectory_id, t.snapshot_id)
+            if t.env_policy_version is None:
+                t.env_policy_version = max((s.policy_version for s in t.segments), default=g.start_version)
+        g.snapshots_ready = True
+        self._touch(g)
+        self._changed()
+
+    # -- trainer side -----------------------------------------------------------
+
+    def publish(self, version: int) -> list[Cancellation]:
+        if version < self.version:
+            raise FailedPrecondition(f"policy version {version} is below the current {self.version}")
+        self.version = version
+        cancels = []
+        if self.config.staleness_mode is StalenessMode.DROP:
+            floor = version - self.config.max_staleness
+            for g in [g for g in self.running.values() if g.start_version < floor]:
+                cancels.append(self._cancel(g, "stale"))
+        self.tick()
+        return cancels
+
+    def open_stream(self) -> int:
+        self._next_stream += 1
+        self._streams.add(self._next_stream)
+        self._changed()
+        return self._next_stream
+
+    def close_stream(self, stream: int) -> None:
+        """The trainer's stream ended: what it held unacknowledged comes back first."""
+        self._streams.discard(stream)
+        held = [b.batch_id for b in self.batches.values() if b.stream == stream]
+        for batch_id in reversed(held):
+            self.batches[batch_id].stream = 0
+            self.redeliver.appendleft(batch_id)
+            self.dirty_batches.add(batch_id)
+        self._changed()
+
+    def next_batch(self, stream: int) -> Batch | None:
+        self.tick()
+        now = self.now
+        if self.redeliver:
+            b = self.batches[self.redeliver.popleft()]
+        else:
+            b_or_none = self._make_batch()
+            if b_or_none is None:
+                return None
+            b = b_or_none
+        b.delivery += 1
+        b.stream = stream
+        b.delivered_at = now
+        b.deadline = now + self.config.ack_timeout_seconds
+        self.dirty_batches.add(b.batch_id)
+        self._changed()
+        return b
+
+    def _make_batch(self) -> Batch | None:
+        B = self.config.batch_groups
+        while len(self.queued) >= B:
+            self.queued.sort(key=lambda g: (g.start_version, g.accepted_seq))
+            head, rest = self.queued[:B], self.queued[B:]
+            kept = []
+            for g in head:
+                if self._bound_staleness(g):
+                    kept.append(g)
+                else:
+                    self.accepted_total -= 1  # its slot goes back to the gate
+            if len(kept) < B:
+                self.queued = kept + rest
+                continue
+            self.queued = rest
+            b = Batch(new_id("bat"), kept, self.version)
+            for g in kept:
+                g.state = GroupState.DELIVERED
+                self._record_staleness(g)
+                self.dirty_groups.add(g.group_id)
+            self.batches[b.batch_id] = b
+            return b
+        return None
+
+    def _record_staleness(self, g: Group) -> None:
+        v = self.version
+        for t in g.trajectories:
+            if t.failure is not InfraFailure.NONE:
+                continue
+            self.stale_traj.add(v - t.oldest_version(g.start_version))
+            for s in t.segments:
+                if s.tokens:
+                    self.stale_token.add(v - s.policy_version, s.tokens)
+            self.stale_env.add(v - t.env_version(g.start_version))
+
+    def ack(self, batch_id: str) -> None:
+        b = self.batches.pop(batch_id, None)
+        if b is None:
+            if batch_id in self._acked:
+                return
+            raise NotFound(f"batch {batch_id!r} not found in run {self.run!r}")
+        if batch_id in self.redeliver:
+            self.redeliver.remove(batch_id)
+        now = self.now
+        self._acked[batch_id] = None
+        while len(self._acked) > _TOMBSTONES:
+            self._acked.popitem(last=False)
+        for g in b.groups:
+            self._end(g, GroupState.DONE, g.outcome or Outcome.ADMITTED, g.reason)
+        self.consumed_groups += len(b.groups)
+        self._consumed.add(now, sum(len(g.trajectories) for g in b.groups))
+        if self._last_ack:
+            gap = now - self._last_ack
+            self._ack_gap = gap if not self._ack_gap else 0.8 * self._ack_gap + 0.2 * gap
+        self._last_ack = now
+        self.dirty_batches.add(batch_id)
+        self._changed()
+
+    # -- figures ----------------------------------------------------------------
+
+    def figures(self) -> Figures:
+        now = self.now
+        window = self.config.window_seconds
+        span = max(1e-9, min(window, now - self._started_at))
+        produced = self._produced.total(now, window)
+        completed = self._completed.total(now, window)
+        admitted = self._admitted.total(now, window)
+        consumed = self._consumed.total(now, window)
+        trainer = self._trainer.seconds(now, window)
+        generator = self._generator.seconds(now, window)
+        keep = admitted / completed if completed else 1.0
+        production = produced / span
+        busy, idle = trainer["busy"], trainer["idle"]
+        gen_total = generator["busy"] + generator["idle"]
+        return Figures(
+            production_rate=production,
+            keep_rate=keep,
+            effective_rate=keep * production,
+            consumption_rate=consumed / busy if busy > 0 else 0.0,
+            trainer_idle_ratio=idle / (idle + busy) if idle + busy > 0 else 0.0,
+            generator_idle_ratio=generator["idle"] / gen_total if gen_total > 0 else 0.0,
+            queue_depth=len(self.queued),
+            in_flight=len(self.running),
+            parked=len(self.parked),
+            unacked_batches=len(self.batches),
+            staleness_trajectory=self.stale_traj,
+            staleness_token=self.stale_token,
+            staleness_env=self.stale_env,
+            filtered=dict(self.filtered),
+            policy_version=self.version,
+            target_concurrency=self.target or self.gate_size(),
+            accepted_total=self.accepted_total,
+            consumed_groups=self.consumed_groups,
+            infra_failures_masked=self.infra_masked,
+            window_seconds=window,
+            in_flight_mean=self._generator.mean_level(now, window),
+            controller_reason=self.controller_reason,
+        )
+
+    def gate_size(self) -> int:
+        c = self.config
+        return (c.max_staleness + 1) * c.batch_groups + c.extra_slots
+
+    def reconfigure(self, config: RunConfig) -> None:
+        self.config = config.check()
+        for stats in (self.stale_traj, self.stale_token, self.stale_env):
+            stats.budget = config.max_staleness
+        if config.max_concurrent:
+            self.target = config.max_concurrent
+        elif not config.controller:
+            self.target = 0
+        self._next_control = self.now
+        self._changed()
+
+
+def _check_trajectories(trajectories: list[Trajectory]) -> None:
+    if not trajectories:
+        raise InvalidArgument("trajectories", "must not be empty")
+    seen: set[str] = set()
+    for i, t in enumerate(trajectories):
+        if not t.trajectory_id:
+            t.trajectory_id = f"t{i}"
+        if t.trajectory_id in seen:
+            raise InvalidArgument(f"trajectories[{i}].trajectory_id", f"{t.trajectory_id!r} appears twice")
+        seen.add(t.trajectory_id)
+        for j, s in enumerate(t.segments):
+            if s.tokens < 0:
+                raise InvalidArgument(f"trajectories[{i}].segments[{j}].tokens", "must be >= 0")
+        if t.reward is not None and not math.isfinite(t.reward):
+            raise InvalidArgument(f"trajectories[{i}].reward", "must be finite")

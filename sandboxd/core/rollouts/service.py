@@ -1,0 +1,434 @@
+"""Carries out what the rollout queues decide: runs verifiers in sandboxes,
+releases (ControlPlane.release) or snapshots and parks (SnapshotManager)
+the sandboxes of cancelled groups, persists every change, announces the
+controller's concurrency to the pool (demand), and wakes waiting streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.backends.base import ExecOutcome, ExecResult, OutputChunk
+from sandboxd.clock import Clock
+from sandboxd.core.control import ControlPlane, ExecRequest
+from sandboxd.core.rollouts.figures import Figures
+from sandboxd.core.rollouts.model import (
+    Batch,
+    Group,
+    GroupState,
+    InfraFailure,
+    RunConfig,
+    StepReward,
+    Trajectory,
+    config_from_json,
+    config_to_json,
+    group_from_json,
+    group_to_json,
+)
+from sandboxd.core.rollouts.queue import Cancellation, RolloutQueue
+from sandboxd.core.rollouts.store import RolloutStore
+from sandboxd.core.snapshots import SnapshotManager
+from sandboxd.core.tenancy import acting_as, current_tenant, pool_key, split_pool_key
+from sandboxd.errors import BackendError, InvalidArgument, NotFound, SandboxdError
+
+log = logging.getLogger(__name__)
+
+_RUN_NAME_MAX = 128
+_IDLE_RECHECK_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class VerifierSpec:
+    sandbox_id: str
+    command: str
+    timeout: float = 0.0
+
+
+@dataclass
+class _Run:
+    key: str
+    queue: RolloutQueue
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def tenant(self) -> str:
+        return split_pool_key(self.key)[0]
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+def parse_reward(stdout: bytes) -> tuple[float, dict[str, float], list[StepReward]] | None:
+    """A verifier's reward: JSON {"reward", "components", "steps"} on the
+    last non-empty line, or a bare number there; None when neither."""
+    lines = [ln.strip() for ln in stdout.decode(errors="replace").splitlines() if ln.strip()]
+    if not lines:
+        return None
+    last = lines[-1]
+    try:
+        value = json.loads(last)
+    except ValueError:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (float(value), {}, []) if math.isfinite(value) else None
+    if not isinstance(value, dict) or not isinstance(value.get("reward"), int | float):
+        return None
+    try:
+        components = {str(k): float(v) for k, v in dict(value.get("components", {})).items()}
+        steps = [
+            StepReward(int(s.get("step", i)), float(s["reward"]), {str(k): float(v) for k, v in
+                       dict(s.get("components", {})).items()})
+            for i, s in enumerate(value.get("steps", []))
+        ]  # fmt: skip
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+    return float(value["reward"]), components, steps
+
+
+class RolloutManager:
+    def __init__(
+        self,
+        control: ControlPlane | None,
+        store: RolloutStore,
+        clock: Clock,
+        *,
+        snapshots: SnapshotManager | None = None,
+    ) -> None:
+        self._control = control
+        self._snapshots = snapshots
+        self._store = store
+        self.clock = clock
+        self.runs: dict[str, _Run] = {}
+
+    # -- start and stop --------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._store.open()
+        for key, config, state, groups, batches in await self._store.load():
+            run = self._add(key, RolloutQueue(split_pool_key(key)[1], config_from_json(config), self.clock))
+            restore(run.queue, state, groups, batches)
+            log.info(
+                "rollout run %s restored: %d running, %d queued, %d parked, %d batches to redeliver",
+                key, len(run.queue.running), len(run.queue.queued), len(run.queue.parked),
+                len(run.queue.batches),
+            )  # fmt: skip
+
+    async def stop(self) -> None:
+        for run in self.runs.values():
+            run.notify()
+        await self._store.close()
+
+    def _add(self, key: str, queue: RolloutQueue) -> _Run:
+        run = _Run(key, queue)
+        queue.on_change = run.notify
+        self.runs[key] = run
+        return run
+
+    # -- runs ------------------------------------------------------------------
+
+    def get(self, name: str) -> _Run:
+        if not name or len(name) > _RUN_NAME_MAX or "/" in name:
+            raise InvalidArgument("run", f"must be 1-{_RUN_NAME_MAX} characters without '/', got {name!r}")
+        run = self.runs.get(pool_key(current_tenant(), name))
+        if run is None:
+            raise NotFound(f"run {name!r} not found (configure it first)")
+        return run
+
+    async def configure(self, name: str, config: RunConfig) -> RolloutQueue:
+        config.check()
+        if config.pool and self._control is not None:
+            self._control.get_pool(config.pool, "config.pool")
+        key = pool_key(current_tenant(), name)
+        try:
+            run = self.get(name)
+            run.queue.reconfigure(config)
+        except NotFound:
+            run = self._add(key, RolloutQueue(name, config, self.clock))
+        async with run.lock:
+            self._pool_cap(run)
+            await self._flush(run)
+        return run.queue
+
+    def _pool_cap(self, run: _Run) -> None:
+        q = run.queue
+        if not q.config.pool or self._control is None:
+            return
+        with acting_as(run.tenant), contextlib.suppress(NotFound):
+            pool = self._control.get_pool(q.config.pool)
+            q.pool_cap = max(1, pool.config.max_size // q.config.per_group)
+
+    async def _after(self, run: _Run, controller_changed: bool, cancels: list[Cancellation]) -> None:
+        for c in cancels:
+            await self._carry_out(run, c)
+        if controller_changed:
+            self._announce(run)
+        for snapshot_id in run.queue.discarded_snapshots:
+            if self._snapshots is not None:
+                with acting_as(run.tenant), contextlib.suppress(SandboxdError):
+                    await self._snapshots.delete(snapshot_id)
+        run.queue.discarded_snapshots.clear()
+        await self._flush(run)
+
+    def _announce(self, run: _Run) -> None:
+        q = run.queue
+        if not q.config.pool or self._control is None:
+            return
+        with acting_as(run.tenant):
+            try:
+                pool = self._control.get_pool(q.config.pool)
+                count = min(pool.config.max_size, q.target * q.config.per_group)
+                pool.announce(f"rollouts:{q.run}", count, 0.0, min(3600.0, 2 * q.config.window_seconds))
+            except SandboxdError as e:
+                log.debug("run %s: demand not announced: %s", q.run, e)
+
+    async def _carry_out(self, run: _Run, c: Cancellation) -> None:
+        """Parks (snapshots first) or just releases a cancelled group's sandboxes."""
+        g = c.group
+        snapshots: dict[str, str] = {}
+        with acting_as(run.tenant):
+            if c.park and self._snapshots is not None:
+                for t in g.trajectories:
+                    if not t.sandbox_id:
+                        continue
+                    try:
+                        info = await self._snapshots.snapshot(
+                            t.sandbox_id,
+                            labels={"sandboxd.run": run.queue.run, "sandboxd.group": g.group_id},
+                            policy_version=max(
+                                (s.policy_version for s in t.segments), default=g.start_version
+                            ),
+                            turn=len(t.segments),
+                        )
+                        snapshots[t.trajectory_id] = info.id
+                    except SandboxdError as e:
+                        log.warning("parking %s: snapshot of %s failed: %s", g.group_id, t.sandbox_id, e)
+            if self._control is not None:
+                for lease_id in g.lease_ids:
+                    try:
+                        await self._control.release(lease_id, [])
+                    except SandboxdError as e:
+                        log.debug("releasing %s of cancelled group %s: %s", lease_id, g.group_id, e)
+        if c.park:
+            run.queue.parked_ready(g.group_id, snapshots)
+
+    async def _flush(self, run: _Run) -> None:
+        q = run.queue
+        live: dict[str, Group] = {g.group_id: g for g in [*q.running.values(), *q.queued, *q.parked.values()]}
+        groups = {gid: (group_to_json(live[gid]) if gid in live else None) for gid in q.dirty_groups}
+        batches = {
+            bid: (batch_to_json(q.batches[bid]) if bid in q.batches else None) for bid in q.dirty_batches
+        }
+        q.dirty_groups.clear()
+        q.dirty_batches.clear()
+        await self._store.write(run.key, config_to_json(q.config), state_of(q), groups, batches)
+
+    # -- generator side ----------------------------------------------------------
+
+    async def request_slots(self, name: str, count: int) -> tuple[list[Group], int]:
+        run = self.get(name)
+        async with run.lock:
+            self._pool_cap(run)
+            changed = run.queue.tick()
+            try:
+                slots = run.queue.request_slots(count)
+            finally:
+                await self._after(run, changed, [])
+        return slots, run.queue.version
+
+    async def report_progress(
+        self, name: str, group_id: str, lease_ids: list[str], trajectories: list[Trajectory]
+    ) -> Group:
+        run = self.get(name)
+        async with run.lock:
+            g = run.queue.report_progress(group_id, lease_ids, trajectories)
+            await self._flush(run)
+        return g
+
+    async def submit(
+        self,
+        name: str,
+        group_id: str,
+        prompt_id: str,
+        trajectories: list[Trajectory],
+        verifiers: list[VerifierSpec | None],
+    ) -> Group:
+        run = self.get(name)
+        g = run.queue.find(group_id)
+        if g.state is GroupState.RUNNING:
+            await asyncio.gather(
+                *(self._verify(t, v) for t, v in zip(trajectories, verifiers, strict=True) if v is not None)
+            )
+        async with run.lock:
+            changed = run.queue.tick()
+            g, cancels = run.queue.submit(group_id, prompt_id, trajectories)
+            await self._after(run, changed, cancels)
+        return g
+
+    async def _verify(self, t: Trajectory, spec: VerifierSpec) -> None:
+        """Runs the verifier; fills reward and components, or types the failure."""
+        if t.failure is not InfraFailure.NONE:
+            return
+        if self._control is None:
+            t.failure, t.failure_detail = InfraFailure.BACKEND, "no control plane to run verifiers"
+            return
+        try:
+            rec, exec_spec = self._control.prepare_exec(
+                ExecRequest(
+                    sandbox_id=spec.sandbox_id or t.sandbox_id, shell=spec.command, timeout=spec.timeout
+                )
+            )
+            out: list[bytes] = []
+            result: ExecResult | None = None
+            async for event in self._control.exec(rec, exec_spec):
+                if isinstance(event, OutputChunk):
+                    if event.stream == 1:
+                        out.append(event.data)
+                else:
+                    result = event
+        except (NotFound, BackendError) as e:
+            t.failure = InfraFailure.SANDBOX_LOST if isinstance(e, NotFound) else InfraFailure.BACKEND
+            t.failure_detail = str(e)
+            return
+        except InvalidArgument:
+            raise
+        except SandboxdError as e:
+            t.failure, t.failure_detail = InfraFailure.BACKEND, str(e)
+            return
+        if result is None or result.outcome is ExecOutcome.SANDBOX_LOST:
+            t.failure = InfraFailure.SANDBOX_LOST
+            t.failure_detail = result.detail if result else "no result"
+            return
+        parsed = parse_reward(b"".join(out))
+        if parsed is None:
+            t.failure = InfraFailure.VERIFIER
+            how = f"{result.outcome.name.lower()} (exit {result.exit_code})"
+            t.failure_detail = f"verifier {how} without a reward"
+            return
+        t.reward, components, steps = parsed
+        t.components.update(components)
+        t.steps = steps or t.steps
+
+    # -- trainer side --------------------------------------------------------------
+
+    async def pull(self, name: str, max_batches: int = 0) -> AsyncIterator[Batch]:
+        if max_batches < 0:
+            raise InvalidArgument("max_batches", f"must be >= 0, got {max_batches}")
+        run = self.get(name)
+        stream = run.queue.open_stream()
+        sent = 0
+        try:
+            while not max_batches or sent < max_batches:
+                async with run.lock:
+                    batch = run.queue.next_batch(stream)
+                    await self._flush(run)
+                if batch is not None:
+                    sent += 1
+                    yield batch
+                    continue
+                waiter = run.changed
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.wait(), _IDLE_RECHECK_SECONDS)
+        finally:
+            run.queue.close_stream(stream)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._flush(run))
+
+    async def ack(self, name: str, batch_id: str) -> None:
+        run = self.get(name)
+        async with run.lock:
+            run.queue.ack(batch_id)
+            changed = run.queue.tick()
+            await self._after(run, changed, [])
+
+    async def publish(self, name: str, version: int) -> int:
+        run = self.get(name)
+        async with run.lock:
+            cancels = run.queue.publish(version)
+            await self._after(run, False, cancels)
+        return run.queue.version
+
+    async def watch_version(self, name: str) -> AsyncIterator[int]:
+        run = self.get(name)
+        last = None
+        while True:
+            if run.queue.version != last:
+                last = run.queue.version
+                yield last
+            waiter = run.changed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), _IDLE_RECHECK_SECONDS)
+
+    async def figures(self, name: str) -> Figures:
+        run = self.get(name)
+        async with run.lock:
+            changed = run.queue.tick()
+            await self._after(run, changed, [])
+        return run.queue.figures()
+
+
+# -- persistence helpers ----------------------------------------------------------
+
+
+def batch_to_json(b: Batch) -> dict[str, Any]:
+    return {
+        "batch_id": b.batch_id,
+        "groups": [group_to_json(g) for g in b.groups],
+        "policy_version": b.policy_version,
+        "delivery": b.delivery,
+    }
+
+
+def state_of(q: RolloutQueue) -> dict[str, Any]:
+    return {
+        "version": q.version,
+        "accepted_total": q.accepted_total,
+        "consumed_groups": q.consumed_groups,
+        "filtered": dict(q.filtered),
+        "infra_masked": q.infra_masked,
+        "backfilled": {str(k): v for k, v in q.backfilled.items()},
+        "cohort_done": {str(k): v for k, v in q.cohort_done.items()},
+        "target": q.target,
+        "seq": q._seq,
+    }
+
+
+def restore(
+    q: RolloutQueue, state: dict[str, Any], groups: list[dict[str, Any]], batches: list[dict[str, Any]]
+) -> None:
+    """Puts a restarted run back as it was; delivered batches wait for redelivery."""
+    q.version = int(state["version"])
+    q.accepted_total = int(state["accepted_total"])
+    q.consumed_groups = int(state["consumed_groups"])
+    q.filtered.update(state["filtered"])
+    q.infra_masked = int(state["infra_masked"])
+    q.backfilled.update({int(k): v for k, v in dict(state["backfilled"]).items()})
+    q.cohort_done.update({int(k): v for k, v in dict(state["cohort_done"]).items()})
+    q.target = int(state["target"])
+    q._seq = int(state["seq"])
+    for body in groups:
+        g = group_from_json(body)
+        if g.state is GroupState.RUNNING:
+            q.running[g.group_id] = g
+        elif g.state is GroupState.QUEUED:
+            q.queued.append(g)
+        elif g.state is GroupState.PARKED:
+            g.snapshots_ready = True
+            q.parked[g.group_id] = g
+    q.queued.sort(key=lambda g: g.accepted_seq)
+    for body in batches:
+        b = Batch(
+            str(body["batch_id"]),
+            [group_from_json(g) for g in body["groups"]],
+            int(body["policy_version"]),
+            delivery=int(body["delivery"]),
+        )
+        q.batches[b.batch_id] = b
+        q.redeliver.append(b.batch_id)

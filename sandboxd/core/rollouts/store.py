@@ -1,0 +1,124 @@
+"""Durable rollout-queue state in SQLite: each run's configuration and
+counters, its running, queued and parked groups, and its unacknowledged
+batches, so a restarted server loses nothing (delivered batches come back
+for redelivery). Writes go through one worker thread, like StateStore."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollout_runs (key TEXT PRIMARY KEY, config TEXT NOT NULL, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollout_groups (id TEXT PRIMARY KEY, run TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rollout_batches (
+  id TEXT PRIMARY KEY, run TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL
+);
+"""
+
+Row = dict[str, Any]
+
+
+class RolloutStore:
+    def __init__(self, path: Path | None) -> None:
+        """``path`` None keeps state in memory."""
+        self._path = path
+        self._db: sqlite3.Connection | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxd-rollouts")
+        self._seq = 0
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open(self) -> None:
+        await self._run(self._open_sync)
+
+    def _open_sync(self) -> None:
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(str(self._path) if self._path else ":memory:", check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        row = db.execute("SELECT COALESCE(MAX(seq), 0) FROM rollout_batches").fetchone()
+        self._seq = int(row[0])
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._run(self._db.close)
+            self._db = None
+        self._executor.shutdown(wait=True)
+
+    async def write(
+        self,
+        run_key: str,
+        config: Row,
+        state: Row,
+        groups: dict[str, Row | None],
+        batches: dict[str, Row | None],
+    ) -> None:
+        """One transaction: the run row, then groups and batches (None deletes)."""
+        batch_rows = []
+        for batch_id, body in batches.items():
+            self._seq += 1
+            batch_rows.append((batch_id, body, self._seq))
+        await self._run(self._write_sync, run_key, config, state, groups, batch_rows)
+
+    def _write_sync(
+        self,
+        run_key: str,
+        config: Row,
+        state: Row,
+        groups: dict[str, Row | None],
+        batches: list[tuple[str, Row | None, int]],
+    ) -> None:
+        assert self._db is not None
+        with self._db as db:
+            db.execute(
+                "INSERT OR REPLACE INTO rollout_runs VALUES (?, ?, ?)",
+                (run_key, json.dumps(config), json.dumps(state)),
+            )
+            for gid, body in groups.items():
+                if body is None:
+                    db.execute("DELETE FROM rollout_groups WHERE id = ?", (gid,))
+                else:
+                    db.execute(
+                        "INSERT OR REPLACE INTO rollout_groups VALUES (?, ?, ?)",
+                        (gid, run_key, json.dumps(body)),
+                    )
+            for bid, bbody, seq in batches:
+                if bbody is None:
+                    db.execute("DELETE FROM rollout_batches WHERE id = ?", (bid,))
+                    continue
+                # Keep the first sequence number so redelivery order survives updates.
+                old = db.execute("SELECT seq FROM rollout_batches WHERE id = ?", (bid,)).fetchone()
+                db.execute(
+                    "INSERT OR REPLACE INTO rollout_batches VALUES (?, ?, ?, ?)",
+                    (bid, run_key, old[0] if old else seq, json.dumps(bbody)),
+                )
+
+    async def load(self) -> list[tuple[str, Row, Row, list[Row], list[Row]]]:
+        """(run key, config, state, groups, batches in delivery order) per run."""
+        return list(await self._run(self._load_sync))
+
+    def _load_sync(self) -> list[tuple[str, Row, Row, list[Row], list[Row]]]:
+        assert self._db is not None
+        out = []
+        for key, config, state in self._db.execute("SELECT key, config, state FROM rollout_runs").fetchall():
+            groups = [
+                json.loads(b)
+                for (b,) in self._db.execute("SELECT body FROM rollout_groups WHERE run = ?", (key,))
+            ]
+            batches = [
+                json.loads(b)
+                for (b,) in self._db.execute(
+                    "SELECT body FROM rollout_batches WHERE run = ? ORDER BY seq", (key,)
+                )
+            ]
+            out.append((key, json.loads(config), json.loads(state), groups, batches))
+        return out

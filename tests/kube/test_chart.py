@@ -1,0 +1,185 @@
+"""The Helm chart and the kustomize manifests against the real API server:
+helm lint, helm template, server-side dry-run applies, and the control plane
+running with the chart's RBAC only (enough, and nothing more)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s_client
+
+from sandboxd.backends.base import Limits, SandboxSpec
+from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, LeaderElector
+from sandboxd.backends.kubernetes.client import KubeClient, KubeError
+from tests.kube.conftest import IMAGE
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "sandboxd"
+CACHE = Path(os.environ.get("KUBE_CACHE", Path.home() / ".cache/sandboxd/kube"))
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / "deploy/testcluster/versions.sh").read_text().splitlines():
+        if "=" in line and not line.startswith("#") and "$" not in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.split()[0]
+    return out
+
+
+def tool(name: str, version_key: str) -> str:
+    path = CACHE / "bin" / f"{name}-{_versions()[version_key]}"
+    if not path.exists():
+        pytest.skip(f"{path} is not built (deploy/testcluster/build.sh)")
+    return str(path)
+
+
+def run(*argv: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
+    assert proc.returncode == 0, f"{argv[:3]} failed: {proc.stderr or proc.stdout}"
+    return proc.stdout
+
+
+def helm_template(helm: str, release_ns: str, sandbox_ns: str, *extra: str) -> str:
+    return run(
+        helm, "template", "sandboxd", str(CHART), "--namespace", release_ns,
+        "--set", f"sandboxNamespace.name={sandbox_ns}", "--set", "leaderElection.enabled=true", *extra,
+    )  # fmt: skip
+
+
+def test_helm_lint() -> None:
+    helm = tool("helm", "HELM_VERSION")
+    out = run(helm, "lint", str(CHART), "--strict")
+    assert "0 chart(s) failed" in out
+
+
+async def test_template_and_kustomize_pass_server_side_dry_run(
+    kubeconfig: str, kube: KubeClient, namespace: str
+) -> None:
+    helm, kubectl = tool("helm", "HELM_VERSION"), tool("kubectl", "KUBE_VERSION")
+    for extra in ([], ["--set", "serviceMonitor.enabled=false", "--set", "persistence.enabled=true"]):
+        rendered = await asyncio.to_thread(helm_template, helm, namespace, namespace, *extra)
+        await asyncio.to_thread(
+            run, kubectl, "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rendered,
+            env={"KUBECONFIG": kubeconfig},
+        )  # fmt: skip
+    # The committed plain manifests are the chart's current rendering...
+    fresh = await asyncio.to_thread(run, "bash", str(ROOT / "deploy/render.sh"), "-", env={"HELM": helm})
+    assert fresh == (ROOT / "deploy/kustomize/sandboxd.yaml").read_text(), "run deploy/render.sh"
+    # ...and the kustomization applies (its namespaces exist on the test cluster).
+    for ns in ("sandboxd", "sandboxd-sandboxes"):
+        with contextlib.suppress(KubeError):
+            await kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": ns}})
+    await asyncio.to_thread(
+        run, kubectl, "apply", "--dry-run=server", "-k", str(ROOT / "deploy/kustomize"),
+        env={"KUBECONFIG": kubeconfig},
+    )  # fmt: skip
+
+
+async def test_the_charts_rbac_is_enough_and_no_more(
+    kubeconfig: str, kube: KubeClient, namespace: str
+) -> None:
+    helm, kubectl = tool("helm", "HELM_VERSION"), tool("kubectl", "KUBE_VERSION")
+    # Sandboxes in `namespace`, the control plane's objects in a second one.
+    release_ns = namespace + "-cp"
+    await kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": release_ns}})
+    rendered = await asyncio.to_thread(helm_template, helm, release_ns, namespace, "--set", "replicaCount=0")
+    try:
+        await asyncio.to_thread(
+            run, kubectl, "apply", "-f", "-", stdin=rendered, env={"KUBECONFIG": kubeconfig}
+        )
+        sa = "sandboxd"
+        token = (
+            await kube.request(
+                "POST",
+                f"/api/v1/namespaces/{release_ns}/serviceaccounts/{sa}/token",
+                body={
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": 3600},
+                },
+            )
+        )["status"]["token"]
+        cfg = k8s_client.Configuration()
+        cfg.host = kube.cfg.host
+        cfg.ssl_ca_cert = kube.cfg.ssl_ca_cert
+        cfg.api_key = {"BearerToken": f"Bearer {token}"}
+        as_sa = KubeClient(cfg, threads=4)
+        instance = "rbac-" + secrets.token_hex(3)
+        backend = KubernetesBackend(KubernetesOptions(instance=instance, namespace=namespace), as_sa)
+        try:
+            await backend.ping()  # creates the NetworkPolicy, starts the watch
+            handle = await backend.create(
+                SandboxSpec(
+                    "sb-" + secrets.token_hex(6), "p", IMAGE, Limits(memory_bytes=64 << 20, cpu_millis=100)
+                )
+            )
+            assert [s.handle for s in await backend.list()] == [handle]
+            memory, cpus = await backend.capacity()
+            assert memory > 0 and cpus > 0
+            await backend.destroy(handle)
+            elector = LeaderElector(
+                as_sa,
+                release_ns,
+                "sandboxd-leader",
+                "me",
+                lease_duration=3,
+                renew_deadline=2,
+                retry_period=0.25,
+            )
+            await elector.wait_leading(timeout=20)
+            await elector.stop()
+            # Nothing more: no Secrets, no Pods outside the sandbox namespace,
+            # no other Lease names.
+            for method, path in [
+                ("GET", f"/api/v1/namespaces/{namespace}/secrets"),
+                ("GET", f"/api/v1/namespaces/{release_ns}/pods"),
+                ("GET", "/api/v1/namespaces/default/pods"),
+                ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{release_ns}/leases/other"),
+                ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/x"),
+            ]:
+                with pytest.raises(KubeError) as info:
+                    await as_sa.request(method, path)
+                assert info.value.status == 403, (method, path, info.value)
+        finally:
+            await backend.close()
+    finally:
+        await asyncio.to_thread(
+            run, kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
+            stdin=rendered, env={"KUBECONFIG": kubeconfig},
+        )  # fmt: skip
+        await kube.request("DELETE", f"/api/v1/namespaces/{release_ns}")
+
+
+def test_the_rendered_config_loads_as_settings(tmp_path: Path) -> None:
+    import yaml
+
+    from sandboxd.settings import KubernetesBackendSettings, load_settings
+
+    helm = tool("helm", "HELM_VERSION")
+    rendered = helm_template(
+        helm, "cp", "sbx", "--set", "sandbox.nodeSelector.pool=sandboxes",
+        "--set", "sandbox.runtimeClassName=gvisor", "--set", "tenants.team-a.max_sandboxes=5",
+        "--set", "presets[0].name=py", "--set", "presets[0].image=img:1",
+    )  # fmt: skip
+    cm = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap")
+    path = tmp_path / "sandboxd.toml"
+    path.write_text(cm["data"]["sandboxd.toml"])
+    settings = load_settings(path)
+    assert isinstance(settings.backend, KubernetesBackendSettings)
+    assert settings.backend.namespace == "sbx"
+    assert settings.backend.node_selector == {"pool": "sandboxes"}
+    assert settings.backend.runtime_class == "gvisor"
+    assert settings.backend.leader_election is True
+    assert settings.tenants["team-a"].max_sandboxes == 5
+    assert settings.presets[0].image == "img:1"
