@@ -590,7 +590,11 @@ def test_plots_are_drawn_from_a_result(tmp_path: Path) -> None:
 
     timeline = [{"t": float(t), "ready": t, "demand": 2 * t} for t in range(-2, 5)]
     series = {
-        "sandboxd": {"samples_ms": {"exec_session": [1.0, 2.0, 30.0]}, "timeline": timeline, "step_s": [1.0, 2.0]},
+        "sandboxd": {
+            "samples_ms": {"exec_session": [1.0, 2.0, 30.0]},
+            "timeline": timeline,
+            "step_s": [1.0, 2.0],
+        },
         "baseline": {"samples_ms": {"exec_session": [9.0, 90.0]}, "timeline": [], "step_s": [3.0]},
     }
     (tmp_path / "r.json").write_text(json.dumps({"profile": "x", "rollouts": 2, "drivers": {}}))
