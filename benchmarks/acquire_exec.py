@@ -1,22 +1,35 @@
 """Warm-acquire latency and exec round trip/throughput of sandboxd on Docker.
 
-    python -m benchmarks.acquire_exec           # full run (a few minutes on 2 cores)
+    python -m benchmarks.acquire_exec           # full run (2-3 minutes on 2 cores)
     python -m benchmarks.acquire_exec --quick   # small run for CI smoke tests
 
 Runs ``sandboxd serve`` as a separate process (so server and clients use
 different cores), then measures, side by side with plain Docker baselines:
 
-(a) warm Acquire latency as the client sees it (the Acquire RPC only), with one
-    sequential client and with N concurrent clients acquiring out of a pool
-    that holds at least N READY sandboxes (measured in rounds);
+(a) warm Acquire latency as the client sees it (the Acquire RPC only):
+    - 1 client: sequential acquires, each lease held until the series ends
+      (pool max_size == min_ready, so nothing is re-created under the timer);
+    - N concurrent clients (default 64): in rounds, wait until the pool has N
+      READY and nothing in flight, release N tasks at once, record, release
+      all leases (untimed), repeat; p50/p99 over all samples;
+    - extras for context: the same N sandboxes in ONE Acquire(n=N) call, and
+      the gRPC floor (grpc.health.v1 Check, same channel, same burst shape);
 (b) ``docker run --rm <image> true`` through the docker SDK: the cold baseline;
 (c) Exec ``true`` round trips on one leased sandbox, in a session and without,
-    next to ``docker exec true`` through the docker SDK on a plain container;
-(d) Exec throughput of N concurrent clients spread over leased sandboxes.
+    next to ``docker exec true`` (SDK ``exec_run``) on a plain ``sleep
+    infinity`` container of the same image; the server-reported duration is
+    kept too, which splits the round trip into backend and gRPC/API parts;
+(d) Exec throughput: N concurrent clients, each running ``true`` in its own
+    session back to back for a fixed time. Two layouts are run, 16 sandboxes x
+    4 sessions and 64 sandboxes x 1 session (scaled down with --quick); the
+    faster is reported as ``exec_per_s`` and named in ``exec_layout``. They
+    come out within noise of each other: the limit is CPU per exec (server,
+    client, dockerd, containerd-shim, bash), not per-sandbox serialisation.
 
 Between phases the benchmark waits until the pool is quiet (READY back at its
-floor, nothing creating or releasing), so background container churn does not
-pollute the numbers. Leases are released outside the timed parts.
+floor, nothing creating or releasing), so container churn does not pollute
+the numbers. The host's CPU use by other processes is recorded per phase
+(``details.host_load``): on a shared machine it explains outliers.
 
 On exit (error and Ctrl-C included) the pool is deleted with force, the server
 gets SIGTERM, and containers labelled with the benchmark's instance id are

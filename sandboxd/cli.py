@@ -114,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     server_flags(ex)
     ex.add_argument("--groups", type=int, default=2, help="GRPO groups to run")
     ex.add_argument("--group-size", type=int, default=4, help="rollouts per group")
+    rc = sub.add_parser("run-code", help="serve a SandboxFusion-compatible /run_code endpoint backed by a pool")
+    rc.add_argument("--target", default="127.0.0.1:50051")
+    rc.add_argument("--token", help="tenant bearer token")
+    rc.add_argument("--pool", required=True)
+    rc.add_argument("--host", default="127.0.0.1")
+    rc.add_argument("--port", type=int, default=8080)
     pf = sub.add_parser("preflight", help="check a planned run against a server before spending compute")
     pf.add_argument("--target", default="127.0.0.1:50051")
     pf.add_argument("--token", help="tenant bearer token")
@@ -149,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
+    if args.command == "run-code":
+        from sandboxd.adapters.sandboxfusion import serve
+
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(args.target, args.pool, args.host, args.port, args.token))
+        return 0
     if args.command == "preflight":
         return asyncio.run(_preflight(args))
     if args.command == "status":
