@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     server_flags(ex)
     ex.add_argument("--groups", type=int, default=2, help="GRPO groups to run")
     ex.add_argument("--group-size", type=int, default=4, help="rollouts per group")
-    rc = sub.add_parser("run-code", help="serve a SandboxFusion-compatible /run_code endpoint backed by a pool")
+    rc = sub.add_parser("run-code", help="serve a SandboxFusion-compatible /run_code endpoint over a pool")
     rc.add_argument("--target", default="127.0.0.1:50051")
     rc.add_argument("--token", help="tenant bearer token")
     rc.add_argument("--pool", required=True)
