@@ -918,7 +918,7 @@ def run(
         server = ServerProcess(instance, state_dir, server_wrapper)
         raw.update(asyncio.run(run_sandboxd(server, image, cfg)))
     except KeyboardInterrupt as e:
-        error = f"interrupted ({e or 'Ctrl-C'})"
+        error = f"interrupted ({str(e) or 'Ctrl-C'})"
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         log(f"benchmark failed: {error}")

@@ -114,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     server_flags(ex)
     ex.add_argument("--groups", type=int, default=2, help="GRPO groups to run")
     ex.add_argument("--group-size", type=int, default=4, help="rollouts per group")
+    lp = sub.add_parser("loop", help="run the reference generator/trainer RL loop")
+    server_flags(lp)
+    lp.add_argument("--target", help="a running server (default: start one on the local Docker engine)")
+    lp.add_argument("--token", help="tenant bearer token")
+    lp.add_argument("--pool", default="loop")
+    lp.add_argument("--steps", type=int, default=30)
+    lp.add_argument("--workers", type=int, default=4)
+    lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument("--policy", choices=["auto", "torch", "numpy"], default="auto")
     rc = sub.add_parser("run-code", help="serve a SandboxFusion-compatible /run_code endpoint over a pool")
     rc.add_argument("--target", default="127.0.0.1:50051")
     rc.add_argument("--token", help="tenant bearer token")
@@ -155,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
+    if args.command == "loop":
+        from sandboxd.loop.cli import main as loop_main
+
+        return asyncio.run(loop_main(args, _settings(args)))
     if args.command == "run-code":
         from sandboxd.adapters.sandboxfusion import serve
 

@@ -169,7 +169,8 @@ class KubernetesBackendSettings:
     exec_health_check: bool = False
     """Run ``true`` in each new Pod before it counts as ready (needs real nodes)."""
     leader_election: bool = False
-    """Hold a coordination.k8s.io Lease before running pools (several replicas)."""
+    """Hold a coordination.k8s.io Lease before running pools (several replicas):
+    a standby serves health (NOT_SERVING) until it leads (sandboxd.app)."""
     lease_name: str = "sandboxd-leader"
     lease_namespace: str | None = None
     """Namespace of the election Lease; None = ``namespace``."""
