@@ -173,6 +173,7 @@ threads = {args.threads}
     n = args.pods
     result: dict[str, Any] = {
         "pods": n,
+        "headroom": args.headroom,
         "claims": args.claims,
         "rate_per_s": args.rate,
         "namespace": namespace,
@@ -267,7 +268,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="claims per second")
     parser.add_argument("--headroom", type=int, default=500, help="warm Pods kept beyond --pods")
     parser.add_argument("--starting", type=int, default=200, help="pools.max_starting")
-    parser.add_argument("--threads", type=int, default=32, help="backend API threads")
+    parser.add_argument("--threads", type=int, default=16, help="backend API threads")
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     result = asyncio.run(run(args))

@@ -19,6 +19,13 @@ if [[ ${SANDBOXD_KUBE_TESTCLUSTER:-1} != 0 ]]; then
     echo "[test] kubernetes test cluster"
     if deploy/testcluster/build.sh >&2 && kubeconfig=$(deploy/testcluster/up.sh | tail -1); then
         export KUBECONFIG=$kubeconfig
+        # Tier B: one real kubelet node (containerd, runc, bridge CNI) for the
+        # tests that exec into real containers; they skip if it cannot start.
+        if deploy/testcluster/node-up.sh >&2; then
+            export SANDBOXD_KUBE_REAL_NODE=1
+        else
+            echo "[test] real kubelet node unavailable: kube_node tests will be skipped" >&2
+        fi
     else
         echo "[test] kubernetes test cluster unavailable: tests/kube will be skipped" >&2
     fi

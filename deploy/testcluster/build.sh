@@ -98,6 +98,11 @@ build_helm() {
     mv "$d/helm" "$BIN/helm-$HELM_VERSION"
 }
 
+# Tier B (one real node): the kubelet, built like the other components.
+build_kubelet() {
+    KUBE_CMDS="kubelet" build_kube
+}
+
 targets=("$@"); ((${#targets[@]})) || targets=(etcd kwok kube helm)
 for t in "${targets[@]}"; do
     start=$SECONDS
@@ -108,7 +113,7 @@ done
 mkdir -p "$BIN/current"
 for pair in "etcd $ETCD_VERSION" "kwok $KWOK_VERSION" "kube-apiserver $KUBE_VERSION" \
     "kube-controller-manager $KUBE_VERSION" "kube-scheduler $KUBE_VERSION" \
-    "kubectl $KUBE_VERSION" "helm $HELM_VERSION"; do
+    "kubectl $KUBE_VERSION" "kubelet $KUBE_VERSION" "helm $HELM_VERSION"; do
     set -- $pair
     [[ -x "$BIN/$1-$2" ]] && ln -sfn "../$1-$2" "$BIN/current/$1"
 done

@@ -487,7 +487,15 @@ class WarmPool:
             and not self._closed
         )
 
-    async def _create_with_retries(self, spec: SandboxSpec) -> str:
+    def _rename(self, rec: SandboxRecord) -> None:
+        """A retry gets a new id (and so a new name on the backend): an
+        attempt the engine half-did while it was failing may still hold the
+        old name. The record is not visible to clients before READY."""
+        self.records.pop(rec.sandbox_id, None)
+        rec.sandbox_id = new_sandbox_id()
+        self.records[rec.sandbox_id] = rec
+
+    async def _create_with_retries(self, rec: SandboxRecord, spec: SandboxSpec) -> str:
         t = self._tuning
         retrying = AsyncRetrying(
             retry=retry_if_exception(self._retryable),
@@ -498,6 +506,9 @@ class WarmPool:
         handle = ""
         async for attempt in retrying:
             with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    self._rename(rec)
+                    spec = replace(spec, sandbox_id=rec.sandbox_id)
                 if self._host is not None:
                     await self._host.paced()
                 began = self._clock.monotonic()
@@ -525,7 +536,7 @@ class WarmPool:
         )
         began = self._clock.monotonic()
         try:
-            rec.handle = await self._create_with_retries(spec)
+            rec.handle = await self._create_with_retries(rec, spec)
         except asyncio.CancelledError:
             self._meters.create_failures.add(1, {"pool": self.name, "reason": "cancelled"})
             rec.move(State.FAILED, self._clock.time(), "cancelled")

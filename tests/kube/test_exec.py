@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec, Limits, OutputChunk, SandboxSpec
-from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions
+from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, PodOptions
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.errors import NotFound
 from tests.kube.conftest import IMAGE, poll
@@ -134,15 +134,68 @@ async def test_exec_into_a_deleted_pod_is_sandbox_lost(sandbox: tuple[Kubernetes
     assert result.outcome is ExecOutcome.SANDBOX_LOST and result.sandbox_gone
 
 
+def _real_image() -> str:
+    image = os.environ.get("SANDBOXD_KUBE_IMAGE", "")
+    if not image:
+        cached = sorted((Path.home() / ".cache/sandboxd/images").glob("*.tar"))
+        image = f"sandboxd/rollout:{cached[-1].stem}" if cached else ""
+    return image
+
+
+@pytest.fixture
+async def real_sandbox(kubeconfig: str, namespace: str) -> AsyncIterator[tuple[KubernetesBackend, str]]:
+    """A sandbox on the real kubelet node of deploy/testcluster/node-up.sh, in
+    a namespace that enforces Pod Security "restricted"."""
+    if not REAL_NODE:
+        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+    instance = "rn-" + secrets.token_hex(3)
+    pod = PodOptions(
+        namespace=namespace,
+        instance=instance,
+        node_selector={"kubernetes.io/hostname": os.environ.get("KUBE_REAL_NODE", "real-node-0")},
+        tolerations=({"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"},),
+        image_pull_policy="Never",
+    )
+    backend = KubernetesBackend(
+        KubernetesOptions(
+            instance=instance, namespace=namespace, kubeconfig=kubeconfig, pod=pod, ready_timeout=90,
+            exec_health_check=True,
+        )
+    )  # fmt: skip
+    await backend.ping()
+    handle = await backend.create(
+        SandboxSpec(
+            "sb-" + secrets.token_hex(6), "p", _real_image(),
+            Limits(memory_bytes=256 << 20, cpu_millis=500, disk_bytes=64 << 20),
+        )
+    )  # fmt: skip
+    try:
+        yield backend, handle
+    finally:
+        await backend.destroy(handle)
+        await backend.close()
+
+
 @pytest.mark.kube_node
-@pytest.mark.skipif(
-    not REAL_NODE, reason="needs a real kubelet node (SANDBOXD_KUBE_REAL_NODE=1); kwok cannot"
-)
-async def test_put_tar_and_sessions_on_a_real_node(sandbox: tuple[KubernetesBackend, str]) -> None:
-    backend, handle = sandbox
+async def test_real_node_hardening_stdin_files_sessions_and_kills(
+    real_sandbox: tuple[KubernetesBackend, str],
+) -> None:
+    backend, handle = real_sandbox
+    out, _, result = await run(
+        backend, handle, ExecSpec(shell="id -u; pwd; touch /x 2>&1; python3 -c 'print(6*7)'")
+    )
+    assert out.splitlines() == [
+        b"1000",
+        b"/workspace",
+        b"touch: cannot touch '/x': Read-only file system",
+        b"42",
+    ]
+    # stdin reaches the command and closes (v5.channel.k8s.io CLOSE frame).
+    out, _, result = await run(backend, handle, ExecSpec(argv=("cat",), stdin=b"to stdin"))
+    assert out == b"to stdin" and result.exit_code == 0
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo("a.txt")
+        info = tarfile.TarInfo("sub/a.txt")
         info.size = 2
         tar.addfile(info, io.BytesIO(b"hi"))
 
@@ -150,8 +203,14 @@ async def test_put_tar_and_sessions_on_a_real_node(sandbox: tuple[KubernetesBack
         yield buf.getvalue()
 
     await backend.put_tar(handle, "/workspace", chunks())
-    out, _, _ = await run(backend, handle, ExecSpec(shell="cat a.txt"))
+    out, _, _ = await run(backend, handle, ExecSpec(shell="cat sub/a.txt"))
     assert out == b"hi"
-    await run(backend, handle, ExecSpec(shell="cd /tmp && export Q=7", session="s"))
+    await run(backend, handle, ExecSpec(shell="cd /tmp && export Q=7", session="s", cwd=""))
     out, _, _ = await run(backend, handle, ExecSpec(shell="echo $Q; pwd", session="s", cwd=""))
     assert out == b"7\n/tmp\n"
+    _, _, result = await run(backend, handle, ExecSpec(shell="sleep 100 & sleep 101", timeout=1))
+    assert result.outcome is ExecOutcome.TIMED_OUT
+    out, _, _ = await run(backend, handle, ExecSpec(shell="ps -eo args | grep -c '^sleep 10[01]' || true"))
+    assert out == b"0\n", "the background child died with the tree"
+    usage = await backend.usage(handle)
+    assert usage.memory_bytes > 0 and usage.pids > 0 and usage.files >= 2

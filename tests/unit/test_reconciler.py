@@ -199,6 +199,25 @@ async def test_transient_failures_are_retried_in_place_without_over_creation(
     assert pool.failed_total == 5 and pool.last_error == ""
 
 
+async def test_each_retry_uses_a_fresh_sandbox_name(make_control: MakeControl) -> None:
+    names: list[str] = []
+
+    class Recording(FakeBackend):
+        async def create(self, spec: SandboxSpec) -> str:
+            names.append(spec.sandbox_id)
+            return await super().create(spec)
+
+    backend = Recording()
+    backend.transient_failures = 2  # a half-done attempt may still hold its name
+    h = await make_control(backend=backend)
+    pool = await h.pool(min_ready=1, max_size=2)
+    await wait_for(lambda: pool.ready == 1, timeout=10.0, what="recovered")
+    assert len(names) == len(set(names)) == 3
+    (rec,) = pool.records.values()
+    assert rec.sandbox_id == names[-1]
+    assert h.control.get_sandbox(rec.sandbox_id) is rec
+
+
 async def test_a_backend_that_rejects_everything_is_not_stormed(make_control: MakeControl) -> None:
     backend = Rejecting(TransientBackendError)
     h = await make_control(backend=backend, pools__max_starting=4, pools__create_attempts=3)

@@ -63,12 +63,22 @@ log = logging.getLogger(__name__)
 # Reads cgroup v2 counters and workspace use inside the sandbox (usage()).
 _USAGE = r"""
 c=/sys/fs/cgroup
-printf 'mem %s\n' "$(cat $c/memory.current 2>/dev/null || echo 0)"
-printf 'peak %s\n' "$(cat $c/memory.peak 2>/dev/null || echo 0)"
-printf 'pids %s\n' "$(cat $c/pids.current 2>/dev/null || echo 0)"
-printf 'cpu %s\n' "$(sed -n 's/^usage_usec //p' $c/cpu.stat 2>/dev/null || echo 0)"
-df -P -B1 /workspace 2>/dev/null | awk 'NR==2{print "disk", $3, $2}'
-df -P -i /workspace 2>/dev/null | awk 'NR==2{print "files", $3, $2}'
+if [ -f $c/memory.current ]; then  # cgroup v2
+  printf 'mem %s\npeak %s\npids %s\n' "$(cat $c/memory.current)" \
+    "$(cat $c/memory.peak 2>/dev/null || echo 0)" "$(cat $c/pids.current 2>/dev/null || echo 0)"
+  printf 'cpu %s\n' "$(sed -n 's/^usage_usec //p' $c/cpu.stat 2>/dev/null || echo 0)"
+else  # cgroup v1
+  printf 'mem %s\n' "$(cat $c/memory/memory.usage_in_bytes 2>/dev/null || echo 0)"
+  printf 'peak %s\n' "$(cat $c/memory/memory.max_usage_in_bytes 2>/dev/null || echo 0)"
+  printf 'pids %s\n' "$(cat $c/pids/pids.current 2>/dev/null || echo 0)"
+  printf 'cpu %s\n' "$(( $(cat $c/cpuacct/cpuacct.usage 2>/dev/null || echo 0) / 1000 ))"
+fi
+# Used bytes and files of the workspace itself (an emptyDir shares the node's
+# filesystem, so df would show the node's); totals from df when it is its own.
+printf 'disk %s %s\n' "$(du -s -B1 -x /workspace 2>/dev/null | cut -f1)" \
+  "$(df -P -B1 /workspace 2>/dev/null | awk 'NR==2{print $2}')"
+printf 'files %s %s\n' "$(find /workspace -xdev 2>/dev/null | wc -l)" \
+  "$(df -P -i /workspace 2>/dev/null | awk 'NR==2{print $2}')"
 """
 
 
@@ -301,7 +311,7 @@ class KubernetesBackend:
         except PermanentBackendError:
             nodes = []
         for node in nodes:
-            if (node.get("spec") or {}).get("unschedulable"):
+            if (node.get("spec") or {}).get("unschedulable") or not self._tolerates(node):
                 continue
             conditions = {
                 c.get("type"): c.get("status") for c in (node.get("status") or {}).get("conditions") or []
@@ -326,6 +336,15 @@ class KubernetesBackend:
                     q = parse_quantity(hard[key])
                     cpus = min(cpus, q) if cpus else q
         return int(memory), int(cpus)
+
+    def _tolerates(self, node: dict[str, Any]) -> bool:
+        """Whether sandbox Pods (their tolerations) may be scheduled on ``node``."""
+        for taint in (node.get("spec") or {}).get("taints") or []:
+            if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+                continue
+            if not any(_tolerated(taint, t) for t in self._pod_opts.tolerations):
+                return False
+        return True
 
     async def update_limits(self, handle: str, limits: Limits) -> None:
         """In-place resize through the pods/resize subresource (beta in 1.33,
@@ -498,6 +517,15 @@ class KubernetesBackend:
             raise NotFound(f"no such file or directory in the sandbox: {missing}")
         if code != 0:
             raise BackendError(f"reading files failed: {message or stream.failure or f'exit {code}'}")
+
+
+def _tolerated(taint: dict[str, Any], toleration: Any) -> bool:
+    key, op = toleration.get("key", ""), toleration.get("operator", "Equal")
+    if key and key != taint.get("key"):
+        return False
+    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+        return False
+    return bool(op == "Exists" or toleration.get("value", "") == taint.get("value", ""))
 
 
 __all__ = ["KubernetesBackend", "KubernetesOptions"]

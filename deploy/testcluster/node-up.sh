@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Tier B: one real node for the test cluster (run after up.sh): its own
+# containerd (Debian's, separate root and socket from Docker's), runc, the
+# bridge CNI (no masquerade, pod traffic stays on the host), a kubelet built
+# like the other components, the pause image compiled from source and the
+# sandbox image imported from the rootfs cache, all without a registry.
+# The node is tainted sandboxd.io/real-node=true:NoSchedule so only Pods that
+# tolerate it land there. Idempotent. Prints the node name.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.sh
+source "$here/versions.sh"
+STATE=${KUBE_STATE:-$KUBE_CACHE/cluster}
+BIN=$KUBE_CACHE/bin
+NODE=${KUBE_REAL_NODE:-real-node-0}
+KUBELET_PORT=${KUBELET_PORT:-16250}
+CTRD=$STATE/containerd
+SOCK=$CTRD/containerd.sock
+PAUSE=registry.k8s.io/pause:3.10
+# The kubelet refuses a loopback node IP: use an address of this machine's own
+# interface (the API server reaches the kubelet there; nothing leaves the host).
+NODE_IP=${KUBE_NODE_IP:-$(ip -4 -o addr show scope global | awk '{split($4, a, "/"); print a[1]; exit}')}
+say() { printf '[node-up] %s\n' "$*" >&2; }
+alive() { [[ -f "$STATE/pids/$1" ]] && kill -0 "$(cat "$STATE/pids/$1")" 2>/dev/null; }
+start() {
+    local name=$1; shift
+    alive "$name" && return
+    say "starting $name"
+    setsid nohup "$@" >>"$STATE/logs/$name.log" 2>&1 < /dev/null &
+    echo $! > "$STATE/pids/$name"
+}
+ctr_() { ctr --address "$SOCK" -n k8s.io "$@"; }
+
+"$here/build.sh" kubelet >&2
+command -v containerd >/dev/null && command -v runc >/dev/null && [[ -x /usr/lib/cni/bridge ]] || {
+    say "installing containerd runc containernetworking-plugins"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q containerd runc containernetworking-plugins >&2
+}
+mkdir -p "$CTRD" "$STATE/cni/net.d" "$STATE/kubelet" "$STATE/logs" "$STATE/pids"
+
+cat > "$STATE/cni/net.d/10-sandboxd.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "sandboxd-test", "plugins": [
+  {"type": "bridge", "bridge": "sbxtest0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.89.0.0/24"}]]}},
+  {"type": "loopback"}]}
+JSON
+cat > "$CTRD/config.toml" <<TOML
+version = 2
+root = "$CTRD/root"
+state = "$CTRD/state"
+[grpc]
+  address = "$SOCK"
+[plugins."io.containerd.grpc.v1.cri"]
+  # Nested hosts may refuse negative oom_score_adj (the pause container asks -998).
+  restrict_oom_score_adj = true
+  sandbox_image = "$PAUSE"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "${CONTAINERD_SNAPSHOTTER:-native}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni/net.d"
+TOML
+start containerd containerd --config "$CTRD/config.toml"
+for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
+
+if ! ctr_ images ls -q | grep -qx "$PAUSE"; then
+    say "building $PAUSE from k8s.io/kubernetes build/pause"
+    src=$(go env GOMODCACHE)/k8s.io/kubernetes@$KUBE_VERSION/build/pause/linux/pause.c
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/root"
+    gcc -Os -static -DVERSION=3.10 -o "$tmp/root/pause" "$src"
+    tar -C "$tmp/root" -cf "$tmp/rootfs.tar" pause
+    python3 "$here/ociimage.py" "$tmp/rootfs.tar" "$PAUSE" "$tmp/pause.oci.tar" --entrypoint /pause
+    ctr_ images import "$tmp/pause.oci.tar" >&2
+    rm -rf "$tmp"
+fi
+for rootfs in "$HOME"/.cache/sandboxd/images/*.tar; do
+    [[ -f $rootfs ]] || continue
+    tag=sandboxd/rollout:$(basename "$rootfs" .tar)
+    ctr_ images ls -q | grep -qx "docker.io/$tag" && continue
+    say "importing $tag"
+    tmp=$(mktemp -d)
+    python3 "$here/ociimage.py" "$rootfs" "docker.io/$tag" "$tmp/img.tar"
+    ctr_ images import "$tmp/img.tar" >&2
+    rm -rf "$tmp"
+done
+
+cat > "$STATE/kubelet/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzPort: 0
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$SOCK
+failSwapOn: false
+failCgroupV1: false
+authentication: {anonymous: {enabled: true}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+enforceNodeAllocatable: []
+cgroupsPerQOS: true
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+registerWithTaints: [{key: sandboxd.io/real-node, value: "true", effect: NoSchedule}]
+localStorageCapacityIsolation: true
+serializeImagePulls: false
+YAML
+start kubelet "$BIN/kubelet-$KUBE_VERSION" --config "$STATE/kubelet/config.yaml" \
+    --kubeconfig "$STATE/admin.kubeconfig" --hostname-override "$NODE" --node-ip "$NODE_IP" \
+    --root-dir "$STATE/kubelet/root" --cert-dir "$STATE/kubelet/pki" --v=1
+k() { "$BIN/kubectl-$KUBE_VERSION" --kubeconfig "$STATE/admin.kubeconfig" "$@"; }
+end=$((SECONDS + ${KUBE_UP_TIMEOUT:-120}))
+until [[ $(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; do
+    ((SECONDS < end)) || { say "node $NODE not Ready (logs: $STATE/logs/kubelet.log)"; exit 1; }
+    sleep 1
+done
+say "node $NODE Ready"
+echo "$NODE"
