@@ -155,6 +155,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"""
 [pools]
 max_starting = {args.starting}
+max_pool_size = {args.pods + args.headroom + args.claims + 64}
 create_timeout_seconds = 300
 
 [limits]

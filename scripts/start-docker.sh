@@ -56,10 +56,7 @@ if ! command -v dockerd >/dev/null || ! command -v docker >/dev/null; then
     fi
 fi
 
-if running_pid=$(pidfile_dockerd); then
-    # Another invocation (or a slow start) already launched one: just wait.
-    say "dockerd already running (pid $running_pid), waiting for it"
-else
+start_dockerd() {
     # A daemon that died uncleanly leaves pidfiles behind: dockerd refuses to
     # start over its own, and waits for a containerd that is not there if
     # containerd's names a dead (or zombie) pid.
@@ -74,10 +71,25 @@ else
     setsid nohup dockerd --bridge=none --iptables=false --ip6tables=false \
         >>"$LOG" 2>&1 </dev/null 9>&- &
     running_pid=$!
+    started=1
+}
+
+started=0
+if running_pid=$(pidfile_dockerd); then
+    # Another invocation (or a slow start, or a daemon still shutting down)
+    # already runs one: wait for it, and start afresh if it goes away.
+    say "dockerd already running (pid $running_pid), waiting for it"
+else
+    start_dockerd
 fi
 
 deadline=$((SECONDS + DEADLINE_S))
 until docker_ok; do
+    if ! alive "$running_pid" && ((started == 0)); then
+        say "the dockerd we waited for exited; starting a new one"
+        start_dockerd
+        continue
+    fi
     if ! alive "$running_pid"; then
         echo "[start-docker] dockerd exited; last lines of $LOG:" >&2
         tail -n 30 "$LOG" >&2 || true

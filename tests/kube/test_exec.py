@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.app import build_app
 from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec, Limits, OutputChunk, SandboxSpec
 from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, PodOptions
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
+from sandboxd.client import AsyncClient
 from sandboxd.errors import NotFound
-from tests.kube.conftest import IMAGE, poll
+from tests.kube.conftest import IMAGE, kube_settings, poll
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(120)]
 
@@ -214,3 +216,52 @@ async def test_real_node_hardening_stdin_files_sessions_and_kills(
     assert out == b"0\n", "the background child died with the tree"
     usage = await backend.usage(handle)
     assert usage.memory_bytes > 0 and usage.pids > 0 and usage.files >= 2
+
+
+@pytest.mark.kube_node
+@pytest.mark.timeout(240)
+async def test_control_plane_on_the_real_node_files_sessions_snapshot_restore(
+    tmp_path: Path, kubeconfig: str, namespace: str
+) -> None:
+    """The whole server on Kubernetes with real containers: a pool, files,
+    a persistent session, and a snapshot restored into a fresh Pod (through
+    the same snapshot store and exec path as the Docker backend)."""
+    if not REAL_NODE:
+        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+    settings = kube_settings(
+        tmp_path,
+        kubeconfig,
+        namespace,
+        backend={
+            "kind": "kubernetes",
+            "namespace": namespace,
+            "kubeconfig": kubeconfig,
+            "node_selector": {"kubernetes.io/hostname": os.environ.get("KUBE_REAL_NODE", "real-node-0")},
+            "tolerations": [{"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"}],
+            "image_pull_policy": "Never",
+            "exec_health_check": True,
+        },
+        **{"limits.memory_bytes": 256 << 20, "limits.cpu_millis": 500},
+    )
+    app = build_app(settings)
+    await app.start()
+    try:
+        async with AsyncClient(app.address) as client:
+            await client.create_pool("rn", _real_image(), min_ready=1, max_size=3)
+            async with client.acquire("rn", timeout=120) as sb:
+                await sb.write_files({"src/main.py": "print(6 * 7)\n"})
+                assert (await sb.exec(["python3", "src/main.py"])).stdout == b"42\n"
+                await sb.exec("cd src && export STAGE=two", session="agent")
+                snap = await sb.snapshot(session="agent")
+            lease = await client.restore(snap.id, timeout=120)
+            try:
+                restored = lease.sandboxes[0]
+                files = await client.read_files(restored.id, ["src/main.py"])
+                assert files["src/main.py"] == b"print(6 * 7)\n"
+                result = await restored.exec("pwd; echo $STAGE", session="agent")
+                assert result.stdout == b"/workspace/src\ntwo\n"
+            finally:
+                await client.release(lease.id)
+            await client.delete_pool("rn")
+    finally:
+        await app.stop(grace=1)
