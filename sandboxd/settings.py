@@ -40,6 +40,8 @@ class LeaseSettings:
     """Largest TTL a client may ask for."""
     reap_interval_seconds: float = 0.5
     """How often expired leases are looked for."""
+    orphan_sweep_seconds: float = 30.0
+    """How often the backend is checked for sandboxes no pool knows (0 = never)."""
 
 
 @dataclass

@@ -36,6 +36,7 @@ from sandboxd.core.store import StateStore
 from sandboxd.core.tenancy import current_tenant, owns, pool_key, split_pool_key
 from sandboxd.errors import (
     AlreadyExists,
+    BackendError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -85,6 +86,7 @@ class ControlPlane:
         self._index: dict[str, SandboxRecord] = {}
         self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._busy: dict[str, int] = {}
+        self._orphan_suspects: set[str] = set()
         self.quotas = Quotas(settings.tenants, clock)
         # Leased sandboxes per tenant with their memory limit, kept current by
         # _track so quota checks cost O(1).
@@ -509,12 +511,35 @@ class ControlPlane:
             pool.release(rec, reason)
 
     async def _reap_loop(self) -> None:
+        next_sweep = self.clock.monotonic() + self.settings.leases.orphan_sweep_seconds
         while True:
             await asyncio.sleep(self.settings.leases.reap_interval_seconds)
             try:
                 await self.reap_expired()
+                if self.settings.leases.orphan_sweep_seconds and self.clock.monotonic() >= next_sweep:
+                    next_sweep = self.clock.monotonic() + self.settings.leases.orphan_sweep_seconds
+                    await self.sweep_orphans()
             except Exception:  # keep reaping whatever one round hit
                 log.exception("lease reaper round failed")
+
+    async def sweep_orphans(self) -> int:
+        """Destroys what the backend holds under this instance's labels but no
+        pool knows: remains of a create or destroy that failed while the
+        engine was unreachable. A sandbox must be unknown on two sweeps in a
+        row, so a create still in flight is never taken for an orphan."""
+        try:
+            found = await self.backend.list()
+        except BackendError as e:
+            log.warning("orphan sweep skipped: %s", e)
+            return 0
+        known = {sid for pool in self.pools.values() for sid in pool.records}
+        unknown = {f.handle for f in found if f.sandbox_id not in known}
+        doomed = unknown & self._orphan_suspects
+        self._orphan_suspects = unknown - doomed
+        if doomed:
+            log.warning("removing %d orphaned sandboxes", len(doomed))
+            await asyncio.gather(*(self.backend.destroy(h) for h in doomed), return_exceptions=True)
+        return len(doomed)
 
     async def reap_expired(self) -> int:
         """Releases leases past their expiry; leases with commands still

@@ -62,6 +62,7 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "state_dir": str(tmp_path / "state"),
         "server.port": 0,
         "leases.reap_interval_seconds": 0.1,
+        "leases.orphan_sweep_seconds": 1.0,
     }
     base.update(overrides)
     return load_settings(None, base)

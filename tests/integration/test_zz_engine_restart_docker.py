@@ -16,7 +16,7 @@ import pytest
 from sandboxd import errors
 from sandboxd.app import App
 from sandboxd.client import AsyncClient
-from tests.integration.conftest import poll
+from tests.integration.conftest import instance_containers, poll
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -63,7 +63,9 @@ async def test_engine_restart_mid_run(
     assert r.outcome == "SANDBOX_LOST", r
     with contextlib.suppress(errors.NotFound):
         await client.release(lease.id)
-    # ... and the pool replaces its dead warm sandboxes and returns to target.
+    # ... and the pool replaces its dead warm sandboxes (the periodic liveness
+    # sweep, run now rather than waited for) and returns to target.
+    await app.control.reconciler.sweep()
     target = app.control.pools[pool].config.min_ready
 
     def warm_and_alive() -> bool:
@@ -73,3 +75,10 @@ async def test_engine_restart_mid_run(
     await poll(warm_and_alive, timeout=120, what="pool back at its target")
     async with client.acquire(pool, timeout=60) as fresh:
         assert (await fresh.exec("echo after")).text == "after\n"
+
+    # Remains of creates the outage cut short are found and removed.
+    def only_known() -> bool:
+        known = {r.handle for p in app.control.pools.values() for r in p.records.values()}
+        return {c.id for c in instance_containers(engine, app.settings.instance_id)} <= known
+
+    await poll(lambda: asyncio.to_thread(only_known), timeout=60, what="orphans swept")

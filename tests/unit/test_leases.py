@@ -203,3 +203,15 @@ async def test_restart_drops_expired_leases(make_control: MakeControl, tmp_path:
         second.control.get_lease(lease.lease_id)
     assert rec.handle not in backend.sandboxes
     assert await second.control.store.load_leases() == []
+
+
+async def test_orphans_are_swept_after_two_sightings(h: Harness) -> None:
+    """A sandbox on the backend that no pool knows is removed, but only when
+    seen twice, so a create in flight is never mistaken for one."""
+    from sandboxd.backends.base import Limits, SandboxSpec
+
+    handle = await h.backend.create(SandboxSpec("sb-0123456789ab", "ghost", "img", Limits()))
+    assert await h.control.sweep_orphans() == 0
+    assert handle in h.backend.sandboxes
+    assert await h.control.sweep_orphans() == 1
+    assert handle not in h.backend.sandboxes
