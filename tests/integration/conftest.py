@@ -36,6 +36,12 @@ def engine() -> docker.DockerClient:
 
 
 def instance_containers(engine: docker.DockerClient, instance: str) -> list[Any]:
+    # Listing inspects each container; one removed in between is simply gone.
+    for _ in range(5):
+        try:
+            return list(engine.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}))
+        except docker.errors.NotFound:
+            continue
     return list(engine.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}))
 
 
