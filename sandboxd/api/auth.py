@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from sandboxd.api.interceptors import MethodCachingInterceptor
 from sandboxd.core.tenancy import DEFAULT_TENANT, acting_as
 from sandboxd.errors import ResourceExhausted, Unauthenticated
 
@@ -64,11 +65,12 @@ class Authenticator:
         raise Unauthenticated("unknown token")
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(MethodCachingInterceptor):
     def __init__(self, authenticator: Authenticator) -> None:
+        super().__init__()
         self._auth = authenticator
 
-    async def intercept_service(
+    async def wrap(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,

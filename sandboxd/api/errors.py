@@ -14,6 +14,7 @@ import grpc.aio
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from sandboxd.api.interceptors import MethodCachingInterceptor
 from sandboxd.errors import (
     AlreadyExists,
     BackendError,
@@ -104,8 +105,8 @@ def _wrap_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIt
     return call
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    async def intercept_service(
+class ErrorInterceptor(MethodCachingInterceptor):
+    async def wrap(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,

@@ -14,6 +14,7 @@ import grpc.aio
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from sandboxd.api.errors import status_for
+from sandboxd.api.interceptors import MethodCachingInterceptor
 from sandboxd.errors import SandboxdError
 
 # Codes that mean the server failed (OpenTelemetry's gRPC conventions);
@@ -45,11 +46,12 @@ def _finish(span: Span, error: BaseException | None) -> None:
         span.set_status(Status(StatusCode.ERROR, str(error)))
 
 
-class TracingInterceptor(grpc.aio.ServerInterceptor):
+class TracingInterceptor(MethodCachingInterceptor):
     def __init__(self, tracer: Tracer | None = None) -> None:
+        super().__init__()
         self._tracer = tracer or NoOpTracer()
 
-    async def intercept_service(
+    async def wrap(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,

@@ -365,7 +365,9 @@ class ControlPlane:
         if call_remaining is not None:
             wait = min(wait, max(0.0, call_remaining - _DEADLINE_MARGIN))
         tenant = current_tenant()
-        self.quotas.admit(tenant, need, effective.memory_bytes, self.usage(tenant), self._retry_hint(tenant))
+        self.quotas.admit(
+            tenant, need, effective.memory_bytes, self.usage(tenant), lambda: self._retry_hint(tenant)
+        )
         try:
             records = await pool.acquire(min(n, pool.config.max_size), min_n, wait)
         except BaseException:

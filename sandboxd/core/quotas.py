@@ -4,6 +4,7 @@ never by making the caller wait."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from sandboxd.backends.base import Limits
@@ -49,7 +50,9 @@ class Quotas:
                     f"{prefix}.{f.name}", f"{value} is above tenant {tenant!r}'s ceiling of {top}"
                 )
 
-    def admit(self, tenant: str, n: int, memory_each: int, usage: Usage, retry_after: float) -> None:
+    def admit(
+        self, tenant: str, n: int, memory_each: int, usage: Usage, retry_after: Callable[[], float]
+    ) -> None:
         """Raises ResourceExhausted if leasing n more sandboxes of memory_each
         bytes would break a quota; otherwise takes n create tokens."""
         q = self.of(tenant)
@@ -57,13 +60,13 @@ class Quotas:
             raise ResourceExhausted(
                 f"tenant {tenant!r} holds {usage.sandboxes} of {q.max_sandboxes} sandboxes; "
                 f"{n} more do not fit (release some first)",
-                retry_after,
+                retry_after(),
             )
         if q.max_memory_bytes and usage.memory_bytes + n * memory_each > q.max_memory_bytes:
             raise ResourceExhausted(
                 f"tenant {tenant!r} uses {usage.memory_bytes} of {q.max_memory_bytes} bytes of memory; "
                 f"{n} sandboxes of {memory_each} bytes do not fit",
-                retry_after,
+                retry_after(),
             )
         if q.creates_per_minute:
             now = self._clock.monotonic()
