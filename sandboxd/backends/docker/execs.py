@@ -25,6 +25,7 @@ from sandboxd.backends.base import (
 )
 from sandboxd.backends.docker.cgroups import ContainerProbe, Counters
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
+from sandboxd.backends.execstream import MarkerSplitter, OutputBudget, stop_detail
 from sandboxd.backends.shell import (
     EXEC_TAG_VAR,
     SESSION_TAG_VAR,
@@ -72,23 +73,6 @@ def _explain(target: Target, before: Counters | None, result: ExecResult) -> Exe
     return replace(result, outcome=outcome, detail=f"{detail}; {result.detail}" if result.detail else detail)
 
 
-class _Budget:
-    """Caps captured output and remembers why the command was stopped."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self.truncated = False
-
-    def take(self, data: bytes) -> bytes:
-        room = self.limit - self.used
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        self.used += len(data)
-        return data
-
-
 async def kill_tree(engine: RawEngine, container: str, tag_var: str, tag: str) -> None:
     try:
         exec_id = await engine.exec_create(
@@ -117,7 +101,7 @@ async def run_oneshot(target: Target, spec: ExecSpec) -> AsyncIterator[ExecEvent
     feeder: asyncio.Task[None] | None = None
     if spec.stdin:
         feeder = asyncio.create_task(_feed(channel, spec.stdin))
-    budget = _Budget(spec.output_limit)
+    budget = OutputBudget(spec.output_limit)
     deadline = started + spec.timeout
     stopped: ExecOutcome | None = None
     # The kill runs beside the reader: the engine finishes an exec only once
@@ -171,7 +155,7 @@ async def run_oneshot(target: Target, spec: ExecSpec) -> AsyncIterator[ExecEvent
                 duration,
                 signal=9,
                 output_truncated=budget.truncated,
-                detail=_stop_detail(stopped, spec),
+                detail=stop_detail(stopped, spec),
             ),
         )
         return
@@ -204,12 +188,6 @@ async def _inspect_quietly(engine: RawEngine, exec_id: str) -> dict[str, object]
         return await engine.exec_inspect(exec_id)
     except BackendError:
         return {}
-
-
-def _stop_detail(outcome: ExecOutcome, spec: ExecSpec) -> str:
-    if outcome is ExecOutcome.TIMED_OUT:
-        return f"killed the process tree after {spec.timeout:g}s"
-    return f"output passed {spec.output_limit} bytes; killed the process tree"
 
 
 class ShellSession:
@@ -275,8 +253,8 @@ class ShellSession:
             self.dead = True
             yield await self._lost(started, is_alive)
             return
-        budget = _Budget(spec.output_limit)
-        splitters = {1: _MarkerSplitter(marker), 2: _MarkerSplitter(marker)}
+        budget = OutputBudget(spec.output_limit)
+        splitters = {1: MarkerSplitter(marker), 2: MarkerSplitter(marker)}
         deadline = started + spec.timeout
         stopped: ExecOutcome | None = None
         escalated = False
@@ -330,7 +308,7 @@ class ShellSession:
         if self.dead:
             await self.close()
         if stopped is not None:
-            detail = _stop_detail(stopped, spec)
+            detail = stop_detail(stopped, spec)
             if escalated:
                 detail += "; the session shell was restarted (cwd and environment reset)"
             yield _explain(
@@ -362,51 +340,3 @@ class ShellSession:
         return ExecResult(
             ExecOutcome.SANDBOX_LOST, -1, time.monotonic() - started, detail=detail, sandbox_gone=not alive
         )
-
-
-class _MarkerSplitter:
-    """Passes a stream's bytes through until the end marker; holds back a
-    possible partial marker at the edge of a frame."""
-
-    def __init__(self, marker: bytes) -> None:
-        self._marker = marker
-        self._pending = b""
-        self._tail = b""
-        self.done = False
-        self.exit_code: int | None = None
-
-    def feed(self, data: bytes) -> bytes:
-        if self.done:
-            if self.exit_code is None:
-                self._parse_code(data)
-            return b""
-        buf = self._pending + data
-        idx = buf.find(self._marker)
-        if idx < 0:
-            # Hold back only a tail that could be the start of the marker, so
-            # output is streamed as soon as it is known not to be part of it.
-            keep = 0
-            for k in range(min(len(self._marker) - 1, len(buf)), 0, -1):
-                if buf.endswith(self._marker[:k]):
-                    keep = k
-                    break
-            self._pending = buf[len(buf) - keep :] if keep else b""
-            return buf[: len(buf) - keep]
-        self._pending = b""
-        self.done = True
-        self._tail = b""
-        self._parse_code(buf[idx + len(self._marker) :])
-        return buf[:idx]
-
-    def _parse_code(self, data: bytes) -> None:
-        self._tail += data
-        if b"\n" not in self._tail:
-            return
-        text = self._tail.split(b"\n", 1)[0].strip()
-        if text:
-            try:
-                self.exit_code = int(text)
-            except ValueError:
-                self.exit_code = -1
-        else:
-            self.exit_code = 0

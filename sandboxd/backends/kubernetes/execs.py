@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxd.backends.base import WORKSPACE, ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.execstream import MarkerSplitter, OutputBudget, stop_detail
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.backends.kubernetes.wsexec import ExecStream, wrap_argv
 from sandboxd.backends.shell import EXEC_TAG_VAR, SESSION_TAG_VAR, ansi_c_quote, kill_argv, session_command
@@ -58,25 +59,6 @@ class PodTarget:
             await stream.close()
 
 
-class _Budget:
-    def __init__(self, limit: int) -> None:
-        self.limit, self.used, self.truncated = limit, 0, False
-
-    def take(self, data: bytes) -> bytes:
-        room = self.limit - self.used
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        self.used += len(data)
-        return data
-
-
-def _stop_detail(outcome: ExecOutcome, spec: ExecSpec) -> str:
-    if outcome is ExecOutcome.TIMED_OUT:
-        return f"killed the process tree after {spec.timeout:g}s"
-    return f"output passed {spec.output_limit} bytes; killed the process tree"
-
-
 async def _finish(task: asyncio.Task[None]) -> None:
     with contextlib.suppress(TimeoutError, KubeError):
         await asyncio.wait_for(task, 10)
@@ -97,7 +79,7 @@ async def run_oneshot(target: PodTarget, spec: ExecSpec) -> AsyncIterator[ExecEv
     feeder: asyncio.Task[None] | None = None
     if spec.stdin:
         feeder = asyncio.create_task(_feed(stream, spec.stdin))
-    budget = _Budget(spec.output_limit)
+    budget = OutputBudget(spec.output_limit)
     deadline = started + spec.timeout
     stopped: ExecOutcome | None = None
     killer: asyncio.Task[None] | None = None
@@ -141,7 +123,7 @@ async def run_oneshot(target: PodTarget, spec: ExecSpec) -> AsyncIterator[ExecEv
             duration,
             signal=9,
             output_truncated=budget.truncated,
-            detail=_stop_detail(stopped, spec),
+            detail=stop_detail(stopped, spec),
         )
         return
     code = stream.exit_code
@@ -204,8 +186,8 @@ class ShellSession:
             self.dead = True
             yield await self._lost(started)
             return
-        budget = _Budget(spec.output_limit)
-        splitters = {1: _MarkerSplitter(marker.encode()), 2: _MarkerSplitter(marker.encode())}
+        budget = OutputBudget(spec.output_limit)
+        splitters = {1: MarkerSplitter(marker.encode()), 2: MarkerSplitter(marker.encode())}
         deadline = started + spec.timeout
         stopped: ExecOutcome | None = None
         escalated = False
@@ -253,7 +235,7 @@ class ShellSession:
         if self.dead:
             await self.close()
         if stopped is not None:
-            detail = _stop_detail(stopped, spec)
+            detail = stop_detail(stopped, spec)
             if escalated:
                 detail += "; the session shell was restarted (cwd and environment reset)"
             yield ExecResult(
@@ -271,41 +253,3 @@ class ShellSession:
         return ExecResult(
             ExecOutcome.SANDBOX_LOST, -1, time.monotonic() - started, detail=detail, sandbox_gone=not alive
         )
-
-
-class _MarkerSplitter:
-    """Passes a stream through until the end marker (same as the Docker
-    backend's; kept here because backends do not import each other)."""
-
-    def __init__(self, marker: bytes) -> None:
-        self._marker = marker
-        self._pending = b""
-        self._tail = b""
-        self.done = False
-        self.exit_code: int | None = None
-
-    def feed(self, data: bytes) -> bytes:
-        if self.done:
-            if self.exit_code is None:
-                self._parse_code(data)
-            return b""
-        buf = self._pending + data
-        idx = buf.find(self._marker)
-        if idx < 0:
-            keep = len(self._marker) - 1
-            self._pending = buf[-keep:] if len(buf) > keep else buf
-            return buf[: len(buf) - len(self._pending)]
-        self._pending = b""
-        self.done = True
-        self._parse_code(buf[idx + len(self._marker) :])
-        return buf[:idx]
-
-    def _parse_code(self, data: bytes) -> None:
-        self._tail += data
-        if b"\n" not in self._tail:
-            return
-        text = self._tail.split(b"\n", 1)[0].strip()
-        try:
-            self.exit_code = int(text) if text else 0
-        except ValueError:
-            self.exit_code = -1

@@ -1,0 +1,78 @@
+"""Pieces of the exec-stream protocol shared by every exec-capable backend:
+capping captured output, finding the end marker a session prints after each
+command, and wording why a command was stopped."""
+
+from __future__ import annotations
+
+from sandboxd.backends.base import ExecOutcome, ExecSpec
+
+
+class OutputBudget:
+    """Caps captured output and remembers why the command was stopped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.truncated = False
+
+    def take(self, data: bytes) -> bytes:
+        room = self.limit - self.used
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        self.used += len(data)
+        return data
+
+
+class MarkerSplitter:
+    """Passes a stream's bytes through until the end marker; holds back a
+    possible partial marker at the edge of a frame."""
+
+    def __init__(self, marker: bytes) -> None:
+        self._marker = marker
+        self._pending = b""
+        self._tail = b""
+        self.done = False
+        self.exit_code: int | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            if self.exit_code is None:
+                self._parse_code(data)
+            return b""
+        buf = self._pending + data
+        idx = buf.find(self._marker)
+        if idx < 0:
+            # Hold back only a tail that could be the start of the marker, so
+            # output is streamed as soon as it is known not to be part of it.
+            keep = 0
+            for k in range(min(len(self._marker) - 1, len(buf)), 0, -1):
+                if buf.endswith(self._marker[:k]):
+                    keep = k
+                    break
+            self._pending = buf[len(buf) - keep :] if keep else b""
+            return buf[: len(buf) - keep]
+        self._pending = b""
+        self.done = True
+        self._tail = b""
+        self._parse_code(buf[idx + len(self._marker) :])
+        return buf[:idx]
+
+    def _parse_code(self, data: bytes) -> None:
+        self._tail += data
+        if b"\n" not in self._tail:
+            return
+        text = self._tail.split(b"\n", 1)[0].strip()
+        if text:
+            try:
+                self.exit_code = int(text)
+            except ValueError:
+                self.exit_code = -1
+        else:
+            self.exit_code = 0
+
+
+def stop_detail(outcome: ExecOutcome, spec: ExecSpec) -> str:
+    if outcome is ExecOutcome.TIMED_OUT:
+        return f"killed the process tree after {spec.timeout:g}s"
+    return f"output passed {spec.output_limit} bytes; killed the process tree"
