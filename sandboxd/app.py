@@ -30,6 +30,7 @@ from sandboxd.api.tracing import TracingInterceptor
 from sandboxd.backends.base import Backend
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
+from sandboxd.core.rollouts.meters import register_rollout_gauges
 from sandboxd.core.rollouts.service import RolloutManager
 from sandboxd.core.rollouts.store import RolloutStore
 from sandboxd.core.snapshots import SnapshotManager, make_snapshot_manager
@@ -284,6 +285,7 @@ def build_app(
         settings.state_dir / f"{settings.instance_id}-rollouts.sqlite3" if persist else None
     )
     rollouts = RolloutManager(control, rollout_store, control.clock, snapshots=snapshots)
+    register_rollout_gauges(telemetry.meter, rollouts)
     rollouts_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(rollouts), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--pool", default="", help="one pool (default: all)")
     st.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     st.add_argument("--once", action="store_true", help="print one table and exit")
+    st.add_argument("--run", action="append", default=[], help="also show this rollout run's figures")
     cli_snapshots.add_parser(sub)
     image = sub.add_parser("image", help="the default sandbox image")
     image.add_argument("action", choices=["build", "tag"])
@@ -187,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(
                 run_status(
-                    args.target, pool=args.pool, once=args.once, interval=args.interval, token=args.token
+                    args.target,
+                    pool=args.pool,
+                    once=args.once,
+                    interval=args.interval,
+                    token=args.token,
+                    runs=args.run,
                 )
             )
         return 0

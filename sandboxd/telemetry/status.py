@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import TextIO
 
 from sandboxd.client import AsyncClient
+from sandboxd.errors import SandboxdError
 from sandboxd.v1 import demand_pb2
 
 _CLEAR = "\x1b[H\x1b[2J"
@@ -62,6 +63,22 @@ def format_table(pools: Sequence[demand_pb2.PoolScaling], at: datetime | None = 
     return "\n".join(lines)
 
 
+async def _run_line(client: AsyncClient, run: str) -> str:
+    from sandboxd.client.rollouts import RolloutClient
+
+    try:
+        f = await RolloutClient(client).figures(run)
+    except SandboxdError as e:
+        return f"run {run}: {e.message}"
+    return (
+        f"run {run}: v{f.policy_version} R_p {f.production_rate:.1f}/s k {f.keep_rate:.2f} "
+        f"R_eff {f.effective_rate:.1f}/s R_c {f.consumption_rate:.1f}/s "
+        f"trainer idle {f.trainer_idle_ratio:.0%} generator idle {f.generator_idle_ratio:.0%} "
+        f"queue {f.queue_depth} in flight {f.in_flight} target {f.target_concurrency} "
+        f"staleness max {f.staleness_trajectory.max} masked {f.infra_failures_masked}"
+    )
+
+
 async def run_status(
     target: str,
     *,
@@ -70,13 +87,18 @@ async def run_status(
     interval: float = 1.0,
     token: str | None = None,
     out: TextIO | None = None,
+    runs: Sequence[str] = (),
 ) -> int:
+    """Prints the pools (and the named rollout runs' throughput figures)
+    live, refreshing in place on a terminal."""
     out = out or sys.stdout
     refresh = not once and out.isatty()
     async with AsyncClient(target, token=token) as client:
         async for update in client.watch_pools(pool, interval=interval):
             at = datetime.fromtimestamp(update.at.ToNanoseconds() / 1e9, UTC) if update.at.seconds else None
             text = format_table(list(update.pools), at)
+            for run in runs:
+                text += "\n" + await _run_line(client, run)
             out.write((_CLEAR if refresh else "") + text + "\n")
             out.flush()
             if once:

@@ -4,8 +4,8 @@ values, quantities, watch summaries, exec status frames."""
 from __future__ import annotations
 
 from sandboxd.backends.base import Limits, SandboxSpec
+from sandboxd.backends.execstream import MarkerSplitter
 from sandboxd.backends.kubernetes.cache import summarize
-from sandboxd.backends.kubernetes.execs import _MarkerSplitter
 from sandboxd.backends.kubernetes.podspec import (
     PodOptions,
     build_pod,
@@ -126,6 +126,6 @@ def test_wrapped_argv_sets_cwd_and_env() -> None:
 
 
 def test_marker_splitter() -> None:
-    sp = _MarkerSplitter(b"__M__")
+    sp = MarkerSplitter(b"__M__")
     assert sp.feed(b"hello __") + sp.feed(b"M__ 7\n") == b"hello "
     assert sp.done and sp.exit_code == 7
