@@ -59,7 +59,7 @@ async def poll(
             return
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the poll interval of this deadline-bounded helper
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:

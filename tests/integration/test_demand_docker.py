@@ -64,8 +64,7 @@ async def test_pool_follows_announced_demand_up_and_down(
             results = await asyncio.gather(*(sb.exec("echo ok") for sb in group))
             assert all(r.ok for r in results)
             # The step's acquires consumed the announcement: no refill behind them.
-            await asyncio.sleep(0)
-            assert pool.warm_target == 0
+            await poll(lambda: pool.warm_target == 0, timeout=5, what="announcement consumed")
 
         # Between steps nothing is announced or used: scale to zero.
         await poll(

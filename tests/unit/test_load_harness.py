@@ -325,18 +325,18 @@ class MemoryDriver:
         self.acquires.append(n)
         self.held += n
         self.most_held = max(self.most_held, self.held)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a suspension point like a real driver's, not a wait for a condition
         return [object() for _ in range(n)]
 
     async def exec(self, box: object, command: str, *, session: bool, timeout: float) -> ExecOutcome:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a suspension point like a real driver's, not a wait for a condition
         return ExecOutcome("EXITED", 1 if command == self.fail_command else 0)
 
     async def write(self, box: object, files: Sequence[tuple[str, bytes]]) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a suspension point like a real driver's, not a wait for a condition
 
     async def snapshot(self, box: object) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a suspension point like a real driver's, not a wait for a condition
 
     async def release(self, boxes: Sequence[object]) -> None:
         self.held -= len(boxes)

@@ -85,6 +85,16 @@ def _in_subshell(spec: ExecSpec) -> ExecSpec:
     return replace(spec, argv=(), shell=command, cwd="", session="")
 
 
+def _raise_for_put(code: int, dest: str, message: str) -> None:
+    """Exit codes of the PUT_TAR script, as sandboxd errors."""
+    if code == 28:
+        raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
+    if code == 3:
+        raise InvalidArgument("path", f"cannot create directory {dest!r}: {message}")
+    if code != 0:
+        raise InvalidArgument("tar", f"extraction failed: {message or f'exit {code}'}")
+
+
 def _container_name(sandbox_id: str) -> str:
     return f"sandboxd-{sandbox_id}"
 
@@ -449,6 +459,44 @@ class DockerBackend:
             return session
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
+        head = bytearray()
+        stream = aiter(chunks)
+        async for chunk in stream:
+            head += chunk
+            if len(head) > _RUNNER_STDIN_MAX:
+                break
+        else:
+            # Small (the usual agent turn): extracted by a forked shell, no engine exec.
+            await self._put_small_tar(handle, dest, bytes(head))
+            return
+
+        async def rest() -> AsyncIterator[bytes]:
+            yield bytes(head)
+            async for chunk in stream:
+                yield chunk
+
+        await self._put_tar_by_exec(handle, dest, rest())
+
+    async def _put_small_tar(self, handle: str, dest: str, data: bytes) -> None:
+        spec = ExecSpec(argv=tuple(put_tar_argv(dest)), stdin=data, timeout=300, output_limit=65536)
+        stderr = bytearray()
+        result: ExecResult | None = None
+        async for event in self.exec(handle, spec):
+            if isinstance(event, ExecResult):
+                result = event
+            elif event.stream == 2:
+                stderr += event.data
+        assert result is not None
+        message = stderr.decode(errors="replace").strip()
+        if result.outcome is ExecOutcome.SANDBOX_LOST:
+            raise SandboxLost(f"upload failed: {result.detail}")
+        if result.outcome in (ExecOutcome.DISK_FULL, ExecOutcome.FILE_LIMIT):
+            raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
+        if result.outcome is not ExecOutcome.EXITED:
+            raise TransientBackendError(f"upload did not finish: {result.detail or result.outcome.name}")
+        _raise_for_put(result.exit_code, dest, message)
+
+    async def _put_tar_by_exec(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
         exec_id = await self._raw.exec_create(
             handle, put_tar_argv(dest), stdin=True, env={}, workdir=WORKSPACE, user=self._options.user
         )
@@ -473,13 +521,7 @@ class DockerBackend:
             await channel.close()
         info = await self._raw.exec_inspect(exec_id)
         code = info.get("ExitCode")
-        message = stderr.decode(errors="replace").strip()
-        if code == 28:
-            raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
-        if code == 3:
-            raise InvalidArgument("path", f"cannot create directory {dest!r}: {message}")
-        if code != 0:
-            raise InvalidArgument("tar", f"extraction failed: {message or f'exit {code}'}")
+        _raise_for_put(code if isinstance(code, int) else -1, dest, stderr.decode(errors="replace").strip())
 
     async def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
         exec_id = await self._raw.exec_create(
