@@ -317,6 +317,16 @@ def resolve(name_or_path: str) -> Path:
     return path
 
 
+def _shown(path: Path) -> str:
+    """The profile's path as results record it: relative to the project for
+    shipped presets, so result files name no machine's directories."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
 def load_profile(
     name_or_path: str, *, quick: bool = False, overrides: Mapping[str, Any] | None = None
 ) -> Profile:
@@ -327,6 +337,6 @@ def load_profile(
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(str(path), f"not valid TOML: {e}") from e
     try:
-        return parse_profile(data, quick=quick, overrides=overrides, source=str(path))
+        return parse_profile(data, quick=quick, overrides=overrides, source=_shown(path))
     except ProfileError as e:
         raise ProfileError(f"{path.name}: {e.where}", e.problem) from None
