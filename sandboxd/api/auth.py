@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from sandboxd.api.interceptors import MethodCachingInterceptor
+from sandboxd.api.interceptors import MethodCachingInterceptor, rewrap
 from sandboxd.core.tenancy import DEFAULT_TENANT, acting_as
 from sandboxd.errors import ResourceExhausted, Unauthenticated
 
@@ -79,9 +79,6 @@ class AuthInterceptor(MethodCachingInterceptor):
         if handler is None or details.method.startswith(OPEN_SERVICES):
             return handler
         auth = self._auth
-        kw = dict(
-            request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )
 
         def unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -98,12 +95,4 @@ class AuthInterceptor(MethodCachingInterceptor):
 
             return call
 
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kw)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), **kw)
-        return handler
+        return rewrap(handler, unary, stream)

@@ -14,7 +14,7 @@ import grpc.aio
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from sandboxd.api.interceptors import MethodCachingInterceptor
+from sandboxd.api.interceptors import MethodCachingInterceptor, rewrap
 from sandboxd.errors import (
     AlreadyExists,
     BackendError,
@@ -114,16 +114,4 @@ class ErrorInterceptor(MethodCachingInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        kw = dict(
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap_unary(handler.unary_unary), **kw)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap_unary(handler.stream_unary), **kw)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap_stream(handler.unary_stream), **kw)
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(_wrap_stream(handler.stream_stream), **kw)
-        return handler
+        return rewrap(handler, _wrap_unary, _wrap_stream)

@@ -5,12 +5,32 @@ per-call rebuild cost 10-35 microseconds of every RPC)."""
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import grpc.aio
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]]
+UnaryWrap = Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]
+StreamWrap = Callable[[Callable[..., AsyncIterator[Any]]], Callable[..., AsyncIterator[Any]]]
+
+
+def rewrap(handler: grpc.RpcMethodHandler, unary: UnaryWrap, stream: StreamWrap) -> grpc.RpcMethodHandler:
+    """The same handler with its behaviour wrapped: ``unary`` for methods
+    that answer once, ``stream`` for those that stream their answers."""
+    kw = dict(
+        request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
+    if handler.stream_stream:
+        return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), **kw)
+    return handler
 
 
 class MethodCachingInterceptor(grpc.aio.ServerInterceptor, abc.ABC):

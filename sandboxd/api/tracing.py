@@ -14,7 +14,7 @@ import grpc.aio
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer
 
 from sandboxd.api.errors import status_for
-from sandboxd.api.interceptors import MethodCachingInterceptor
+from sandboxd.api.interceptors import MethodCachingInterceptor, rewrap
 from sandboxd.errors import SandboxdError
 
 # Codes that mean the server failed (OpenTelemetry's gRPC conventions);
@@ -106,15 +106,4 @@ class TracingInterceptor(MethodCachingInterceptor):
 
             return call
 
-        kw = dict(
-            request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kw)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **kw)
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), **kw)
-        return handler
+        return rewrap(handler, unary, stream)

@@ -512,7 +512,7 @@ async def test_gc_under_concurrent_snapshotting_keeps_every_live_snapshot_whole(
                 await manager.delete(snap.id)
             else:
                 kept.append(snap.id)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # let the collector interleave, not a wait for a condition
 
     async def collector() -> int:
         rounds = 0
