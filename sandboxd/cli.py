@@ -25,6 +25,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         ("instance", "instance_id"),
         ("state_dir", "state_dir"),
         ("backend", "backend.kind"),
+        ("kubeconfig", "backend.kubeconfig"),
+        ("namespace", "backend.namespace"),
     ]:
         value = getattr(args, flag, None)
         if value is not None:
@@ -112,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--port", type=int)
         p.add_argument("--instance", help="instance id (labels this server's sandboxes)")
         p.add_argument("--state-dir", dest="state_dir", type=Path)
-        p.add_argument("--backend", choices=["docker", "fake"])
+        p.add_argument("--backend", choices=["docker", "kubernetes", "fake"])
+        p.add_argument("--kubeconfig", help="kubeconfig file (kubernetes backend; default: in-cluster)")
+        p.add_argument("--namespace", help="namespace of the sandbox Pods (kubernetes backend)")
 
     server_flags(sub.add_parser("serve", help="run the gRPC control plane"))
     ex = sub.add_parser("example", help="start a server and run an example rollout workload against it")
