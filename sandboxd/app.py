@@ -27,14 +27,15 @@ from sandboxd.api.rollouts import RolloutServicer
 from sandboxd.api.sandboxes import SandboxServicer
 from sandboxd.api.snapshots import SnapshotServicer
 from sandboxd.api.tracing import TracingInterceptor
-from sandboxd.backends.base import Backend
+from sandboxd.backends.base import Backend, Ledger
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
+from sandboxd.core.ledger_store import LedgerStore
 from sandboxd.core.rollouts.meters import register_rollout_gauges
 from sandboxd.core.rollouts.service import RolloutManager
 from sandboxd.core.rollouts.store import RolloutStore
 from sandboxd.core.snapshots import SnapshotManager, make_snapshot_manager
-from sandboxd.core.store import StateStore
+from sandboxd.core.store import StateStore, Store
 from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, KubernetesBackendSettings, Settings
 from sandboxd.telemetry import Telemetry
 from sandboxd.v1 import (
@@ -122,6 +123,17 @@ def make_backend(settings: Settings) -> Backend:
             )
         )
     raise TypeError(f"unknown backend settings {cfg!r}")
+
+
+def make_store(settings: Settings, backend: Backend, persist: bool) -> Store:
+    """Pools and leases in the API server for a Kubernetes backend (several
+    replicas, each with its own disk, must see the same leases); in SQLite
+    under ``state_dir`` otherwise (one replica per engine)."""
+    cfg = settings.backend
+    cluster = isinstance(cfg, KubernetesBackendSettings) and cfg.state == "cluster"
+    if cluster and persist and isinstance(backend, Ledger) and isinstance(cfg, KubernetesBackendSettings):
+        return LedgerStore(backend, slack=cfg.lease_record_slack)
+    return StateStore(settings.state_dir / f"{settings.instance_id}.sqlite3" if persist else None)
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -256,7 +268,7 @@ def build_app(
     telemetry: Telemetry | None = None,
 ) -> App:
     backend = backend or make_backend(settings)
-    store = StateStore(settings.state_dir / f"{settings.instance_id}.sqlite3" if persist else None)
+    store = make_store(settings, backend, persist)
     telemetry = telemetry or Telemetry(settings.telemetry)
     control = ControlPlane(settings, backend, store, clock or SystemClock(), meter=telemetry.meter)
     limit = settings.server.max_message_bytes
@@ -314,7 +326,14 @@ def build_app(
 
         if isinstance(backend, KubernetesBackend):
             identity = f"{settings.instance_id}/{socket.gethostname()}/{os.getpid()}"
+            duration = cfg.lease_duration_seconds
             app.leader = LeaderElector(
-                backend.client, cfg.lease_namespace or cfg.namespace, cfg.lease_name, identity
+                backend.client,
+                cfg.lease_namespace or cfg.namespace,
+                cfg.lease_name,
+                identity,
+                lease_duration=duration,
+                renew_deadline=duration * 2 / 3,
+                retry_period=duration * 2 / 15,
             )
     return app

@@ -176,6 +176,20 @@ class KubernetesBackendSettings:
     lease_name: str = "sandboxd-leader"
     lease_namespace: str | None = None
     """Namespace of the election Lease; None = ``namespace``."""
+    lease_duration_seconds: float = 15.0
+    """How long a standby waits after the leader's last renewal before it
+    takes over; the leader renews every 2/15 of it and steps down when it has
+    not renewed for 2/3 of it (client-go's 15 / 2 / 10 s)."""
+    state: Literal["cluster", "sqlite"] = "cluster"
+    """Where pools and leases persist: ``cluster`` = in the API server (each
+    lease as an annotation on its Pods, pool specs in a ConfigMap), so a
+    standby replica takes over what the leader leased; ``sqlite`` = under
+    ``state_dir`` (one replica with a persistent volume)."""
+    lease_record_slack: float = 0.5
+    """With state = cluster, the expiry written on a Pod is the lease's expiry
+    plus this x its TTL, and a heartbeat rewrites it only once the real expiry
+    passes it: fewer writes, at the cost of keeping an abandoned lease this
+    much longer after a failover."""
 
 
 BackendSettings = DockerBackendSettings | FakeBackendSettings | KubernetesBackendSettings

@@ -178,6 +178,44 @@ class Backend(Deployment, Runtime, Protocol):
     """What the core needs from an engine."""
 
 
+@dataclass(frozen=True)
+class LeaseMark:
+    """A lease as a Ledger backend records it on each of its sandboxes."""
+
+    lease_id: str
+    pool: str
+    ttl: float
+    expires_wall: float
+    """Wall-clock seconds; an upper bound of the lease's real expiry."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """Optional for a backend: it keeps the control plane's durable state
+    itself (pool specs, and each leased sandbox's lease on the sandbox), so
+    any replica that reaches the backend can take over from another
+    (sandboxd.core.ledger_store). Writes are idempotent, so retrying one is
+    safe."""
+
+    async def load_pool_specs(self) -> dict[str, str]:
+        """Pool specs (JSON text) by pool key."""
+        ...
+
+    async def save_pool_spec(self, key: str, spec: str) -> None: ...
+
+    async def delete_pool_spec(self, key: str) -> None: ...
+
+    async def mark_leased(self, handle: str, mark: LeaseMark) -> None:
+        """Records ``mark`` on the sandbox. Raises SandboxLost when it is gone."""
+        ...
+
+    async def lease_marks(self) -> list[tuple[str, str, LeaseMark]]:
+        """(sandbox id, handle, lease) of each of this instance's sandboxes
+        that carries a lease."""
+        ...
+
+
 @runtime_checkable
 class LivenessProbe(Protocol):
     """Optional for a backend: a cheap check of many sandboxes at once, used

@@ -32,7 +32,7 @@ from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
 from sandboxd.core.quotas import Quotas, Usage
 from sandboxd.core.reconciler import Reconciler
-from sandboxd.core.store import StateStore
+from sandboxd.core.store import Store
 from sandboxd.core.tenancy import current_tenant, owns, pool_key, split_pool_key
 from sandboxd.errors import (
     AlreadyExists,
@@ -72,7 +72,7 @@ class ControlPlane:
         self,
         settings: Settings,
         backend: Backend,
-        store: StateStore,
+        store: Store,
         clock: Clock,
         *,
         meter: Meter | None = None,
@@ -156,7 +156,7 @@ class ControlPlane:
             if lease_id not in adopted:
                 await self.store.delete_lease(lease_id)
             else:
-                await self.store.save_lease(adopted[lease_id])
+                await self.store.save_lease(adopted[lease_id], self._handles(adopted[lease_id]))
         results = await asyncio.gather(*(self.backend.destroy(h) for h in doomed), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         log.info(
@@ -393,7 +393,7 @@ class ControlPlane:
             rec.labels.update(labels)
         self.leases.add(lease)
         try:
-            await self.store.save_lease(lease)
+            await self.store.save_lease(lease, self._handles(lease))
         except BaseException:
             # The client will never learn of this lease: give the sandboxes up.
             await self._release_lease(lease, "acquire abandoned")
@@ -464,7 +464,7 @@ class ControlPlane:
         lease = self.get_lease(lease_id)
         ttl = v.non_negative("ttl_seconds", ttl, self.settings.leases.max_ttl_seconds) or lease.ttl
         self.leases.extend(lease, ttl, self.clock.monotonic(), self.clock.time())
-        await self.store.save_lease(lease)
+        await self.store.save_lease(lease, self._handles(lease))
         return lease
 
     async def release(self, lease_id: str, sandbox_ids: list[str]) -> list[str]:
@@ -490,8 +490,11 @@ class ControlPlane:
         if self.leases.find(lease_id) is None:
             await self.store.delete_lease(lease_id)
         else:
-            await self.store.save_lease(lease)
+            await self.store.save_lease(lease, self._handles(lease))
         return released
+
+    def _handles(self, lease: Lease) -> list[str]:
+        return [rec.handle for sid in lease.sandbox_ids if (rec := self._index.get(sid)) is not None]
 
     async def _release_lease(self, lease: Lease, reason: str) -> list[str]:
         released = list(lease.sandbox_ids)

@@ -1,7 +1,16 @@
-"""Durable state for one control-plane replica: pool specs and leases in
-SQLite, so a restarted server re-creates its pools and hands clients back the
-sandboxes they hold. SQLite fits one replica on one volume; writes go through
-a single worker thread so the event loop never blocks on disk.
+"""Durable state of the control plane: pool specs and leases, so a restarted
+server re-creates its pools and hands clients back the sandboxes they hold.
+
+``Store`` is the port; two adapters:
+
+- ``StateStore`` (here): SQLite on a local volume. It fits one replica per
+  engine (the Docker backend): nothing else could read the file anyway, and a
+  local write costs microseconds. Writes go through a single worker thread so
+  the event loop never blocks on disk.
+- ``LedgerStore`` (sandboxd.core.ledger_store): the backend itself, for a
+  backend that is a ``Ledger`` (Kubernetes: annotations on the Pods and a
+  ConfigMap), so a standby replica with its own empty disk takes over what
+  the leader held.
 """
 
 from __future__ import annotations
@@ -9,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sandboxd.backends.base import Limits
 from sandboxd.core.leases import Lease
@@ -25,6 +35,41 @@ CREATE TABLE IF NOT EXISTS leases (
   ttl REAL NOT NULL, expires_wall REAL NOT NULL, labels TEXT NOT NULL
 );
 """
+
+
+PersistedLease = tuple[str, str, list[str], float, float, dict[str, str]]
+"""lease id, pool key, sandbox ids, ttl, expiry (wall-clock seconds), labels."""
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def save_pool(self, config: PoolConfig) -> None: ...
+
+    async def delete_pool(self, name: str) -> None: ...
+
+    async def load_pools(self) -> list[PoolConfig]: ...
+
+    async def save_lease(self, lease: Lease, handles: Sequence[str] = ()) -> None:
+        """Records a new or extended lease; ``handles`` are the backend
+        handles of its sandboxes (a store on the backend writes to them)."""
+        ...
+
+    async def delete_lease(self, lease_id: str) -> None: ...
+
+    async def load_leases(self) -> list[PersistedLease]: ...
+
+
+def pool_to_json(config: PoolConfig) -> str:
+    return json.dumps(asdict(config))
+
+
+def pool_from_json(text: str) -> PoolConfig:
+    spec = json.loads(text)
+    spec["limits"] = Limits(**spec["limits"])
+    return PoolConfig(**spec)
 
 
 class StateStore:
@@ -92,26 +137,20 @@ class StateStore:
                     done.set_result(None)
 
     async def save_pool(self, config: PoolConfig) -> None:
-        spec = asdict(config)
-        await self._write("INSERT OR REPLACE INTO pools VALUES (?, ?)", (config.name, json.dumps(spec)))
+        await self._write("INSERT OR REPLACE INTO pools VALUES (?, ?)", (config.name, pool_to_json(config)))
 
     async def delete_pool(self, name: str) -> None:
         await self._write("DELETE FROM pools WHERE name = ?", (name,))
 
     async def load_pools(self) -> list[PoolConfig]:
         rows = await self._run(self._query, "SELECT spec FROM pools")
-        out = []
-        for (spec_json,) in rows:
-            spec = json.loads(spec_json)
-            spec["limits"] = Limits(**spec["limits"])
-            out.append(PoolConfig(**spec))
-        return out
+        return [pool_from_json(spec_json) for (spec_json,) in rows]
 
     def _query(self, sql: str) -> list[tuple[Any, ...]]:
         assert self._db is not None
         return list(self._db.execute(sql).fetchall())
 
-    async def save_lease(self, lease: Lease) -> None:
+    async def save_lease(self, lease: Lease, handles: Sequence[str] = ()) -> None:
         await self._write(
             "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
             (
@@ -127,7 +166,7 @@ class StateStore:
     async def delete_lease(self, lease_id: str) -> None:
         await self._write("DELETE FROM leases WHERE id = ?", (lease_id,))
 
-    async def load_leases(self) -> list[tuple[str, str, list[str], float, float, dict[str, str]]]:
+    async def load_leases(self) -> list[PersistedLease]:
         rows = await self._run(
             self._query, "SELECT id, pool, sandboxes, ttl, expires_wall, labels FROM leases"
         )

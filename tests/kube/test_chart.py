@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s_client
 
-from sandboxd.backends.base import Limits, SandboxSpec
+from sandboxd.backends.base import LeaseMark, Limits, SandboxSpec
 from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, LeaderElector
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from tests.kube.conftest import IMAGE
@@ -93,7 +93,17 @@ async def test_the_charts_rbac_is_enough_and_no_more(
     # Sandboxes in `namespace`, the control plane's objects in a second one.
     release_ns = namespace + "-cp"
     await kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": release_ns}})
-    rendered = await asyncio.to_thread(helm_template, helm, release_ns, namespace, "--set", "replicaCount=0")
+    instance = "rbac-" + secrets.token_hex(3)
+    rendered = await asyncio.to_thread(
+        helm_template,
+        helm,
+        release_ns,
+        namespace,
+        "--set",
+        "replicaCount=0",
+        "--set",
+        f"instanceId={instance}",
+    )
     try:
         await asyncio.to_thread(
             run, kubectl, "apply", "-f", "-", stdin=rendered, env={"KUBECONFIG": kubeconfig}
@@ -115,7 +125,6 @@ async def test_the_charts_rbac_is_enough_and_no_more(
         cfg.ssl_ca_cert = kube.cfg.ssl_ca_cert
         cfg.api_key = {"BearerToken": f"Bearer {token}"}
         as_sa = KubeClient(cfg, threads=4)
-        instance = "rbac-" + secrets.token_hex(3)
         backend = KubernetesBackend(KubernetesOptions(instance=instance, namespace=namespace), as_sa)
         try:
             await backend.ping()  # creates the NetworkPolicy, starts the watch
@@ -125,6 +134,14 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 )
             )
             assert [s.handle for s in await backend.list()] == [handle]
+            # Pools and leases kept in the API server (the Ledger).
+            await backend.save_pool_spec("p", '{"name": "p"}')
+            assert await backend.load_pool_specs() == {"p": '{"name": "p"}'}
+            await backend.delete_pool_spec("p")
+            await backend.mark_leased(handle, LeaseMark("ls-1", "p", 60.0, 1e10, {"run": "r"}))
+            assert [m[1:] for m in await backend.lease_marks()] == [
+                (handle, LeaseMark("ls-1", "p", 60.0, 1e10, {"run": "r"}))
+            ]
             memory, cpus = await backend.capacity()
             assert memory > 0 and cpus > 0
             await backend.destroy(handle)
@@ -143,6 +160,8 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             # no other Lease names.
             for method, path in [
                 ("GET", f"/api/v1/namespaces/{namespace}/secrets"),
+                ("GET", f"/api/v1/namespaces/{namespace}/configmaps"),
+                ("GET", f"/api/v1/namespaces/{namespace}/configmaps/other"),
                 ("GET", f"/api/v1/namespaces/{release_ns}/pods"),
                 ("GET", "/api/v1/namespaces/default/pods"),
                 ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{release_ns}/leases/other"),

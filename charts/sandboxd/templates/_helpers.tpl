@@ -27,3 +27,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "sandboxd.leaderElection" -}}
 {{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) }}true{{ else }}false{{ end -}}
 {{- end -}}
+
+{{- /* Must match sandboxd.backends.kubernetes.ledger.pools_configmap. */ -}}
+{{- define "sandboxd.poolsConfigMap" -}}
+{{- regexReplaceAll "[^a-z0-9-]" (printf "sandboxd-pools-%s" .Values.instanceId | lower) "-" | trunc 253 | trimAll "-" -}}
+{{- end -}}

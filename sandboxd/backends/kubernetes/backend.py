@@ -28,6 +28,7 @@ from sandboxd.backends.base import (
     ExecOutcome,
     ExecResult,
     ExecSpec,
+    LeaseMark,
     Limits,
     SandboxSpec,
     SandboxUsage,
@@ -35,6 +36,7 @@ from sandboxd.backends.base import (
 from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, load_configuration, wrap
 from sandboxd.backends.kubernetes.execs import PodTarget, ShellSession, run_oneshot
+from sandboxd.backends.kubernetes.ledger import KubeLedger
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
     ANNOTATION_POOL,
@@ -112,6 +114,7 @@ class KubernetesBackend:
         self.cache = PodCache(
             self._client, self._ns, selector(options.instance), (ANNOTATION_POOL, ANNOTATION_LABELS)
         )
+        self.ledger = KubeLedger(self._client, self._ns, options.instance, selector(options.instance))
         self._started = asyncio.Lock()
         self._ready = False
         self._sessions: dict[str, dict[str, ShellSession]] = {}
@@ -279,6 +282,23 @@ class KubernetesBackend:
                 )
             )
         return out
+
+    # -- Ledger: the API server keeps pools and leases (see ledger.py) -----
+
+    async def load_pool_specs(self) -> dict[str, str]:
+        return await self.ledger.load_pool_specs()
+
+    async def save_pool_spec(self, key: str, spec: str) -> None:
+        await self.ledger.save_pool_spec(key, spec)
+
+    async def delete_pool_spec(self, key: str) -> None:
+        await self.ledger.delete_pool_spec(key)
+
+    async def mark_leased(self, handle: str, mark: LeaseMark) -> None:
+        await self.ledger.mark_leased(handle, mark)
+
+    async def lease_marks(self) -> builtins.list[tuple[str, str, LeaseMark]]:
+        return await self.ledger.lease_marks()
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
         """From the watch cache: no API call at all."""

@@ -14,19 +14,27 @@ import asyncio
 import functools
 import json
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import aiohttp
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
 
 from sandboxd.errors import BackendError, PermanentBackendError, TransientBackendError
 
 Json = dict[str, Any]
+T = TypeVar("T")
 
 
 class KubeError(BackendError):
@@ -192,3 +200,20 @@ def transient(e: KubeError) -> bool:
 def wrap(e: KubeError, what: str) -> BackendError:
     cls = TransientBackendError if transient(e) else PermanentBackendError
     return cls(f"{what}: {e}")
+
+
+async def idempotent(call: Callable[[], Awaitable[T]], *, attempts: int = 4, within: float = 8.0) -> T:
+    """Runs ``call`` (a request that may safely run twice: GET, a merge
+    PATCH, DELETE) again on answers worth retrying (no answer, 409, 429, 5xx),
+    with jittered exponential backoff, at most ``attempts`` times and for
+    about ``within`` seconds; then raises the last KubeError."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(lambda e: isinstance(e, KubeError) and transient(e)),
+        stop=stop_after_attempt(attempts) | stop_after_delay(within),
+        wait=wait_random_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable")  # reraise=True raises the last error
