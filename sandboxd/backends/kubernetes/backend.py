@@ -34,7 +34,15 @@ from sandboxd.backends.base import (
     SandboxUsage,
 )
 from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
-from sandboxd.backends.kubernetes.client import KubeClient, KubeError, load_configuration, wrap
+from sandboxd.backends.kubernetes.client import (
+    KubeClient,
+    KubeError,
+    idempotent,
+    load_configuration,
+    unavailable,
+    unreachable,
+    wrap,
+)
 from sandboxd.backends.kubernetes.execs import PodTarget, ShellSession, run_oneshot
 from sandboxd.backends.kubernetes.ledger import KubeLedger
 from sandboxd.backends.kubernetes.podspec import (
@@ -235,10 +243,15 @@ class KubernetesBackend:
 
     async def _delete(self, name: str) -> None:
         try:
-            await self._client.request(
-                "DELETE",
-                f"{self._pods_path}/{name}",
-                body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
+            # Idempotent: retried through a blip of the API server, so fewer
+            # Pods are left for the orphan sweep.
+            await idempotent(
+                lambda: self._client.request(
+                    "DELETE",
+                    f"{self._pods_path}/{name}",
+                    body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
+                    timeout=10,
+                )
             )
         except KubeError as e:
             if e.status != 404:
@@ -419,7 +432,13 @@ class KubernetesBackend:
                 async for event in run_oneshot(self._target(handle), spec):
                     yield event
                 return
-            session = await self._session(handle, spec.session)
+            try:
+                session = await self._session(handle, spec.session)
+            except KubeError as e:
+                pod = self.cache.get(handle)
+                if pod is not None and pod.running and unreachable(e):
+                    raise unavailable(e, "the session did not start") from e
+                raise
             async for event in session.run(spec):
                 yield event
         except (NotFound, SandboxLost, KubeError) as e:
@@ -480,6 +499,8 @@ class KubernetesBackend:
         try:
             return await ExecStream.open(self._client, self._ns, handle, CONTAINER, argv, stdin=stdin)
         except KubeError as e:
+            if unreachable(e):
+                raise unavailable(e, "nothing was transferred") from e
             raise SandboxLost(f"cannot exec into Pod {handle}: {e}") from e
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:

@@ -197,6 +197,16 @@ def transient(e: KubeError) -> bool:
     return e.status == 0 or e.status in (409, 429) or e.status >= 500
 
 
+def unreachable(e: KubeError) -> bool:
+    """The API server did not answer, or answered that it cannot now: the
+    request says nothing about the object it was about."""
+    return e.status in (0, 429, 502, 503, 504)
+
+
+def unavailable(e: KubeError, what: str) -> TransientBackendError:
+    return TransientBackendError(f"the Kubernetes API server is unavailable; {what} (retry): {e}")
+
+
 def wrap(e: KubeError, what: str) -> BackendError:
     cls = TransientBackendError if transient(e) else PermanentBackendError
     return cls(f"{what}: {e}")

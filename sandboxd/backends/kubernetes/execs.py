@@ -16,7 +16,7 @@ from typing import Any
 
 from sandboxd.backends.base import WORKSPACE, ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
 from sandboxd.backends.execstream import MarkerSplitter, OutputBudget, stop_detail
-from sandboxd.backends.kubernetes.client import KubeClient, KubeError
+from sandboxd.backends.kubernetes.client import KubeClient, KubeError, unavailable, unreachable
 from sandboxd.backends.kubernetes.wsexec import ExecStream, wrap_argv
 from sandboxd.backends.shell import EXEC_TAG_VAR, SESSION_TAG_VAR, ansi_c_quote, kill_argv, session_command
 
@@ -74,6 +74,10 @@ async def run_oneshot(target: PodTarget, spec: ExecSpec) -> AsyncIterator[ExecEv
         )
     except KubeError as e:
         alive = await target.is_alive()
+        if alive and unreachable(e):
+            # Not an outcome of the command (it never started): the caller
+            # gets UNAVAILABLE, and the sandbox and its lease are kept.
+            raise unavailable(e, "the command did not start") from e
         yield ExecResult(ExecOutcome.SANDBOX_LOST, -1, 0.0, detail=str(e), sandbox_gone=not alive)
         return
     feeder: asyncio.Task[None] | None = None

@@ -78,8 +78,9 @@ class KubeLedger:
         try:
             await idempotent(
                 lambda: self._client.request(
-                    "PATCH", f"{self._pods}/{handle}", body=body, content_type=_MERGE
-                )
+                    "PATCH", f"{self._pods}/{handle}", body=body, content_type=_MERGE, timeout=5
+                ),
+                within=4.0,  # an Acquire waits on this: answer it while its caller waits
             )
         except KubeError as e:
             if e.status == 404:

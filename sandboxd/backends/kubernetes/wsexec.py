@@ -26,6 +26,10 @@ _EXIT_STATUS = re.compile(r"exit status (\d+)$")
 V5 = "v5.channel.k8s.io"
 V4 = "v4.channel.k8s.io"
 STDIN, STDOUT, STDERR, STATUS, CLOSE = 0, 1, 2, 3, 255
+OPEN_TIMEOUT = 10.0
+"""Longest an exec waits for its stream to open. An API server that accepts
+connections but does not answer (overloaded, paused) must not hold the
+caller for the session's default of minutes."""
 
 # cd to $1, then exec the rest through env (which takes the NAME=value words).
 _WRAP = 'cd -- "$1" || exit 125; shift; exec env -- "$@"'
@@ -61,19 +65,22 @@ class ExecStream:
         url = client.url(f"/api/v1/namespaces/{namespace}/pods/{pod}/exec", query)
         url = "wss" + url[5:] if url.startswith("https") else "ws" + url[4:]
         try:
-            ws = await client.session().ws_connect(
-                url,
-                protocols=(V5, V4),
-                headers=client.auth_headers(),
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
-                max_msg_size=0,
-                autoping=True,
-                heartbeat=None,
-                compress=0,
-            )
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                ws = await client.session().ws_connect(
+                    url,
+                    protocols=(V5, V4),
+                    headers=client.auth_headers(),
+                    timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=5.0),
+                    max_msg_size=0,
+                    autoping=True,
+                    heartbeat=None,
+                    compress=0,
+                )
         except aiohttp.WSServerHandshakeError as e:
             raise KubeError(e.status, "", f"exec into {pod}: {e.message}") from e
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        except TimeoutError as e:
+            raise KubeError(0, "", f"exec into {pod}: no answer within {OPEN_TIMEOUT:g}s") from e
+        except (aiohttp.ClientError, OSError) as e:
             raise KubeError(0, "", f"exec into {pod}: {e}") from e
         return cls(ws)
 
