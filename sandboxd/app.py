@@ -71,6 +71,14 @@ SERVICE_NAMES = [
 ]
 
 
+def _inbox_dir(settings: Settings, cfg: DockerBackendSettings) -> Path | None:
+    if cfg.inbox_dir is not None:
+        return Path(cfg.inbox_dir).expanduser().resolve() if cfg.inbox_dir else None
+    if cfg.base_url and not cfg.base_url.startswith("unix://"):
+        return None  # the engine's host is not this one: a bind source would not exist there
+    return (settings.state_dir / "inbox").resolve()
+
+
 def make_backend(settings: Settings) -> Backend:
     cfg = settings.backend
     if isinstance(cfg, DockerBackendSettings):
@@ -83,6 +91,7 @@ def make_backend(settings: Settings) -> Backend:
                 user=cfg.user,
                 threads=cfg.threads,
                 runtime=cfg.runtime,
+                inbox_dir=_inbox_dir(settings, cfg),
             )
         )
     if isinstance(cfg, FakeBackendSettings):

@@ -116,6 +116,11 @@ class DockerBackendSettings:
     """Threads for blocking engine calls."""
     runtime: str | None = None
     """OCI runtime name (e.g. runsc for gVisor); None = the engine default."""
+    inbox_dir: str | None = None
+    """Host directory of the sandboxes' read-only inboxes, through which large
+    archives (restores, forks) are handed over by hard link instead of being
+    streamed through the engine. None = state_dir/inbox with a local engine
+    (unix socket) and off with a remote one; "" = off."""
 
 
 @dataclass

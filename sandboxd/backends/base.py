@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 # Labels every backend puts on what it creates, so a restarted control plane
@@ -224,4 +225,23 @@ class LivenessProbe(Protocol):
     async def alive(self, handles: list[str]) -> set[str]:
         """The subset of ``handles`` whose sandboxes are running. Raises
         BackendError when it cannot tell (the sweep is then skipped)."""
+        ...
+
+
+@runtime_checkable
+class StagedTars(Protocol):
+    """Optional for a backend: it hands a tar file on the control plane's host
+    to a sandbox without streaming it (Docker: a hard link in the sandbox's
+    read-only inbox mount), so one archive restored into n sandboxes is read n
+    times from the page cache instead of pushed n times through the engine."""
+
+    def staging_dir(self) -> Path | None:
+        """Where archives to hand over must be written (the inboxes'
+        filesystem, so a link is free); None when this backend cannot."""
+        ...
+
+    async def put_tar_file(self, handle: str, dest: str, path: Path) -> bool:
+        """Extracts the tar at ``path`` (inside staging_dir) under ``dest``.
+        False when this sandbox has no inbox (stream it instead); otherwise
+        raises as put_tar does."""
         ...

@@ -26,6 +26,9 @@ TAR_MARKER = "# sandboxd:tar"
 LIST_FORMAT = r"%y %m %s %T@ %C@\0%P\0%l\0"
 _LIST = f"printf '%s\\0' \"$(date +%s.%N)\"; (cd {WORKSPACE} && find . -mindepth 1 -printf '{LIST_FORMAT}')"
 
+# Outside the workspace (a tmpfs with the same clock), so snapshots never see it.
+CUTOFF_FILE = "/tmp/.sandboxd-restored"
+
 # Variables every session has that belong to the shell, not to the rollout.
 SHELL_OWNED = ("PWD", "OLDPWD", "SHLVL", "_")
 
@@ -44,16 +47,25 @@ _FIXUP = (
 )
 
 
+# The restore's *cutoff*: the ctime of a file touched after everything was
+# written (NUL-terminated). The kernel stamps ctime on every change and user
+# space cannot set it, so a restored file whose ctime is still below the
+# cutoff is exactly what the restore wrote, and the next snapshot need not
+# read it; no listing of the whole workspace is needed here. A file changed
+# within the same clock tick has a ctime equal to the cutoff and is re-read.
+_CUTOFF = f": > {CUTOFF_FILE} && find {CUTOFF_FILE} -maxdepth 0 -printf '%C@\\0'"
+
+
 def restore_script(*, fixups: bool, cwd: str = "", env: Mapping[str, str] | None = None) -> str:
     """Re-applies modes the extracting user's umask dropped (pairs of mode and
-    path on stdin, NUL-separated), prints a listing (taken before the
-    environment changes, so it sees a fresh PATH), then sets the session's
-    exported environment to exactly ``env`` (None: leave it) and changes to
-    ``cwd`` (empty: stay)."""
+    path on stdin, NUL-separated), prints the restore's cutoff (taken before
+    the environment changes, so it sees a fresh PATH), then sets the
+    session's exported environment to exactly ``env`` (None: leave it) and
+    changes to ``cwd`` (empty: stay)."""
     lines = [RESTORE_MARKER]
     if fixups:
         lines.append(_FIXUP)
-    lines.append(_LIST)
+    lines.append(_CUTOFF)
     if env is not None:
         keep = "|".join(["SANDBOXD_*", *SHELL_OWNED, *env])
         lines.append(

@@ -1,8 +1,9 @@
 """The snapshot catalog: metadata, manifests and blob references of every
 snapshot in SQLite (``state_dir/<instance>-snapshots.sqlite3``), so lineage,
 listing by labels, per-tenant usage and the garbage collector's mark phase
-are queries. Blob contents live in a BlobStore. All access goes through one
-worker thread, as in sandboxd.core.store."""
+are queries. Blob contents live in a BlobStore, packed (sandboxd.core.packs):
+the catalog also indexes where in which pack each blob lies. All access goes
+through one worker thread, as in sandboxd.core.store."""
 
 from __future__ import annotations
 
@@ -27,7 +28,13 @@ CREATE TABLE IF NOT EXISTS refs (
   PRIMARY KEY (snapshot_id, key)
 );
 CREATE INDEX IF NOT EXISTS refs_key ON refs(key);
+CREATE TABLE IF NOT EXISTS packed (
+  key TEXT PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL, size INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS packed_pack ON packed(pack);
 """
+# SQLite's default limit on host parameters is 999 in older builds.
+_CHUNK = 900
 
 
 @dataclass(frozen=True)
@@ -202,3 +209,65 @@ class SnapshotCatalog:
         """Every blob key some snapshot still references (the GC's mark set)."""
         rows = await self._run(self._all, "SELECT DISTINCT key FROM refs", ())
         return {r[0] for r in rows}
+
+    # -- pack index (sandboxd.core.packs) --------------------------------------
+
+    async def locate(self, keys: list[str]) -> dict[str, tuple[str, int, int]]:
+        """(pack, offset, size) of each of ``keys`` that lies in a pack."""
+        out: dict[str, tuple[str, int, int]] = await self._run(self._locate_sync, keys)
+        return out
+
+    def _locate_sync(self, keys: list[str]) -> dict[str, tuple[str, int, int]]:
+        out: dict[str, tuple[str, int, int]] = {}
+        for i in range(0, len(keys), _CHUNK):
+            part = keys[i : i + _CHUNK]
+            marks = ",".join("?" * len(part))
+            for key, pack, offset, size in self.db.execute(
+                f"SELECT key, pack, offset, size FROM packed WHERE key IN ({marks})", part
+            ):
+                out[key] = (pack, offset, size)
+        return out
+
+    async def add_packed(self, pack: str, rows: list[tuple[str, int, int]]) -> None:
+        """Indexes (key, offset, size) rows of ``pack``; a key already packed
+        elsewhere keeps its first location."""
+        await self._run(self._add_packed_sync, pack, rows)
+
+    def _add_packed_sync(self, pack: str, rows: list[tuple[str, int, int]]) -> None:
+        with self.db:
+            self.db.executemany(
+                "INSERT OR IGNORE INTO packed VALUES (?, ?, ?, ?)", [(k, pack, o, n) for k, o, n in rows]
+            )
+
+    async def packed_keys(self, prefix: str) -> list[str]:
+        rows = await self._run(
+            self._all, "SELECT key FROM packed WHERE substr(key, 1, ?) = ?", (len(prefix), prefix)
+        )
+        return [r[0] for r in rows]
+
+    async def packs(self) -> set[str]:
+        rows = await self._run(self._all, "SELECT DISTINCT pack FROM packed", ())
+        return {r[0] for r in rows}
+
+    async def unpack(self, keys: list[str]) -> list[str]:
+        """Drops the index rows of ``keys``; returns the packs that no longer
+        hold any indexed blob (to be deleted)."""
+        emptied: list[str] = await self._run(self._unpack_sync, keys)
+        return emptied
+
+    def _unpack_sync(self, keys: list[str]) -> list[str]:
+        db = self.db
+        touched: set[str] = set()
+        with db:
+            for i in range(0, len(keys), _CHUNK):
+                part = keys[i : i + _CHUNK]
+                marks = ",".join("?" * len(part))
+                touched.update(
+                    r[0] for r in db.execute(f"SELECT DISTINCT pack FROM packed WHERE key IN ({marks})", part)
+                )
+                db.execute(f"DELETE FROM packed WHERE key IN ({marks})", part)
+        return [
+            p
+            for p in sorted(touched)
+            if db.execute("SELECT 1 FROM packed WHERE pack = ? LIMIT 1", (p,)).fetchone() is None
+        ]

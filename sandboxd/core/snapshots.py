@@ -7,16 +7,20 @@ environment are read by a command run in that session. Regular files whose
 it was last restored or snapshotted) keep their known digest and are not read
 again; the rest come out through the backend's ``get_tar`` and are split,
 while the stream arrives, into per-file blobs keyed by their sha256 (under a
-per-tenant namespace). Only blobs the store does not hold are written, so
+per-tenant namespace) and written a batch at a time as one pack
+(sandboxd.core.packs). Only blobs the store does not hold are written, so
 unchanged files are stored once across snapshots and an incremental snapshot
 costs what changed. A snapshot whose baseline came from snapshot P records P
 as its parent and inherits P's chain.
 
 Restore. The manifest is checked (paths, kinds, modes, symlink targets) and
 sized against the target pool's limits; blobs are read and verified against
-their digests and a tar is built, all *before* any sandbox is touched. Then
+their digests (sandboxd.core.packs: read by range from the packs they lie
+in) and a tar is built, all *before* any sandbox is touched. Then
 n warm sandboxes are leased through ``ControlPlane.acquire`` under one lease,
-the tar is extracted into each, modes a non-root extraction would lose are
+the tar is extracted into each (handed over as a file where the backend can
+take one, so a fork of n does not push the archive n times through the
+engine), modes a non-root extraction would lose are
 re-applied, and the session's cwd and environment are set in a session of the
 same name. Any failure releases (destroys) every sandbox of the lease.
 
@@ -33,6 +37,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import secrets
 import tempfile
 from collections import Counter, OrderedDict
@@ -40,7 +45,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxd.backends.base import WORKSPACE, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.base import WORKSPACE, ExecOutcome, ExecResult, ExecSpec, OutputChunk, StagedTars
 from sandboxd.backends.shell import is_env_name
 from sandboxd.backends.snapshot_shell import (
     LIST_SCRIPT,
@@ -56,6 +61,7 @@ from sandboxd.core.control import ControlPlane
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.manifest import DIR, FILE, LINK, Entry, UnsafeSnapshot
+from sandboxd.core.packs import PackedBlobs
 from sandboxd.core.snapshot_catalog import ChainRef, SnapshotCatalog, SnapshotInfo
 from sandboxd.core.tarstream import HARDLINK, read_members
 from sandboxd.core.tenancy import current_tenant, split_pool_key
@@ -86,9 +92,14 @@ _RACY_SECONDS = 0.1
 _MAX_PATH_ARGS = 256 << 10
 # Change sets up to this size are read through the session (no exec start).
 _SESSION_TAR_BYTES = 8 << 20
-_BATCH_BYTES = 8 << 20
-_BATCH_FILES = 512
+# Each batch of new contents becomes one pack; small enough that hashing and
+# writing the last one adds little after the stream ends.
+_BATCH_BYTES = 16 << 20
+_BATCH_FILES = 4096
 _TAR_CACHE_BYTES = 256 << 20
+# Archives above this are handed to a backend that can take files as a file;
+# smaller ones already travel cheaply through a sandbox shell's stdin.
+_STAGE_MIN_BYTES = 64 << 10
 
 Stamp = tuple[int, str, str]
 """(size, mtime, ctime) as find printed them."""
@@ -117,6 +128,20 @@ class Baseline:
     snapshot_id: str
     chain: list[ChainRef]
     files: dict[str, tuple[Stamp, str]] = field(default_factory=dict)
+    """After a snapshot: (stamp, digest), unchanged while the stamp is."""
+    restored: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """After a restore: (size, digest), unchanged while ctime < cutoff."""
+    cutoff: float = 0.0
+
+    def digest_of(self, item: Listed) -> str | None:
+        """The digest of ``item`` if it is known to be unchanged."""
+        known = self.files.get(item.path)
+        if known is not None:
+            return known[1] if known[0] == item.stamp else None
+        written = self.restored.get(item.path)
+        if written is not None and written[0] == item.size and float(item.ctime) < self.cutoff:
+            return written[1]
+        return None
 
 
 @dataclass(frozen=True)
@@ -199,7 +224,7 @@ class SnapshotManager:
     ) -> None:
         self._control = control
         self._catalog = catalog
-        self.blobs = blobs
+        self.blobs = PackedBlobs(blobs, catalog)
         self.settings = settings
         self._clock = clock
         self._gc_lock = asyncio.Lock()
@@ -387,11 +412,11 @@ class SnapshotManager:
                     item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime)
                 )
             elif item.kind == "f":
-                known = baseline.files.get(item.path) if baseline is not None else None
-                if known is not None and known[0] == item.stamp:
+                known = baseline.digest_of(item) if baseline is not None else None
+                if known is not None:
                     reused[item.path] = item
                     entries[item.path] = Entry(
-                        item.path, FILE, item.mode & 0o1777, item.size, known[1], mtime=float(item.mtime)
+                        item.path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
                     )
                 else:
                     need[item.path] = item
@@ -410,13 +435,27 @@ class SnapshotManager:
                         del entries[p]
         stored = 0
         stamps: dict[str, tuple[Stamp, str]] = {}
+        digests: dict[str, str] = {}
+        links: list[tuple[str, str, Listed]] = []
         writers: set[asyncio.Task[int]] = set()
         slots = asyncio.Semaphore(2)
-        batch: dict[str, bytes] = {}
+        batch: list[tuple[str, Listed, bytes]] = []
         batch_bytes = 0
 
-        async def write(blobs: dict[str, bytes]) -> int:
+        async def write(files: list[tuple[str, Listed, bytes]]) -> int:
             try:
+                # sha256 releases the GIL: hashing overlaps with reading the stream.
+                hashed = await asyncio.to_thread(_sha256_all, [content for _, _, content in files])
+                blobs: dict[str, bytes] = {}
+                for (name, item, content), digest in zip(files, hashed, strict=True):
+                    digests[name] = digest
+                    entries[name] = Entry(
+                        name, FILE, item.mode & 0o1777, len(content), digest, mtime=float(item.mtime)
+                    )
+                    if len(content) == item.size and float(item.ctime) < when - _RACY_SECONDS:
+                        stamps[name] = (item.stamp, digest)
+                    if content:
+                        blobs.setdefault(blob_key(ns, digest), content)
                 pinned.extend(await self._pin(blobs))
                 return await self.blobs.put_absent(blobs)
             finally:
@@ -427,11 +466,10 @@ class SnapshotManager:
             if batch:
                 await slots.acquire()
                 writers.add(asyncio.create_task(write(batch)))
-                batch, batch_bytes = {}, 0
+                batch, batch_bytes = [], 0
 
         try:
             if need:
-                digests: dict[str, str] = {}
                 names = sorted(need)
                 paths = tuple(names) if sum(len(p) + 1 for p in names) <= _MAX_PATH_ARGS else (".",)
                 stream: AsyncIterator[bytes]
@@ -444,30 +482,13 @@ class SnapshotManager:
                     wanted = need.get(member.name)
                     if wanted is None:
                         continue
-                    item = wanted
                     if member.type == HARDLINK:
-                        digest = digests.get(member.linkname, "")
-                        if not digest:
-                            continue
-                        size = entries[member.linkname].size
+                        links.append((member.name, member.linkname, wanted))
                     elif member.is_file:
-                        digest = await _sha256(content)
-                        size = len(content)
-                        if size:
-                            key = blob_key(ns, digest)
-                            if key not in batch:
-                                batch[key] = content
-                                batch_bytes += size
-                            if batch_bytes >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
-                                await flush()
-                    else:
-                        continue
-                    digests[member.name] = digest
-                    entries[member.name] = Entry(
-                        member.name, FILE, item.mode & 0o1777, size, digest, mtime=float(item.mtime)
-                    )
-                    if size == item.size and float(item.ctime) < when - _RACY_SECONDS:
-                        stamps[member.name] = (item.stamp, digest)
+                        batch.append((member.name, wanted, content))
+                        batch_bytes += len(content)
+                        if batch_bytes >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
+                            await flush()
                 await flush()
             for size in await asyncio.gather(*writers):
                 stored += size
@@ -476,6 +497,14 @@ class SnapshotManager:
                 task.cancel()
             await asyncio.gather(*writers, return_exceptions=True)
             raise
+        for name, target, item in links:
+            # A hard link's content is its target's; one whose target was not captured is left out.
+            digest = digests.get(target, "")
+            if digest:
+                size = entries[target].size
+                entries[name] = Entry(name, FILE, item.mode & 0o1777, size, digest, mtime=float(item.mtime))
+                if size == item.size and float(item.ctime) < when - _RACY_SECONDS:
+                    stamps[name] = (item.stamp, digest)
         for p, item in reused.items():
             # Unchanged against a trusted stamp: as trustworthy as before.
             stamps[p] = (item.stamp, entries[p].digest)
@@ -574,18 +603,22 @@ class SnapshotManager:
                 raise NotFound(f"snapshot {snapshot_id!r} not found (deleted while restoring)")
             tar = await self._tar(info, entries, ns)
             lineage = lineage_labels(info)
-            lease, records = await self._control.acquire(
-                pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
-            )
-            try:
-                await asyncio.gather(*(self._restore_into(rec, info, entries, tar) for rec in records))
-            except BaseException as e:
-                await asyncio.shield(self._control.release(lease.lease_id, []))
-                if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
-                    raise FailedPrecondition(
-                        f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
-                    ) from e
-                raise
+            async with self._staged(tar) as staged:
+                lease, records = await self._control.acquire(
+                    pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
+                )
+                try:
+                    path = await staged
+                    await asyncio.gather(
+                        *(self._restore_into(rec, info, entries, tar, path) for rec in records)
+                    )
+                except BaseException as e:
+                    await asyncio.shield(self._control.release(lease.lease_id, []))
+                    if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
+                        raise FailedPrecondition(
+                            f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
+                        ) from e
+                    raise
         finally:
             self._unpin(pinned)
         return lease, records, info
@@ -625,15 +658,45 @@ class SnapshotManager:
                 self._tars.popitem(last=False)
         return tar
 
+    @contextlib.asynccontextmanager
+    async def _staged(self, tar: bytes) -> AsyncIterator[asyncio.Future[Path | None]]:
+        """A file holding ``tar`` for a backend that takes archives as files
+        (None otherwise), written while the sandboxes are being leased and
+        removed afterwards."""
+        backend = self._control.backend
+        where = backend.staging_dir() if isinstance(backend, StagedTars) else None
+        if where is None or len(tar) < _STAGE_MIN_BYTES:
+            done: asyncio.Future[Path | None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            yield done
+            return
+        path = where / f"{secrets.token_hex(8)}.tar"
+        writing: asyncio.Future[Path | None] = asyncio.ensure_future(
+            asyncio.to_thread(_write_file, path, tar)
+        )
+        try:
+            yield writing
+        finally:
+            with contextlib.suppress(BaseException):
+                await writing
+            await asyncio.to_thread(_remove_file, path)
+
     async def _restore_into(
-        self, rec: SandboxRecord, info: SnapshotInfo, entries: list[Entry], tar: bytes
+        self, rec: SandboxRecord, info: SnapshotInfo, entries: list[Entry], tar: bytes, staged: Path | None
     ) -> None:
         async def one() -> AsyncIterator[bytes]:
             for i in range(0, len(tar), 1 << 20):
                 yield tar[i : i + (1 << 20)]
 
+        backend = self._control.backend
         with self._control.using(rec):
-            await self._control.backend.put_tar(rec.handle, WORKSPACE, one())
+            handed = (
+                staged is not None
+                and isinstance(backend, StagedTars)
+                and await backend.put_tar_file(rec.handle, WORKSPACE, staged)
+            )
+            if not handed:
+                await backend.put_tar(rec.handle, WORKSPACE, one())
         fixups = b"".join(
             f"{e.mode:o}\0".encode() + e.path.encode("utf-8", "surrogateescape") + b"\0"
             for e in entries
@@ -645,14 +708,14 @@ class SnapshotManager:
             env=info.env if info.session else None,
         )
         out = await self._run(rec, script, session=info.session, stdin=fixups)
-        _, listing = parse_listing(out)
-        by_path = {e.path: e for e in entries}
-        files: dict[str, tuple[Stamp, str]] = {}
-        for item in listing:
-            e = by_path.get(item.path)
-            if item.kind == "f" and e is not None and e.kind == FILE and e.size == item.size:
-                files[item.path] = (item.stamp, e.digest)
-        self._baselines[rec.sandbox_id] = Baseline(info.id, list(info.chain), files)
+        try:
+            cutoff = float(out.rstrip(b"\x00"))
+        except ValueError as e:
+            raise BackendError(f"restore of {rec.sandbox_id}: malformed cutoff {out[:80]!r}") from e
+        restored = {e.path: (e.size, e.digest) for e in entries if e.kind == FILE}
+        self._baselines[rec.sandbox_id] = Baseline(
+            info.id, list(info.chain), restored=restored, cutoff=cutoff
+        )
 
     # -- garbage collection ---------------------------------------------------
 
@@ -667,6 +730,7 @@ class SnapshotManager:
             live = await self._catalog.live_keys()
             doomed = [k for k in keys if k not in live and self._pins.get(k, 0) <= 0]
             await self.blobs.delete_many(doomed)
+            await self.blobs.sweep_packs()
         if expired or doomed:
             log.info("snapshot GC: %d expired snapshots, %d blobs deleted", len(expired), len(doomed))
         return GcResult(len(expired), len(doomed), len(keys) - len(doomed))
@@ -683,14 +747,30 @@ class SnapshotManager:
         self._tars.clear()
 
 
+def _write_file(path: Path, data: bytes) -> Path | None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.fchmod(fd, 0o644)  # read by the sandbox user, whatever our umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    return path
+
+
+def _remove_file(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _sha256(data: bytes) -> str:
-    if len(data) >= 1 << 20:
-        return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
-    return hashlib.sha256(data).hexdigest()
+def _sha256_all(contents: list[bytes]) -> list[str]:
+    return [hashlib.sha256(c).hexdigest() for c in contents]
 
 
 def _mismatches(contents: dict[str, bytes]) -> list[str]:

@@ -36,12 +36,19 @@ class Member:
 class _Reader:
     def __init__(self, chunks: AsyncIterator[bytes]) -> None:
         self._it = aiter(chunks)
-        self._buf = bytearray()
+        self._buf = b""
         self._pos = 0
         self._eof = False
 
     async def read(self, n: int) -> bytes:
-        while len(self._buf) - self._pos < n:
+        end = self._pos + n
+        if end <= len(self._buf):  # the usual case: one slice, no await
+            out = self._buf[self._pos : end]
+            self._pos = end
+            return out
+        parts = [self._buf[self._pos :]]
+        have = len(parts[0])
+        while have < n:
             if self._eof:
                 raise InvalidArgument("tar", "archive ends in the middle of a member")
             try:
@@ -49,13 +56,11 @@ class _Reader:
             except StopAsyncIteration:
                 self._eof = True
                 continue
-            if self._pos > 1 << 20:
-                del self._buf[: self._pos]
-                self._pos = 0
-            self._buf += chunk
-        out = bytes(self._buf[self._pos : self._pos + n])
-        self._pos += n
-        return out
+            parts.append(chunk)
+            have += len(chunk)
+        self._buf = b"".join(parts)
+        self._pos = n
+        return self._buf[:n]
 
     async def drain(self) -> None:
         """Consumes the rest of the stream (the producer may need to finish)."""
@@ -103,6 +108,8 @@ def _pax(data: bytes) -> dict[str, str]:
 
 
 def _normalise(name: str) -> str:
+    if name.startswith("./") and "/." not in name[1:] and "//" not in name and not name.endswith("/"):
+        return name[2:]  # what tar -c writes for the paths we ask for: already normal
     norm = posixpath.normpath(name)
     return "" if norm in (".", "") else norm.removeprefix("./")
 

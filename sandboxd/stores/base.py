@@ -20,6 +20,11 @@ class BlobStore(Protocol):
         """The blobs' contents. Raises NotFound naming the first missing key."""
         ...
 
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Slices (offset, size) of one blob, in order. Raises NotFound when
+        the blob is missing, BackendError when a range passes its end."""
+        ...
+
     async def missing(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` are not stored."""
         ...

@@ -86,6 +86,28 @@ class LocalBlobStore:
                 raise BackendError(f"blob store {self.root}: read of {key} failed: {e}") from e
         return out
 
+    async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        out: list[bytes] = await self._run(self._ranges_sync, key, list(ranges))
+        return out
+
+    def _ranges_sync(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except FileNotFoundError as e:
+            raise NotFound(f"blob {key} is missing from the store") from e
+        except OSError as e:
+            raise BackendError(f"blob store {self.root}: read of {key} failed: {e}") from e
+        try:
+            out = [os.pread(fd, size, offset) for offset, size in ranges]
+        except OSError as e:
+            raise BackendError(f"blob store {self.root}: read of {key} failed: {e}") from e
+        finally:
+            os.close(fd)
+        for (offset, size), data in zip(ranges, out, strict=True):
+            if len(data) != size:
+                raise BackendError(f"blob {key} ends before {offset + size} (truncated?)")
+        return out
+
     async def missing(self, keys: Sequence[str]) -> set[str]:
         if not keys:
             return set()

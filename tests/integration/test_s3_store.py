@@ -96,6 +96,17 @@ async def test_blob_operations(store: S3BlobStore) -> None:
     assert "ns/01/k1" not in await store.list_keys()
     with pytest.raises(errors.NotFound, match="ns/01/k1"):
         await store.get_many(["ns/01/k1"])
+    # Ranged reads (packs): one request covering the slices asked for.
+    whole = blobs["ns/05/k5"]
+    assert await store.get_ranges("ns/05/k5", [(10, 5), (100, 0), (4000, 1000)]) == [
+        whole[10:15],
+        b"",
+        whole[4000:5000],
+    ]
+    with pytest.raises(errors.NotFound, match="ns/01/k1"):
+        await store.get_ranges("ns/01/k1", [(0, 1)])
+    with pytest.raises(errors.BackendError, match="ends before"):
+        await store.get_ranges("ns/05/k5", [(4990, 20)])
 
 
 async def test_wrong_secret_is_refused(s3_endpoint: str) -> None:
@@ -125,7 +136,8 @@ async def test_snapshots_stored_in_s3(s3_endpoint: str, tmp_path: Path) -> None:
     app = build_app(settings, backend=FakeBackend())
     await app.start()
     try:
-        assert app.snapshots is not None and isinstance(app.snapshots.blobs, S3BlobStore)
+        assert app.snapshots is not None and isinstance(app.snapshots.blobs.store, S3BlobStore)
+        raw = app.snapshots.blobs.store
         async with AsyncClient(app.address) as client:
             await client.create_pool("p", "img", min_ready=2, max_size=8)
             lease = await client.lease("p", timeout=5)
@@ -136,8 +148,10 @@ async def test_snapshots_stored_in_s3(s3_endpoint: str, tmp_path: Path) -> None:
             files = await asyncio.gather(*(s.read_files(["a.txt", "b/c.txt"]) for s in fork))
             assert all(f == {"a.txt": b"alpha", "b/c.txt": b"gamma" * 100} for f in files)
             assert len(await app.snapshots.blobs.list_keys()) == 2
+            assert len(await raw.list_keys()) == 1, "both files went into one pack object"
             await client.delete_snapshot(snap.id)
             assert (await app.snapshots.gc()).deleted_blobs == 2
             assert await app.snapshots.blobs.list_keys() == []
+            assert await raw.list_keys() == []
     finally:
         await app.stop(0.5)

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from sandboxd import errors
-from sandboxd.app import App
+from sandboxd.app import App, build_app
 from sandboxd.client import AsyncClient, Sandbox
 from sandboxd.core import manifest as mf
 from sandboxd.core.snapshots import LABEL_SNAPSHOT, blob_key, tenant_namespace
+from tests.integration.conftest import make_settings, poll
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
@@ -87,7 +88,10 @@ async def test_corrupt_snapshot_fails_and_leaves_no_sandbox(
     assert app.snapshots is not None
     entries = mf.decode((await app.snapshots._catalog.manifest(snap.id)) or b"")
     key = blob_key(tenant_namespace("default"), entries[0].digest)
-    (app.settings.state_dir / "blobs" / key).write_bytes(b"tampered")
+    pack, offset, size = (await app.snapshots._catalog.locate([key]))[key]
+    with (app.settings.state_dir / "blobs" / pack).open("r+b") as fh:
+        fh.seek(offset)
+        fh.write(b"T" * size)
     with pytest.raises(errors.FailedPrecondition, match="corrupt"):
         await client.restore(snap.id, timeout=60)
     leased = await client.list_sandboxes(pool, state=3)
@@ -123,3 +127,49 @@ async def test_concurrent_snapshots_and_gc(app: App, client: AsyncClient, pool: 
         assert (await restored[0].exec("cat i")).ok
     finally:
         await restored.release()
+
+
+async def test_large_restore_goes_through_the_inbox(app: App, client: AsyncClient, pool: str) -> None:
+    async with client.acquire(pool, timeout=60) as sb:
+        r = await sb.exec("head -c 2000000 /dev/urandom > big && printf a > small && md5sum big > sum")
+        assert r.ok, r
+        snap = await sb.snapshot()
+    inboxes = app.settings.state_dir / "inbox"
+    staged = inboxes.with_name("inbox-staged")
+    fork = await client.restore(snap.id, n=2, timeout=60)
+    try:
+        for target in fork:
+            assert "big: OK" in (await target.exec("md5sum -c sum")).text
+            # Only what was linked for this sandbox, only while it was extracted; never writable.
+            assert (await target.exec("ls -A /.sandboxd/inbox")).text == ""
+            assert not (await target.exec("touch /.sandboxd/inbox/x")).ok
+            assert (inboxes / target.id).is_dir()
+        assert list(staged.iterdir()) == []
+        # The restore's cutoff stands in for a listing: only what changed is read.
+        assert (await fork[0].exec("printf b > small")).ok
+        child = await fork[0].snapshot()
+        assert child.parent_id == snap.id and child.stored_bytes == 1
+    finally:
+        await fork.release()
+    await poll(lambda: not any((inboxes / t.id).exists() for t in fork), what="inboxes removed")
+
+
+async def test_restore_streams_when_sandboxes_have_no_inbox(tmp_path: Path, image: str) -> None:
+    app = build_app(make_settings(tmp_path, **{"backend.inbox_dir": ""}))
+    await app.start()
+    try:
+        async with AsyncClient(app.address) as client:
+            await client.create_pool("noinbox", image, min_ready=1, max_size=2)
+            async with client.acquire("noinbox", timeout=60) as sb:
+                assert (await sb.exec("head -c 200000 /dev/urandom > big && md5sum big > sum")).ok
+                snap = await sb.snapshot()
+            restored = await client.restore(snap.id, timeout=60)
+            try:
+                assert "big: OK" in (await restored[0].exec("md5sum -c sum")).text
+                assert not (await restored[0].exec("test -e /.sandboxd")).ok
+            finally:
+                await restored.release()
+            await client.delete_pool("noinbox", force=True)
+    finally:
+        await app.stop(grace=1)
+    assert not (tmp_path / "state" / "inbox").exists()

@@ -336,8 +336,12 @@ async def test_corrupt_blob_fails_clearly_and_leaves_nothing_leased(
     sid = await leased_with(h, {"a.txt": b"good content", "b.txt": b"other"})
     snap = await manager.snapshot(sid)
     digest = mf.decode((await manager._catalog.manifest(snap.id)) or b"")[0].digest
-    path = tmp_path / "blobs" / blob_key(tenant_namespace("default"), digest)
-    path.write_bytes(b"evil content")
+    key = blob_key(tenant_namespace("default"), digest)
+    pack, offset, size = (await manager._catalog.locate([key]))[key]
+    path = tmp_path / "blobs" / pack
+    with path.open("r+b") as fh:  # same length, other bytes: only the digest check can tell
+        fh.seek(offset)
+        fh.write(b"X" * size)
     pool = h.control.get_pool("p")
     leased_before = pool.count(State.LEASED)
     with pytest.raises(errors.FailedPrecondition, match="corrupt"):

@@ -6,6 +6,13 @@ goes through the async raw client (rawapi). Containers are hardened by
 default: no network, non-root, no capabilities, no-new-privileges, read-only
 root, and a size- and inode-limited tmpfs as the workspace, so the kernel
 enforces disk bytes and file count.
+
+Each sandbox also gets a read-only bind mount of its own host directory, the
+*inbox*: a large archive (a snapshot restored or forked) is hard-linked there
+and extracted by the sandbox itself, so n sandboxes read it from the page
+cache instead of having it pushed n times through the engine's exec stream.
+Only what is linked for that sandbox is ever in it, and only while it is
+being extracted.
 """
 
 from __future__ import annotations
@@ -14,13 +21,19 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import os
+import secrets
+import shutil
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
 import docker.errors
+import docker.types
 import requests.exceptions
 
 from sandboxd.backends.base import (
@@ -55,6 +68,10 @@ from sandboxd.errors import (
 T = TypeVar("T")
 
 _TMP_BYTES = 64 << 20
+INBOX = "/.sandboxd/inbox"
+# An inbox directory without a container is only removed once it is this old,
+# so a sweep never races a create that made the directory a moment ago.
+_INBOX_GRACE_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,9 @@ class DockerOptions:
     user: str = "1000:1000"
     threads: int = 16
     runtime: str | None = None
+    inbox_dir: Path | None = None
+    """Host directory for the sandboxes' inboxes (None: no inboxes; archives
+    are streamed). Must be a path on the engine's host."""
 
 
 # Larger stdin goes through a real engine exec rather than the shell's command line.
@@ -116,6 +136,8 @@ class DockerBackend:
         self._probes: dict[str, ContainerProbe | None] = {}
         # Idle shells per sandbox that fork one-shot commands.
         self._runners: dict[str, list[ShellSession]] = {}
+        # Host directory of each sandbox's inbox mount (None: it has none).
+        self._inboxes: dict[str, Path | None] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -146,6 +168,7 @@ class DockerBackend:
         try:
             handle, pid = await asyncio.shield(creating)
             self._probes[handle] = ContainerProbe.open(pid) if pid else None
+            self._inboxes[handle] = self._inbox_path(spec.sandbox_id)
             session = ShellSession(await self._target(handle), dict(spec.env))
             await session.start()
             # The spare shell doubles as the health check: a sandbox is READY
@@ -174,6 +197,9 @@ class DockerBackend:
         if session is not None:
             await session.close()
         await self._remove_by_name(name)
+        inbox = self._inbox_path(name.removeprefix("sandboxd-"))
+        if inbox is not None:
+            await self._run(shutil.rmtree, inbox, True)
 
     def _create_sync(self, spec: SandboxSpec, name: str) -> tuple[str, int]:
         """Creates and starts the container; returns its id and host pid."""
@@ -222,6 +248,15 @@ class DockerBackend:
             kwargs["pids_limit"] = limits.pids
         if self._options.runtime:
             kwargs["runtime"] = self._options.runtime
+        inbox = self._inbox_path(spec.sandbox_id)
+        if inbox is not None:
+            try:
+                inbox.mkdir(parents=True, exist_ok=True)
+                inbox.chmod(0o755)  # the sandbox user reads it, whatever our umask
+            except OSError as e:
+                raise PermanentBackendError(f"cannot create the sandbox's inbox {inbox}: {e}") from e
+            mount = docker.types.Mount(target=INBOX, source=str(inbox), type="bind", read_only=True)
+            kwargs["mounts"] = [mount]
         try:
             container = self._client.containers.create(**kwargs)
             container.start()
@@ -288,9 +323,12 @@ class DockerBackend:
             sessions.append(spare)
         self._session_locks.pop(handle, None)
         self._probes.pop(handle, None)
+        inbox = self._inboxes.pop(handle, None)
         for session in sessions:
             await session.close()
         await self._run(self._remove_sync, handle)
+        if inbox is not None:
+            await self._run(shutil.rmtree, inbox, True)
 
     async def list(self) -> list[BackendSandbox]:
         try:
@@ -313,7 +351,26 @@ class DockerBackend:
                     labels=labels,
                 )
             )
+        if self._options.inbox_dir is not None:
+            await self._run(self._sweep_inboxes, {s.sandbox_id for s in out})
         return out
+
+    def _inbox_path(self, sandbox_id: str) -> Path | None:
+        root = self._options.inbox_dir
+        return None if root is None or not sandbox_id else root / sandbox_id
+
+    def _sweep_inboxes(self, keep: set[str]) -> None:
+        """Removes inboxes whose sandbox is gone (a crash between remove and
+        cleanup, or a container removed behind our back)."""
+        root = self._options.inbox_dir
+        assert root is not None
+        cutoff = time.time() - _INBOX_GRACE_SECONDS
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(root):
+                if entry.name not in keep and entry.is_dir(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            shutil.rmtree(entry.path, ignore_errors=True)
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
         """One ``containers list`` call for every handle asked about."""
@@ -478,7 +535,45 @@ class DockerBackend:
         await self._put_tar_by_exec(handle, dest, rest())
 
     async def _put_small_tar(self, handle: str, dest: str, data: bytes) -> None:
-        spec = ExecSpec(argv=tuple(put_tar_argv(dest)), stdin=data, timeout=300, output_limit=65536)
+        await self._put_by_shell(handle, dest, put_tar_argv(dest), data)
+
+    # -- StagedTars ---------------------------------------------------------
+
+    def staging_dir(self) -> Path | None:
+        root = self._options.inbox_dir
+        # Beside the inboxes: same filesystem, so handing a file over is a link.
+        return None if root is None else root.with_name(root.name + "-staged")
+
+    async def put_tar_file(self, handle: str, dest: str, path: Path) -> bool:
+        inbox = await self._inbox(handle)
+        if inbox is None:
+            return False
+        name = secrets.token_hex(8) + ".tar"
+        try:
+            await self._run(os.link, path, inbox / name)
+        except OSError:
+            return False  # an inbox gone missing or on another filesystem: stream it
+        try:
+            await self._put_by_shell(handle, dest, put_tar_argv(dest, f"{INBOX}/{name}"), b"")
+        finally:
+            with contextlib.suppress(OSError):
+                await self._run(os.unlink, inbox / name)
+        return True
+
+    async def _inbox(self, handle: str) -> Path | None:
+        if handle not in self._inboxes:
+            # Adopted after a restart: find its inbox mount once.
+            try:
+                state = await self._run(self._client.api.inspect_container, handle)
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                return None
+            sources = [m.get("Source") for m in state.get("Mounts") or [] if m.get("Destination") == INBOX]
+            self._inboxes[handle] = Path(sources[0]) if sources and sources[0] else None
+        return self._inboxes[handle]
+
+    async def _put_by_shell(self, handle: str, dest: str, argv: builtins.list[str], data: bytes) -> None:
+        """Runs an extraction through a forked sandbox shell (no engine exec)."""
+        spec = ExecSpec(argv=tuple(argv), stdin=data, timeout=300, output_limit=65536)
         stderr = bytearray()
         result: ExecResult | None = None
         async for event in self.exec(handle, spec):
