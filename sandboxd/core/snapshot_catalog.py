@@ -26,12 +26,28 @@ CREATE INDEX IF NOT EXISTS snapshots_tenant ON snapshots(tenant);
 CREATE TABLE IF NOT EXISTS refs (
   snapshot_id TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL,
   PRIMARY KEY (snapshot_id, key)
-);
-CREATE INDEX IF NOT EXISTS refs_key ON refs(key);
+) WITHOUT ROWID;
+-- Only the collector reads refs by key, and it reads them all.
+DROP INDEX IF EXISTS refs_key;
 CREATE TABLE IF NOT EXISTS packed (
   key TEXT PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL, size INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS packed_pack ON packed(pack);
+-- Each tenant's distinct blobs with how many of its snapshots reference them,
+-- and their total kept up to date by triggers: the quota check reads one row
+-- instead of scanning every reference of every snapshot.
+CREATE TABLE IF NOT EXISTS tenant_blobs (
+  tenant TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL, n INTEGER NOT NULL,
+  PRIMARY KEY (tenant, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tenant_usage (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS tenant_blobs_added AFTER INSERT ON tenant_blobs BEGIN
+  INSERT INTO tenant_usage VALUES (NEW.tenant, NEW.size)
+  ON CONFLICT(tenant) DO UPDATE SET bytes = bytes + NEW.size;
+END;
+CREATE TRIGGER IF NOT EXISTS tenant_blobs_dropped AFTER DELETE ON tenant_blobs BEGIN
+  UPDATE tenant_usage SET bytes = bytes - OLD.size WHERE tenant = OLD.tenant;
+END;
 """
 # SQLite's default limit on host parameters is 999 in older builds.
 _CHUNK = 900
@@ -99,6 +115,12 @@ class SnapshotCatalog:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(_SCHEMA)
+        if db.execute("SELECT 1 FROM tenant_usage LIMIT 1").fetchone() is None:
+            with db:  # a catalog from before the usage tables: count once
+                db.execute(
+                    "INSERT INTO tenant_blobs SELECT s.tenant, r.key, MAX(r.size), COUNT(*) FROM refs r "
+                    "JOIN snapshots s ON s.id = r.snapshot_id GROUP BY s.tenant, r.key"
+                )
         self._db = db
 
     async def close(self) -> None:
@@ -131,6 +153,11 @@ class SnapshotCatalog:
             db.executemany(
                 "INSERT INTO refs VALUES (?, ?, ?)", [(info.id, k, size) for k, size in refs.items()]
             )
+            db.executemany(
+                "INSERT INTO tenant_blobs VALUES (?, ?, ?, 1) "
+                "ON CONFLICT(tenant, key) DO UPDATE SET n = n + 1",
+                [(info.tenant, k, size) for k, size in refs.items()],
+            )
             usage = self._usage_sync(info.tenant)
             if quota and usage > quota:
                 db.rollback()
@@ -149,6 +176,16 @@ class SnapshotCatalog:
         with db:
             n = 0
             for sid in ids:
+                row = db.execute("SELECT tenant FROM snapshots WHERE id = ?", (sid,)).fetchone()
+                if row is None:
+                    continue
+                mine = "SELECT key FROM refs WHERE snapshot_id = ?"
+                db.execute(
+                    f"UPDATE tenant_blobs SET n = n - 1 WHERE tenant = ? AND key IN ({mine})", (row[0], sid)
+                )
+                db.execute(
+                    f"DELETE FROM tenant_blobs WHERE tenant = ? AND n <= 0 AND key IN ({mine})", (row[0], sid)
+                )
                 n += db.execute("DELETE FROM snapshots WHERE id = ?", (sid,)).rowcount
                 db.execute("DELETE FROM refs WHERE snapshot_id = ?", (sid,))
         return n > 0
@@ -198,12 +235,8 @@ class SnapshotCatalog:
         return usage
 
     def _usage_sync(self, tenant: str) -> int:
-        row = self.db.execute(
-            "SELECT COALESCE(SUM(size), 0) FROM (SELECT DISTINCT r.key, r.size FROM refs r "
-            "JOIN snapshots s ON s.id = r.snapshot_id WHERE s.tenant = ?)",
-            (tenant,),
-        ).fetchone()
-        return int(row[0])
+        row = self.db.execute("SELECT bytes FROM tenant_usage WHERE tenant = ?", (tenant,)).fetchone()
+        return int(row[0]) if row else 0
 
     async def live_keys(self) -> set[str]:
         """Every blob key some snapshot still references (the GC's mark set)."""

@@ -641,17 +641,19 @@ class SnapshotManager:
         except NotFound as e:
             raise UnsafeSnapshot(f"snapshot {info.id} is corrupt: {e}") from e
         contents = {d: blobs[blob_key(ns, d)] for d in digests}
-        bad = await asyncio.to_thread(_mismatches, contents)
+        sizes = {e.digest: e.size for e in entries if e.kind == FILE}
+        wrong = [d for d in digests if len(contents[d]) != sizes[d]]
+        if wrong:
+            raise UnsafeSnapshot(f"snapshot {info.id} is corrupt: size of blob {wrong[0]} differs")
+        # Verified while the tar is built (sha256 releases the GIL); a bad blob discards it.
+        bad, tar = await asyncio.gather(
+            asyncio.to_thread(_mismatches, contents), asyncio.to_thread(mf.build_tar, entries, contents)
+        )
         if bad:
             raise UnsafeSnapshot(
                 f"snapshot {info.id} is corrupt: blob {bad[0]} does not match its digest "
                 f"({len(bad)} bad blob(s)); nothing was restored"
             )
-        sizes = {e.digest: e.size for e in entries if e.kind == FILE}
-        wrong = [d for d in digests if len(contents[d]) != sizes[d]]
-        if wrong:
-            raise UnsafeSnapshot(f"snapshot {info.id} is corrupt: size of blob {wrong[0]} differs")
-        tar = await asyncio.to_thread(mf.build_tar, entries, contents)
         if len(tar) <= _TAR_CACHE_BYTES // 2:
             self._tars[info.id] = tar
             while sum(len(t) for t in self._tars.values()) > _TAR_CACHE_BYTES:
