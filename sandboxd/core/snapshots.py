@@ -331,17 +331,21 @@ class SnapshotManager:
         self._prune_baselines()
         ns = tenant_namespace(tenant)
         pinned: list[str] = []
+        prefetch: _Prefetch | None = None
         try:
             with self._control.using(rec):
+                baseline = self._baselines.get(rec.sandbox_id)
+                if baseline is None and await self._large(rec):
+                    # Every file will be read: start the stream while the listing runs.
+                    prefetch = _Prefetch(self._get_tar(rec, (".",)))
                 cwd, env = "", dict[str, str]()
                 if session:
                     cwd, env, raw = parse_session_state(await self._run(rec, STATE_SCRIPT, session=session))
                 else:
                     raw = await self._run(rec, LIST_SCRIPT)
                 when, listing = parse_listing(raw)
-                baseline = self._baselines.get(rec.sandbox_id)
                 entries, stored, refs, stamps = await self._capture(
-                    rec, ns, when, listing, baseline, pinned, session
+                    rec, ns, when, listing, baseline, pinned, session, prefetch
                 )
             parent_id, chain = await self._lineage(rec, baseline)
             now = self._clock.time()
@@ -367,6 +371,8 @@ class SnapshotManager:
             info.chain = [*chain, info.ref()]
             await self._catalog.insert(info, mf.encode(entries), refs, quota)
         finally:
+            if prefetch is not None:
+                await prefetch.close()
             self._unpin(pinned)
         self._baselines[rec.sandbox_id] = Baseline(info.id, info.chain, stamps)
         rec.labels[LABEL_SNAPSHOT] = info.id
@@ -375,6 +381,15 @@ class SnapshotManager:
             info.id, sandbox_id, info.entry_count, info.size_bytes, stored, parent_id or "-",
         )  # fmt: skip
         return info
+
+    async def _large(self, rec: SandboxRecord) -> bool:
+        """Whether the workspace holds more than a session read carries
+        (a host-side reading; False where the backend cannot tell)."""
+        try:
+            usage = await self._control.backend.usage(rec.handle)
+        except SandboxdError:
+            return False
+        return usage.disk_bytes > _SESSION_TAR_BYTES
 
     async def _lineage(self, rec: SandboxRecord, baseline: Baseline | None) -> tuple[str, list[ChainRef]]:
         if baseline is not None:
@@ -394,6 +409,7 @@ class SnapshotManager:
         baseline: Baseline | None,
         pinned: list[str],
         session: str,
+        prefetch: _Prefetch | None = None,
     ) -> tuple[list[Entry], int, dict[str, int], dict[str, tuple[Stamp, str]]]:
         """(entries, bytes newly stored, blob refs, new baseline files)."""
         entries: dict[str, Entry] = {}
@@ -473,7 +489,9 @@ class SnapshotManager:
                 names = sorted(need)
                 paths = tuple(names) if sum(len(p) + 1 for p in names) <= _MAX_PATH_ARGS else (".",)
                 stream: AsyncIterator[bytes]
-                if session and sum(i.size + 1024 for i in need.values()) <= _SESSION_TAR_BYTES:
+                if prefetch is not None:
+                    stream = prefetch.chunks()
+                elif session and sum(i.size + 1024 for i in need.values()) <= _SESSION_TAR_BYTES:
                     stdin = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in names)
                     stream = _once(await self._run(rec, TAR_SCRIPT, session=session, stdin=stdin))
                 else:
@@ -765,6 +783,38 @@ def _write_file(path: Path, data: bytes) -> Path | None:
 def _remove_file(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+class _Prefetch:
+    """A stream started early and buffered (boundedly) until it is read."""
+
+    def __init__(self, stream: AsyncIterator[bytes]) -> None:
+        self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=256)
+        self._task = asyncio.create_task(self._pump(stream))
+
+    async def _pump(self, stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for chunk in stream:
+                await self._queue.put(chunk)
+            await self._queue.put(None)
+        except Exception as e:  # handed to the reader, which raises it
+            await self._queue.put(e)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

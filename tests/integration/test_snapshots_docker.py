@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +174,34 @@ async def test_restore_streams_when_sandboxes_have_no_inbox(tmp_path: Path, imag
     finally:
         await app.stop(grace=1)
     assert not (tmp_path / "state" / "inbox").exists()
+
+
+async def test_large_first_snapshot_reads_while_it_lists(
+    app: App, client: AsyncClient, pool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over 8 MB and no baseline: the tar stream starts before the listing is
+    parsed, and the capture is still exactly what the listing saw."""
+    assert app.snapshots is not None
+    answers: list[bool] = []
+    real_large = app.snapshots._large
+
+    async def large(rec: Any) -> bool:
+        answers.append(await real_large(rec))
+        return answers[-1]
+
+    monkeypatch.setattr(app.snapshots, "_large", large)
+    async with client.acquire(pool, timeout=60) as sb:
+        r = await sb.exec(
+            "mkdir -p d && for i in 1 2 3; do head -c 3500000 /dev/urandom > d/big$i; done "
+            "&& printf x > small && ln -s d/big1 link"
+        )
+        assert r.ok, r
+        sums = (await sb.exec("md5sum d/* small && readlink link")).text
+        snap = await sb.snapshot()
+    assert snap.size_bytes == 3 * 3500000 + 1 and snap.entry_count == 6
+    assert answers == [True], "the workspace is read from the host side as large"
+    restored = await client.restore(snap.id, timeout=60)
+    try:
+        assert (await restored[0].exec("md5sum d/* small && readlink link")).text == sums
+    finally:
+        await restored.release()
