@@ -146,8 +146,9 @@ class KubernetesBackendSettings:
     """Threads (and pooled connections) for API requests."""
     uid: int = 1000
     """uid (and gid) sandbox containers run as (runAsNonRoot)."""
-    command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
-    """What the sandbox container runs (keeps it alive; commands come by exec)."""
+    command: list[str] = field(default_factory=list)
+    """What the sandbox container runs (keeps it alive; commands come by exec);
+    empty = a shell loop that also reaps orphaned processes (podspec.KEEPALIVE)."""
     runtime_class: str | None = None
     """RuntimeClass for sandbox Pods (e.g. gvisor, kata); None = the node default."""
     node_selector: dict[str, str] = field(default_factory=dict)

@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sandboxd.backends.base import (
@@ -45,6 +45,16 @@ from sandboxd.backends.kubernetes.client import (
 )
 from sandboxd.backends.kubernetes.execs import PodTarget, ShellSession, run_oneshot
 from sandboxd.backends.kubernetes.ledger import KubeLedger
+from sandboxd.backends.kubernetes.limits import (
+    COUNTERS_ARGV,
+    FS_ARGV,
+    KILL_ALL_ARGV,
+    Counters,
+    explain_counters,
+    explain_fs,
+    parse_counters,
+    parse_fs,
+)
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
     ANNOTATION_POOL,
@@ -128,6 +138,8 @@ class KubernetesBackend:
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._cleanups: set[asyncio.Future[None]] = set()
+        # Limit counters (limits.py) last read per sandbox; None = unreadable.
+        self._counters: dict[str, Counters | None] = {}
 
     @property
     def client(self) -> KubeClient:
@@ -237,6 +249,12 @@ class KubernetesBackend:
             await self._delete(name)
 
     async def _health_check(self, name: str) -> None:
+        # The limit counters' baseline doubles as the check that commands run
+        # (grep: 0 = found, 1 = none, 2 = some counter file missing).
+        probe = await self._probe(name, COUNTERS_ARGV, attempts=1)
+        if probe[0] in (0, 1, 2):
+            self._counters[name] = parse_counters(probe[1])
+            return
         async for event in run_oneshot(self._target(name), ExecSpec(shell="true", timeout=30)):
             if isinstance(event, ExecResult) and (event.outcome is not ExecOutcome.EXITED or event.exit_code):
                 raise TransientBackendError(f"health check failed: {event.detail or event.outcome.name}")
@@ -258,6 +276,7 @@ class KubernetesBackend:
                 raise wrap(e, f"cannot delete Pod {name}") from e
 
     async def destroy(self, handle: str) -> None:
+        self._counters.pop(handle, None)
         sessions = list(self._sessions.pop(handle, {}).values())
         self._session_locks.pop(handle, None)
         for session in sessions:
@@ -427,6 +446,91 @@ class KubernetesBackend:
         task.add_done_callback(self._cleanups.discard)
 
     async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
+        if handle not in self._counters:  # adopted, or created without a health check
+            probe = await self._probe(handle, COUNTERS_ARGV, attempts=1)
+            self._counters[handle] = parse_counters(probe[1]) if probe[0] is not None else None
+        async for event in self._exec(handle, spec):
+            if isinstance(event, ExecResult) and _failed(event):
+                event = await self._explain(handle, event)
+            yield event
+
+    async def _explain(self, handle: str, result: ExecResult) -> ExecResult:
+        """Names the limit a failed command hit, if one did (limits.py)."""
+        pod = self.cache.get(handle)
+        if (
+            result.outcome is ExecOutcome.SANDBOX_LOST
+            and pod is not None
+            and "OOMKilled"
+            in (
+                pod.terminated_reason,
+                pod.last_terminated_reason,
+            )
+        ):
+            detail = "the sandbox's main process hit its memory limit and was killed"
+            return replace(result, outcome=ExecOutcome.OOM_KILLED, detail=detail)
+        if result.sandbox_gone:
+            return result
+        before = self._counters.get(handle)
+        probe = await self._probe(handle, COUNTERS_ARGV, attempts=8)
+        after = parse_counters(probe[1]) if probe[0] is not None else None
+        if after is not None:
+            self._counters[handle] = after
+        if probe[0] is None and _NO_PROCESS_SLOT in probe[1].lower():
+            # Not even one more process can start in the sandbox.
+            why: tuple[ExecOutcome, str] | None = (
+                ExecOutcome.PIDS_EXHAUSTED,
+                "the sandbox's process limit was reached (no process can start)",
+            )
+        elif before is None or after is None:
+            return result
+        else:
+            why = explain_counters(before, after)
+        if why is None and result.outcome is ExecOutcome.EXITED:
+            fs_probe = await self._probe(handle, FS_ARGV, attempts=1)
+            fs = parse_fs(fs_probe[1]) if fs_probe[0] is not None else None
+            why = explain_fs(fs) if fs else None
+        if why is None:
+            return result
+        outcome, detail = why
+        if outcome is ExecOutcome.PIDS_EXHAUSTED:
+            detail += await self._stop_everything(handle)
+        return replace(result, outcome=outcome, detail=detail)
+
+    async def _stop_everything(self, handle: str) -> str:
+        """A fork bomb fills the process table, so the usual kill by tag (a
+        new exec that forks) may not even start: signal every process of the
+        sandbox from one fork-free shell, retried until one gets a slot."""
+        for session in self._sessions.pop(handle, {}).values():
+            await session.close()
+        if (await self._probe(handle, KILL_ALL_ARGV, attempts=20))[0] is not None:
+            return "; every process in the sandbox was killed (sessions restart)"
+        return "; its processes could not be stopped"
+
+    async def _probe(self, handle: str, argv: builtins.list[str], attempts: int) -> tuple[int | None, str]:
+        """(exit status, stdout) of ``argv`` run as is (no wrapper) in the
+        sandbox; (None, why) when it did not start ``attempts`` times in a row."""
+        why = ""
+        for attempt in range(attempts):
+            try:
+                stream = await ExecStream.open(self._client, self._ns, handle, CONTAINER, argv, stdin=False)
+            except KubeError as e:
+                why = str(e)
+                if attempt + 1 < attempts:
+                    # A full process table frees a slot between forks.
+                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            out = bytearray()
+            try:
+                while isinstance(frame := await stream.next_frame(10.0), tuple):
+                    if frame[0] == 1 and len(out) < 65536:
+                        out += frame[1]
+            finally:
+                await stream.close()
+            code = stream.exit_code
+            return (-1 if code is None else code), out.decode(errors="replace")
+        return None, why
+
+    async def _exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
         try:
             if not spec.session:
                 async for event in run_oneshot(self._target(handle), spec):
@@ -558,6 +662,17 @@ class KubernetesBackend:
             raise NotFound(f"no such file or directory in the sandbox: {missing}")
         if code != 0:
             raise BackendError(f"reading files failed: {message or stream.failure or f'exit {code}'}")
+
+
+# How the runtime answers an exec into a container whose process limit is full.
+_NO_PROCESS_SLOT = "resource temporarily unavailable"
+
+
+def _failed(result: ExecResult) -> bool:
+    """A result a limit may explain (a command that ran and failed, or was cut off)."""
+    if result.outcome is ExecOutcome.EXITED:
+        return result.exit_code != 0
+    return result.outcome in (ExecOutcome.TIMED_OUT, ExecOutcome.SANDBOX_LOST)
 
 
 def _tolerated(taint: dict[str, Any], toleration: Any) -> bool:

@@ -50,6 +50,8 @@ class PodInfo:
     permanent: bool = False
     """``problem`` will not go away by waiting."""
     terminated_reason: str = ""
+    last_terminated_reason: str = ""
+    """Why the container's previous run ended (e.g. OOMKilled), or ''."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -66,7 +68,7 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
     status = pod.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     ready = (conditions.get("Ready") or {}).get("status") == "True"
-    problem, permanent, terminated = "", False, ""
+    problem, permanent, terminated, last_terminated = "", False, "", ""
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         waiting = state.get("waiting")
@@ -76,6 +78,9 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
         term = state.get("terminated")
         if term:
             terminated = str(term.get("reason") or f"exit {term.get('exitCode')}")
+        last = (cs.get("lastState") or {}).get("terminated")
+        if last:
+            last_terminated = str(last.get("reason") or f"exit {last.get('exitCode')}")
     sched = conditions.get("PodScheduled") or {}
     if not problem and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
         problem = f"Unschedulable: {sched.get('message', '')}"
@@ -94,6 +99,7 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
         problem=problem,
         permanent=permanent,
         terminated_reason=terminated,
+        last_terminated_reason=last_terminated,
     )
 
 

@@ -60,6 +60,13 @@ _TMP_BYTES = 64 << 20
 
 WorkspaceKind = Literal["emptydir", "memory", "ephemeral"]
 
+# The container's PID 1: keeps it alive and reaps orphans. Commands come by
+# exec, and whatever they leave behind (a daemonised child that exits, a fork
+# bomb's processes once killed) is reparented to PID 1; ``sleep infinity``
+# never waits, so their zombies would hold the Pod's process slots forever.
+# A shell's ``wait`` reaps any child (wait3 on -1) while its own job runs.
+KEEPALIVE = ("sh", "-c", "while :; do sleep 86400 & wait; done")
+
 
 @dataclass(frozen=True)
 class PodOptions:
@@ -67,7 +74,8 @@ class PodOptions:
     instance: str
     uid: int = 1000
     gid: int = 1000
-    command: tuple[str, ...] = ("sleep", "infinity")
+    command: tuple[str, ...] = ()
+    """What the container runs; () = KEEPALIVE."""
     runtime_class: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -174,7 +182,7 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
         "name": CONTAINER,
         "image": spec.image,
         "imagePullPolicy": opts.image_pull_policy,
-        "command": list(opts.command),
+        "command": list(opts.command or KEEPALIVE),
         "workingDir": WORKSPACE,
         "env": env,
         "resources": _resources(spec.limits, opts),

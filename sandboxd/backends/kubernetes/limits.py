@@ -1,0 +1,103 @@
+"""Typed limit outcomes for commands in Pods, read from inside the sandbox.
+
+The control plane does not run on the nodes, so it cannot read a
+container's cgroup from the host as the Docker backend does. It reads what
+the container itself sees: its own cgroup (cgroup namespace on v2, the
+container's cgroup bind-mounted on v1) and its workspace filesystem, through
+one more exec, only after a command failed:
+
+- ``oom_kill`` in memory.events (v2) / memory.oom_control (v1) moved:
+  OOM_KILLED;
+- ``max`` in pids.events moved: PIDS_EXHAUSTED. On v1 the container's file
+  counts forks refused in it whichever ancestor's limit refused them (the
+  kubelet's podPidsLimit is on the Pod's cgroup); on v2 it counts refusals
+  by the container's own limit, and pids.events.local (kernel >= 6.12) is
+  read too;
+- the workspace has no free inodes / bytes (statvfs): FILE_LIMIT /
+  DISK_FULL (kernel-enforced only on a sized tmpfs or an ephemeral volume;
+  see podspec).
+
+A fresh container's counters are zero, so sandboxes this control plane
+created need no probe before a command; adopted ones are probed once. The
+counter probe is a single process (grep, no fork), so it still starts in a
+sandbox whose process limit is nearly exhausted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from sandboxd.backends.base import WORKSPACE, ExecOutcome
+
+_FILES = (
+    "/sys/fs/cgroup/memory.events",
+    "/sys/fs/cgroup/pids.events",
+    "/sys/fs/cgroup/pids.events.local",
+    "/sys/fs/cgroup/memory/memory.oom_control",
+    "/sys/fs/cgroup/pids/pids.events",
+)
+COUNTERS_ARGV = ["grep", "-s", "-H", "-e", "^oom_kill ", "-e", "^max ", *_FILES]
+FS_ARGV = ["stat", "-f", "-c", "%c %d %b %a %S", WORKSPACE]
+# Builtins only (no fork): ends every process in the sandbox but its init
+# and itself, which is all a fork bomb leaves room for. Swept 200 times (a
+# few milliseconds): what forks during one sweep dies in the next. Not "until
+# none is left": init's own ``sleep`` comes back at once.
+KILL_ALL_ARGV = ["sh", "-c", "i=0; while [ $i -lt 200 ]; do kill -9 -1 2>/dev/null; i=$((i+1)); done"]
+
+
+@dataclass(frozen=True)
+class Counters:
+    oom_kills: int = 0
+    pids_max_events: int = 0
+
+
+def parse_counters(text: str) -> Counters | None:
+    """From COUNTERS_ARGV's output; None when no counter file was readable."""
+    oom = pids = 0
+    seen = False
+    for line in text.splitlines():
+        path, _, rest = line.partition(":")
+        key, _, value = rest.partition(" ")
+        try:
+            n = int(value.strip())
+        except ValueError:
+            continue
+        seen = True
+        if key == "oom_kill" and "memory" in path:
+            oom = max(oom, n)
+        elif key == "max" and "pids" in path:
+            pids = max(pids, n)
+    return Counters(oom, pids) if seen else None
+
+
+@dataclass(frozen=True)
+class Workspace:
+    files: int
+    files_free: int
+    blocks: int
+    blocks_free: int
+    block_size: int
+
+
+def parse_fs(text: str) -> Workspace | None:
+    with contextlib.suppress(ValueError):
+        files, ffree, blocks, bavail, bsize = (int(x) for x in text.split()[:5])
+        return Workspace(files, ffree, blocks, bavail, bsize)
+    return None
+
+
+def explain_counters(before: Counters, after: Counters) -> tuple[ExecOutcome, str] | None:
+    if after.oom_kills > before.oom_kills:
+        return ExecOutcome.OOM_KILLED, "a process hit the sandbox's memory limit and was killed"
+    if after.pids_max_events > before.pids_max_events:
+        return ExecOutcome.PIDS_EXHAUSTED, "the sandbox's process limit was reached (fork refused)"
+    return None
+
+
+def explain_fs(fs: Workspace) -> tuple[ExecOutcome, str] | None:
+    if fs.files and fs.files_free == 0:
+        return ExecOutcome.FILE_LIMIT, f"the workspace holds its maximum of {fs.files} files"
+    if fs.blocks and fs.blocks_free == 0:
+        return ExecOutcome.DISK_FULL, f"the workspace is full ({fs.blocks * fs.block_size} bytes)"
+    return None
