@@ -13,10 +13,19 @@ import time
 from typing import Protocol
 
 from sandboxd.backends.base import WORKSPACE
-from sandboxd.backends.snapshot_shell import LIST_MARKER, RESTORE_MARKER, STATE_MARKER, TAR_MARKER
+from sandboxd.backends.snapshot_shell import (
+    DELTA_MARKER,
+    LIST_MARKER,
+    RECORDS_MARKER,
+    RESTORE_MARKER,
+    STATE_DELTA_MARKER,
+    STATE_MARKER,
+    TAR_MARKER,
+)
 
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=\$'((?:[^'\\]|\\.)*)'")
 _CD = re.compile(r"^cd -- \$'((?:[^'\\]|\\.)*)'", re.MULTILINE)
+_SINCE = re.compile(r"-newerct '@([0-9.]+)'")
 
 
 class _Box(Protocol):
@@ -52,8 +61,7 @@ def _unquote(body: str) -> str:
     return out.decode("utf-8", "surrogateescape")
 
 
-def listing(box: _Box) -> bytes:
-    out = [f"{time.time():.9f}".encode(), b""]
+def _entries(box: _Box) -> list[tuple[str, str, int, int, str]]:
     records: list[tuple[str, str, int, int, str]] = []
     for d in box.dirs:
         if d != WORKSPACE:
@@ -62,18 +70,52 @@ def listing(box: _Box) -> bytes:
         records.append((p, "f", mode, len(content), ""))
     for p, target in box.links.items():
         records.append((p, "l", 0o777, len(target), target))
-    parts: list[bytes] = [out[0] + b"\x00"]
-    for path, kind, mode, size, target in sorted(records):
-        stamp = f"{box.stamps.get(path, 0.0):.10f}"
-        rel = posixpath.relpath(path, WORKSPACE)
-        parts.append(f"{kind} {mode & 0o7777:o} {size} {stamp} {stamp}\x00{rel}\x00{target}\x00".encode())
-    return b"".join(parts)
+    return sorted(records)
+
+
+def _record(box: _Box, path: str, kind: str, mode: int, size: int, target: str) -> bytes:
+    stamp = f"{box.stamps.get(path, 0.0):.10f}"
+    rel = posixpath.relpath(path, WORKSPACE)
+    return f"{kind} {mode & 0o7777:o} {size} {stamp} {stamp}\x00{rel}\x00{target}\x00".encode()
+
+
+def _now() -> bytes:
+    return f"{time.time():.9f}".encode() + b"\x00"
+
+
+def listing(box: _Box) -> bytes:
+    return _now() + b"".join(_record(box, *r) for r in _entries(box))
+
+
+def delta_listing(box: _Box, since: float) -> bytes:
+    """delta_script's output: records of what changed after ``since``, an
+    empty field, the name of every entry."""
+    records = _entries(box)
+    changed = b"".join(_record(box, *r) for r in records if box.stamps.get(r[0], 0.0) > since)
+    names = b"".join(posixpath.relpath(r[0], WORKSPACE).encode() + b"\x00" for r in records)
+    return _now() + changed + b"\x00" + names
+
+
+def records_of(box: _Box, rels: list[str]) -> bytes:
+    by_path = {r[0]: r for r in _entries(box)}
+    found = [by_path[p] for p in (posixpath.join(WORKSPACE, r) for r in rels) if p in by_path]
+    return _now() + b"".join(_record(box, *r) for r in found)
 
 
 def emulate(box: _Box, shell: _ShellState, script: str, stdin: bytes) -> bytes | None:
     """The output of a snapshot helper script, or None for any other command."""
     if script.startswith(LIST_MARKER):
         return listing(box)
+    if script.startswith((DELTA_MARKER, STATE_DELTA_MARKER)):
+        since = _SINCE.search(script)
+        assert since is not None, script
+        body = delta_listing(box, float(since.group(1)))
+        if script.startswith(DELTA_MARKER):
+            return body
+        env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
+        return f"{shell.cwd}\x00{env}\x00".encode() + body
+    if script.startswith(RECORDS_MARKER):
+        return records_of(box, [r.decode("utf-8", "surrogateescape") for r in stdin.split(b"\x00")[:-1]])
     if script.startswith(STATE_MARKER):
         env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
         return f"{shell.cwd}\x00{env}\x00".encode() + listing(box)

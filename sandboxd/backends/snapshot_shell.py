@@ -18,6 +18,9 @@ LIST_MARKER = "# sandboxd:list"
 STATE_MARKER = "# sandboxd:session-state"
 RESTORE_MARKER = "# sandboxd:restore"
 TAR_MARKER = "# sandboxd:tar"
+DELTA_MARKER = "# sandboxd:delta"
+STATE_DELTA_MARKER = "# sandboxd:state-delta"
+RECORDS_MARKER = "# sandboxd:records"
 
 # The listing starts with the sandbox's clock (NUL-terminated), then one
 # record per entry below the workspace: "type mode size mtime ctime" NUL
@@ -35,7 +38,32 @@ SHELL_OWNED = ("PWD", "OLDPWD", "SHLVL", "_")
 LIST_SCRIPT = f"{LIST_MARKER}\n{_LIST}\n"
 # A session's cwd, its exported environment closed by an empty record, then
 # the listing: one round trip through the (cheap) session instead of two.
-STATE_SCRIPT = f"{STATE_MARKER}\nprintf '%s\\0' \"$PWD\"; env -0; printf '\\0'; {_LIST}\n"
+_STATE = "printf '%s\\0' \"$PWD\"; env -0; printf '\\0'; "
+STATE_SCRIPT = f"{STATE_MARKER}\n{_STATE}{_LIST}\n"
+
+
+def delta_script(since: float, *, session: bool) -> str:
+    """Like LIST_SCRIPT (or STATE_SCRIPT with ``session``), but full records
+    only of the entries whose ctime is after ``since``, closed by an empty
+    field, then the bare name of every entry (NUL-terminated). Whatever is
+    not listed has not changed since ``since``, and the names tell what was
+    deleted, so the cost of a listing follows the change, not the workspace."""
+    marker = STATE_DELTA_MARKER if session else DELTA_MARKER
+    body = (
+        f"printf '%s\\0' \"$(date +%s.%N)\"; (cd {WORKSPACE} && "
+        f"find . -mindepth 1 -newerct '@{since:.9f}' -printf '{LIST_FORMAT}' && printf '\\0' && "
+        "find . -mindepth 1 -printf '%P\\0')"
+    )
+    return f"{marker}\n{_STATE if session else ''}{body}\n"
+
+
+# LIST_SCRIPT's format for the paths named on stdin (NUL-separated, relative
+# to the workspace): entries a delta listing names but has no record of
+# (a directory moved in keeps its children's ctimes).
+RECORDS_SCRIPT = (
+    f"{RECORDS_MARKER}\nprintf '%s\\0' \"$(date +%s.%N)\"; "
+    f"(cd {WORKSPACE} && find -files0-from - -maxdepth 0 -printf '{LIST_FORMAT.replace('%P', '%p')}')\n"
+)
 
 # A tar of the files named on stdin (NUL-separated, relative to the
 # workspace), for small change sets read through a session: no exec start.

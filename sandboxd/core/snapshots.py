@@ -2,10 +2,13 @@
 
 Capture. One listing command (``find -printf``: type, mode, size, mtime,
 ctime, path, link target) runs in the sandbox; the session's cwd and exported
-environment are read by a command run in that session. Regular files whose
-(size, mtime, ctime) equal the sandbox's *baseline* (the listing taken when
-it was last restored or snapshotted) keep their known digest and are not read
-again; the rest come out through the backend's ``get_tar`` and are split,
+environment are read by a command run in that session. A sandbox with a
+*baseline* (what it held when it was last restored or snapshotted) is listed
+as a delta: full records only of entries whose ctime is past the baseline's
+time (user space cannot set ctime) and the bare names of all, so deletions
+and moves show and everything else is carried over as it was. Regular files
+whose (size, mtime, ctime) equal the baseline's keep their known digest and
+are not read again; the rest come out through the backend's ``get_tar`` and are split,
 while the stream arrives, into per-file blobs keyed by their sha256 (under a
 per-tenant namespace) and written a batch at a time as one pack
 (sandboxd.core.packs). Only blobs the store does not hold are written, so
@@ -49,9 +52,11 @@ from sandboxd.backends.base import WORKSPACE, ExecOutcome, ExecResult, ExecSpec,
 from sandboxd.backends.shell import is_env_name
 from sandboxd.backends.snapshot_shell import (
     LIST_SCRIPT,
+    RECORDS_SCRIPT,
     SHELL_OWNED,
     STATE_SCRIPT,
     TAR_SCRIPT,
+    delta_script,
     restore_script,
 )
 from sandboxd.clock import Clock
@@ -85,8 +90,11 @@ LABEL_POLICY = "sandboxd.snapshot.policy_version"
 LABEL_TURN = "sandboxd.snapshot.turn"
 
 # A file whose ctime is this close to the listing may still change within the
-# same kernel timestamp tick; it is not trusted as unchanged next time.
-_RACY_SECONDS = 0.1
+# same kernel timestamp tick (ctime comes from the coarse clock, at most one
+# tick, 1-10 ms, behind); it is not trusted as unchanged next time.
+_RACY_SECONDS = 0.05
+# How far before its reference time a delta listing starts (tick jitter).
+_DELTA_SLACK = 0.01
 # Largest total length of explicit paths handed to get_tar; above it the
 # whole workspace is streamed and unchanged files are skipped on the way.
 _MAX_PATH_ARGS = 256 << 10
@@ -132,6 +140,10 @@ class Baseline:
     restored: dict[str, tuple[int, str]] = field(default_factory=dict)
     """After a restore: (size, digest), unchanged while ctime < cutoff."""
     cutoff: float = 0.0
+    entries: dict[str, Entry] | None = None
+    """Every entry it held (shared, never mutated): the next snapshot lists
+    only what changed since ``since`` and carries the rest over."""
+    since: float = 0.0
 
     def digest_of(self, item: Listed) -> str | None:
         """The digest of ``item`` if it is known to be unchanged."""
@@ -163,19 +175,20 @@ def blob_key(namespace: str, digest: str) -> str:
     return f"{namespace}/{digest[:2]}/{digest}"
 
 
-def parse_listing(data: bytes) -> tuple[float, list[Listed]]:
-    """(listing time, entries) from LIST_SCRIPT's output."""
+def _fields(data: bytes) -> tuple[float, list[bytes]]:
     fields = data.split(b"\x00")
     if not fields or fields[-1] != b"":
         raise BackendError("workspace listing is malformed (truncated?)")
     try:
-        when = float(fields[0])
+        return float(fields[0]), fields[1:-1]
     except ValueError as e:
         raise BackendError(f"workspace listing is malformed: {fields[0][:80]!r}") from e
-    out: list[Listed] = []
-    body = fields[1:-1]
+
+
+def _records(body: list[bytes]) -> list[Listed]:
     if len(body) % 3:
         raise BackendError("workspace listing is malformed (odd record)")
+    out: list[Listed] = []
     for i in range(0, len(body), 3):
         head = body[i].split(b" ")
         if len(head) != 5:
@@ -188,11 +201,30 @@ def parse_listing(data: bytes) -> tuple[float, list[Listed]]:
                 size=int(size),
                 mtime=mtime,
                 ctime=ctime,
-                path=body[i + 1].decode("utf-8", "surrogateescape"),
+                path=body[i + 1].decode("utf-8", "surrogateescape").removeprefix("./"),
                 target=body[i + 2].decode("utf-8", "surrogateescape"),
             )
         )
-    return when, out
+    return out
+
+
+def parse_listing(data: bytes) -> tuple[float, list[Listed]]:
+    """(listing time, entries) from LIST_SCRIPT's (or RECORDS_SCRIPT's) output."""
+    when, body = _fields(data)
+    return when, _records(body)
+
+
+def parse_delta(data: bytes) -> tuple[float, list[Listed], list[str]]:
+    """(listing time, changed entries, names of all entries) from a
+    delta_script's output."""
+    when, body = _fields(data)
+    end = 0
+    while end < len(body) and body[end] != b"":
+        end += 3
+    if end >= len(body):
+        raise BackendError("delta listing is malformed (no end of records)")
+    names = [n.decode("utf-8", "surrogateescape") for n in body[end + 1 :]]
+    return when, _records(body[:end]), names
 
 
 def parse_session_state(data: bytes) -> tuple[str, dict[str, str], bytes]:
@@ -338,14 +370,23 @@ class SnapshotManager:
                 if baseline is None and await self._large(rec):
                     # Every file will be read: start the stream while the listing runs.
                     prefetch = _Prefetch(self._get_tar(rec, (".",)))
+                delta = baseline is not None and baseline.entries is not None
+                script = STATE_SCRIPT if session else LIST_SCRIPT
+                if baseline is not None and baseline.entries is not None:
+                    script = delta_script(baseline.since, session=bool(session))
                 cwd, env = "", dict[str, str]()
                 if session:
-                    cwd, env, raw = parse_session_state(await self._run(rec, STATE_SCRIPT, session=session))
+                    cwd, env, raw = parse_session_state(await self._run(rec, script, session=session))
                 else:
-                    raw = await self._run(rec, LIST_SCRIPT)
-                when, listing = parse_listing(raw)
+                    raw = await self._run(rec, script)
+                carried: dict[str, Entry] = {}
+                if delta:
+                    assert baseline is not None
+                    when, listing, carried = await self._merge_delta(rec, baseline, raw)
+                else:
+                    when, listing = parse_listing(raw)
                 entries, stored, refs, stamps = await self._capture(
-                    rec, ns, when, listing, baseline, pinned, session, prefetch
+                    rec, ns, when, listing, baseline, pinned, session, prefetch, carried
                 )
             parent_id, chain = await self._lineage(rec, baseline)
             now = self._clock.time()
@@ -374,13 +415,39 @@ class SnapshotManager:
             if prefetch is not None:
                 await prefetch.close()
             self._unpin(pinned)
-        self._baselines[rec.sandbox_id] = Baseline(info.id, info.chain, stamps)
+        self._baselines[rec.sandbox_id] = Baseline(
+            info.id,
+            info.chain,
+            stamps,
+            entries={e.path: e for e in entries},
+            since=when - _RACY_SECONDS - _DELTA_SLACK,
+        )
         rec.labels[LABEL_SNAPSHOT] = info.id
         log.info(
             "snapshot %s of %s: %d entries, %d bytes, %d new (parent %s)",
             info.id, sandbox_id, info.entry_count, info.size_bytes, stored, parent_id or "-",
         )  # fmt: skip
         return info
+
+    async def _merge_delta(
+        self, rec: SandboxRecord, baseline: Baseline, raw: bytes
+    ) -> tuple[float, list[Listed], dict[str, Entry]]:
+        """(listing time, entries to look at, entries carried over unchanged)
+        from a delta listing: what exists is what it names; what changed
+        comes with a record; a named path that is new but has no record (it
+        lies in a directory moved in) is listed on its own."""
+        assert baseline.entries is not None
+        when, changed, names = parse_delta(raw)
+        present = set(names)
+        listing = [c for c in changed if c.path in present]
+        seen = {c.path for c in listing}
+        carried = {p: e for p, e in baseline.entries.items() if p in present and p not in seen}
+        unknown = [n for n in names if n not in seen and n not in carried]
+        if unknown:
+            stdin = b"".join(n.encode("utf-8", "surrogateescape") + b"\x00" for n in unknown)
+            _, more = parse_listing(await self._run(rec, RECORDS_SCRIPT, stdin=stdin))
+            listing += more
+        return when, listing, carried
 
     async def _large(self, rec: SandboxRecord) -> bool:
         """Whether the workspace holds more than a session read carries
@@ -410,11 +477,14 @@ class SnapshotManager:
         pinned: list[str],
         session: str,
         prefetch: _Prefetch | None = None,
+        carried: dict[str, Entry] | None = None,
     ) -> tuple[list[Entry], int, dict[str, int], dict[str, tuple[Stamp, str]]]:
-        """(entries, bytes newly stored, blob refs, new baseline files)."""
-        entries: dict[str, Entry] = {}
+        """(entries, bytes newly stored, blob refs, new baseline files).
+        ``carried``: entries a delta listing showed unchanged."""
+        entries: dict[str, Entry] = dict(carried or {})
         need: dict[str, Listed] = {}
         reused: dict[str, Listed] = {}
+        kept = {p for p, e in entries.items() if e.kind == FILE}
         for item in listing:
             if item.kind == "d":
                 entries[item.path] = Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
@@ -438,16 +508,18 @@ class SnapshotManager:
                     need[item.path] = item
             else:
                 log.info("snapshot of %s skips %s (type %s)", rec.sandbox_id, item.path, item.kind)
-        if reused:
+        kept.update(reused)
+        if kept:
             assert baseline is not None
-            keys = {blob_key(ns, entries[p].digest) for p in reused if entries[p].size}
+            keys = {blob_key(ns, entries[p].digest) for p in kept if entries[p].size}
             pinned += await self._pin(keys)
             if not await self._catalog.exists(baseline.snapshot_id):
                 # The parent is gone, so GC may have taken its blobs: re-read those.
                 gone = await self.blobs.missing(sorted(keys))
-                for p in list(reused):
+                for p in list(kept):
                     if entries[p].size and blob_key(ns, entries[p].digest) in gone:
-                        need[p] = reused.pop(p)
+                        need[p] = reused.pop(p) if p in reused else _as_listed(entries[p])
+                        kept.discard(p)
                         del entries[p]
         stored = 0
         stamps: dict[str, tuple[Stamp, str]] = {}
@@ -627,8 +699,12 @@ class SnapshotManager:
                 )
                 try:
                     path = await staged
+                    known = (
+                        {e.path: (e.size, e.digest) for e in entries if e.kind == FILE},
+                        {e.path: e for e in entries},
+                    )
                     await asyncio.gather(
-                        *(self._restore_into(rec, info, entries, tar, path) for rec in records)
+                        *(self._restore_into(rec, info, entries, tar, path, known) for rec in records)
                     )
                 except BaseException as e:
                     await asyncio.shield(self._control.release(lease.lease_id, []))
@@ -702,8 +778,16 @@ class SnapshotManager:
             await asyncio.to_thread(_remove_file, path)
 
     async def _restore_into(
-        self, rec: SandboxRecord, info: SnapshotInfo, entries: list[Entry], tar: bytes, staged: Path | None
+        self,
+        rec: SandboxRecord,
+        info: SnapshotInfo,
+        entries: list[Entry],
+        tar: bytes,
+        staged: Path | None,
+        known: tuple[dict[str, tuple[int, str]], dict[str, Entry]],
     ) -> None:
+        """``known``: what every target's baseline shares (digests and entries by path)."""
+
         async def one() -> AsyncIterator[bytes]:
             for i in range(0, len(tar), 1 << 20):
                 yield tar[i : i + (1 << 20)]
@@ -732,9 +816,13 @@ class SnapshotManager:
             cutoff = float(out.rstrip(b"\x00"))
         except ValueError as e:
             raise BackendError(f"restore of {rec.sandbox_id}: malformed cutoff {out[:80]!r}") from e
-        restored = {e.path: (e.size, e.digest) for e in entries if e.kind == FILE}
         self._baselines[rec.sandbox_id] = Baseline(
-            info.id, list(info.chain), restored=restored, cutoff=cutoff
+            info.id,
+            list(info.chain),
+            restored=known[0],
+            cutoff=cutoff,
+            entries=known[1],
+            since=cutoff - _DELTA_SLACK,
         )
 
     # -- garbage collection ---------------------------------------------------
@@ -765,6 +853,12 @@ class SnapshotManager:
 
     def forget_tar_cache(self) -> None:
         self._tars.clear()
+
+
+def _as_listed(e: Entry) -> Listed:
+    """A carried-over file as a listing record, should it have to be read
+    again; its ctime is unknown, so nothing trusts its stamp later."""
+    return Listed(FILE, e.mode, e.size, repr(e.mtime), "0", e.path, "")
 
 
 def _write_file(path: Path, data: bytes) -> Path | None:

@@ -205,3 +205,52 @@ async def test_large_first_snapshot_reads_while_it_lists(
         assert (await restored[0].exec("md5sum d/* small && readlink link")).text == sums
     finally:
         await restored.release()
+
+
+CHURN = r"""
+set -e
+cd /workspace
+mv tree moved                        # a subtree moved in: its children keep their ctimes
+rm gone.txt                          # deletions show only as missing names
+rm -r gonedir
+rm -r swap
+printf file > swap                   # a directory replaced by a file
+chmod 0700 keep/mode.sh              # a change of mode alone
+printf 'SAME' > keep/same            # same content and size, old mtime: ctime tells
+touch -d @1000000000 keep/same
+mkdir -p fresh/empty
+ln -s ../moved/a fresh/link
+"""
+
+SNAP_VIEW = (
+    "cd /workspace && find . -printf '%y %m %s %p -> %l\\n' | LC_ALL=C sort "
+    "&& find . -type f -exec md5sum {} + | LC_ALL=C sort"
+)
+
+
+async def test_incremental_listing_follows_moves_deletes_and_mode_changes(
+    client: AsyncClient, pool: str
+) -> None:
+    """A snapshot after a snapshot lists only what changed (ctime) plus every
+    name; the result restores to exactly what a full listing would see."""
+    async with client.acquire(pool, timeout=60) as sb:
+        setup = (
+            "mkdir -p tree/a/b gonedir/x swap keep && printf 1 > tree/a/b/deep && printf 2 > tree/a/top "
+            "&& printf g > gone.txt && printf x > gonedir/x/f && printf s > swap/inner "
+            "&& printf '#!/bin/sh\\n' > keep/mode.sh && printf 'SAME' > keep/same "
+            "&& printf u > keep/untouched"
+        )
+        assert (await sb.exec(setup)).ok
+        first = await sb.snapshot()
+        r = await sb.exec(CHURN)
+        assert r.ok, r
+        want = (await sb.exec(SNAP_VIEW)).text
+        second = await sb.snapshot()
+    assert second.parent_id == first.id
+    # The moved files, 'swap' and 'keep/same' are read again; only 'swap' holds new content.
+    assert second.stored_bytes == len("file"), second.stored_bytes
+    restored = await client.restore(second.id, timeout=60)
+    try:
+        assert (await restored[0].exec(SNAP_VIEW)).text == want
+    finally:
+        await restored.release()

@@ -201,6 +201,31 @@ async def test_incremental_snapshot_reads_and_stores_only_changes(
     }
 
 
+async def test_files_carried_over_are_read_again_when_their_parent_and_blobs_are_gone(
+    app: App, client: AsyncClient
+) -> None:
+    """A delta listing carries unchanged files over by digest; if the parent
+    snapshot was deleted and collected, those blobs no longer exist, so the
+    next snapshot reads the files again instead of referencing nothing."""
+    manager = app.snapshots
+    assert manager is not None
+    lease = await prepared(client)
+    sb = lease[0]
+    parent = await sb.snapshot(session="agent")
+    await client.delete_snapshot(parent.id)
+    assert (await manager.gc()).deleted_blobs > 0
+    await sb.write_files({"new.txt": "n"})
+    child = await sb.snapshot(session="agent")
+    assert child.stored_bytes == child.size_bytes, "every file's content was stored again"
+    again = await client.restore(child.id, timeout=5)
+    assert await again[0].read_files(["src/main.py", "secret", "new.txt", "big.bin"]) == {
+        "src/main.py": b"print('hi')\n",
+        "secret": b"s3cr3t",
+        "new.txt": b"n",
+        "big.bin": bytes(range(256)) * 40,
+    }
+
+
 async def test_list_get_delete_and_ttl(make_app: MakeApp) -> None:
     clock = FakeClock()
     app = await make_app(snapshots__gc_interval_seconds=0.0)
