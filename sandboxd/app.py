@@ -129,6 +129,7 @@ def make_backend(settings: Settings) -> Backend:
                 allowed_images=tuple(cfg.allowed_images),
                 check_node_images=cfg.check_node_images,
                 exec_health_check=cfg.exec_health_check,
+                tenant_quotas=cfg.tenant_quotas,
             )
         )
     raise TypeError(f"unknown backend settings {cfg!r}")

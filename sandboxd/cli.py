@@ -93,6 +93,11 @@ async def _preflight(args: argparse.Namespace) -> int:
         f"capacity: {cap.memory_bytes / 2**30:.1f} GiB, {cap.cpus} CPUs; "
         f"needed: {cap.memory_needed_bytes / 2**30:.1f} GiB, {cap.cpus_needed:g} CPUs"
     )
+    if cap.HasField("quota_sandboxes_left") or cap.HasField("quota_memory_left_bytes"):
+        left = [f"{cap.quota_sandboxes_left} sandboxes"] if cap.HasField("quota_sandboxes_left") else []
+        if cap.HasField("quota_memory_left_bytes"):
+            left.append(f"{cap.quota_memory_left_bytes / 2**30:.1f} GiB of memory limits")
+        print(f"backend quotas leave: {', '.join(left)}")
     print(
         f"predicted time to warm {args.concurrent}: {report.predicted_warm_seconds:.1f}s"
         + (f" (measured start {report.measured_start_seconds:.2f}s)" if report.measured_start_seconds else "")

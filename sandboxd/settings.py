@@ -182,6 +182,12 @@ class KubernetesBackendSettings:
     lease_name: str = "sandboxd-leader"
     lease_namespace: str | None = None
     """Namespace of the election Lease; None = ``namespace``."""
+    tenant_quotas: bool = False
+    """Mirror each tenant's quota (max_sandboxes, max_memory_bytes, plus its
+    pools' warm ceilings) as a ResourceQuota scoped to a per-tenant
+    PriorityClass that its Pods name, so the API server enforces it too.
+    Needs create/get of PriorityClasses (cluster-wide) and create/patch of
+    ResourceQuotas; replaces ``priority_class``."""
     lease_duration_seconds: float = 15.0
     """How long a standby waits after the leader's last renewal before it
     takes over; the leader renews every 2/15 of it and steps down when it has

@@ -37,6 +37,8 @@ class PreflightServicer(preflight_pb2_grpc.PreflightServiceServicer):
                 cpus=report.cpus,
                 memory_needed_bytes=report.memory_needed_bytes,
                 cpus_needed=report.cpus_needed,
+                quota_sandboxes_left=report.quota_sandboxes_left,
+                quota_memory_left_bytes=report.quota_memory_left_bytes,
             ),
             predicted_warm_seconds=report.predicted_warm_seconds,
             measured_start_seconds=report.measured_start_seconds,

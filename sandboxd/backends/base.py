@@ -217,6 +217,28 @@ class Ledger(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class QuotaHeadroom:
+    """What the backend's own quotas still allow a tenant; None = no limit there."""
+
+    pods: int | None = None
+    memory_bytes: int | None = None
+
+
+@runtime_checkable
+class TenantQuotas(Protocol):
+    """Optional for a backend: it enforces each tenant's quota itself as
+    well (a backstop under sandboxd's admission, which counts leases) and
+    reports what its quotas leave (pre-flight)."""
+
+    async def set_tenant_quota(self, tenant: str, pods: int, memory_bytes: int) -> None:
+        """Sandboxes (warm ones included) and their total memory limit the
+        tenant may have on the backend; 0 = no limit on that resource."""
+        ...
+
+    async def quota_headroom(self, tenant: str) -> QuotaHeadroom: ...
+
+
 @runtime_checkable
 class LivenessProbe(Protocol):
     """Optional for a backend: a cheap check of many sandboxes at once, used

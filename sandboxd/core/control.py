@@ -23,6 +23,7 @@ from sandboxd.backends.base import (
     ExecSpec,
     Limits,
     SandboxUsage,
+    TenantQuotas,
 )
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
@@ -108,6 +109,7 @@ class ControlPlane:
                     PoolConfig(preset.name, preset.image, preset.min_ready, preset.max_size, Limits())
                 )
         await self._adopt()
+        await self.sync_tenant_quotas()
         for pool in self.pools.values():
             pool.start()
         self.reconciler.start()
@@ -240,6 +242,29 @@ class ControlPlane:
         self.pools[config.name] = pool
         return pool
 
+    async def sync_tenant_quotas(self) -> None:
+        """Mirrors each tenant's quota onto a backend that enforces quotas
+        too (TenantQuotas), as a backstop: sandboxd counts leased sandboxes,
+        the backend counts every sandbox, so the tenant's pools' warm
+        ceilings (max of min_ready and max_ready) are added. A failure is
+        logged, not raised: sandboxd's own admission still holds."""
+        if not isinstance(self.backend, TenantQuotas):
+            return
+        for tenant, quota in self.settings.tenants.items():
+            if not (quota.max_sandboxes or quota.max_memory_bytes):
+                continue
+            warm = [
+                (max(p.config.min_ready, p.config.max_ready), p.config.limits.memory_bytes)
+                for key, p in self.pools.items()
+                if split_pool_key(key)[0] == tenant
+            ]
+            pods = quota.max_sandboxes + sum(n for n, _ in warm) if quota.max_sandboxes else 0
+            memory = quota.max_memory_bytes + sum(n * m for n, m in warm) if quota.max_memory_bytes else 0
+            try:
+                await self.backend.set_tenant_quota(tenant, pods, memory)
+            except BackendError as e:
+                log.warning("tenant %s: backend quota not updated: %s", tenant, e)
+
     def _track(self, rec: SandboxRecord) -> None:
         tenant = split_pool_key(rec.pool)[0]
         if rec.state is State.LEASED:
@@ -281,6 +306,7 @@ class ControlPlane:
         await self.store.save_pool(config)
         pool = self._add_pool(config)
         if self._reaper is not None:
+            await self.sync_tenant_quotas()
             pool.start()
         return pool
 
@@ -305,6 +331,7 @@ class ControlPlane:
         check_scaling(updated)
         pool.config = updated
         await self.store.save_pool(pool.config)
+        await self.sync_tenant_quotas()
         surplus = pool.ready - new_min
         if surplus > 0:
             # Shrinking: warm sandboxes above the new floor are destroyed.
@@ -327,6 +354,7 @@ class ControlPlane:
             await self.store.delete_lease(lease.lease_id)
         await self.store.delete_pool(key)
         await pool.close(destroy_leased=True)
+        await self.sync_tenant_quotas()
 
     # -- leases -------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from sandboxd.backends.base import Limits
+from sandboxd.backends.base import Limits, TenantQuotas
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.core.tenancy import current_tenant
@@ -49,6 +49,9 @@ class Report:
     cpus_needed: float = 0.0
     predicted_warm_seconds: float = 0.0
     measured_start_seconds: float = 0.0
+    quota_sandboxes_left: int | None = None
+    """Sandboxes the backend's own quotas still admit for the tenant (None = no such quota)."""
+    quota_memory_left_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -114,6 +117,14 @@ async def preflight(
                 )
             )
         report.memory_bytes, report.cpus = await control.backend.capacity()
+        if isinstance(control.backend, TenantQuotas):
+            try:
+                headroom = await control.backend.quota_headroom(current_tenant())
+            except BackendError as e:
+                add(Problem(ProblemKind.BACKEND_UNHEALTHY, f"cannot read the backend's quotas: {e.message}"))
+            else:
+                report.quota_sandboxes_left = headroom.pods
+                report.quota_memory_left_bytes = headroom.memory_bytes
 
     report.memory_needed_bytes = concurrent * resolved.memory_bytes
     report.cpus_needed = concurrent * resolved.cpu_millis / 1000
@@ -174,6 +185,29 @@ async def preflight(
                 f"tenant {tenant!r} may start {quota.creates_per_minute} sandboxes per minute; starting "
                 f"{concurrent} at once will be throttled",
                 f"tenants.{tenant}.creates_per_minute",
+            )
+        )
+
+    # The backend's quotas count every sandbox, warm ones included: those
+    # already warm are in; the rest must still fit.
+    new = max(0, concurrent - ready)
+    if report.quota_sandboxes_left is not None and new > report.quota_sandboxes_left:
+        add(
+            Problem(
+                ProblemKind.QUOTA_TOO_SMALL,
+                f"the backend's quotas leave room for {report.quota_sandboxes_left} more sandboxes of tenant "
+                f"{tenant!r}; the run needs {new} more",
+                "backend quota (pods)",
+            )
+        )
+    memory_new = new * resolved.memory_bytes
+    if report.quota_memory_left_bytes is not None and memory_new > report.quota_memory_left_bytes:
+        add(
+            Problem(
+                ProblemKind.QUOTA_TOO_SMALL,
+                f"the backend's quotas leave {report.quota_memory_left_bytes} bytes of memory limits for "
+                f"tenant {tenant!r}; the run needs {memory_new} more",
+                "backend quota (limits.memory)",
             )
         )
 

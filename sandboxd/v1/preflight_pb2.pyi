@@ -58,16 +58,20 @@ class Problem(_message.Message):
     def __init__(self, kind: _Optional[_Union[ProblemKind, str]] = ..., message: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
 
 class Capacity(_message.Message):
-    __slots__ = ("memory_bytes", "cpus", "memory_needed_bytes", "cpus_needed")
+    __slots__ = ("memory_bytes", "cpus", "memory_needed_bytes", "cpus_needed", "quota_sandboxes_left", "quota_memory_left_bytes")
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_NEEDED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPUS_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_SANDBOXES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_MEMORY_LEFT_BYTES_FIELD_NUMBER: _ClassVar[int]
     memory_bytes: int
     cpus: int
     memory_needed_bytes: int
     cpus_needed: float
-    def __init__(self, memory_bytes: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_needed_bytes: _Optional[int] = ..., cpus_needed: _Optional[float] = ...) -> None: ...
+    quota_sandboxes_left: int
+    quota_memory_left_bytes: int
+    def __init__(self, memory_bytes: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_needed_bytes: _Optional[int] = ..., cpus_needed: _Optional[float] = ..., quota_sandboxes_left: _Optional[int] = ..., quota_memory_left_bytes: _Optional[int] = ...) -> None: ...
 
 class PreflightResponse(_message.Message):
     __slots__ = ("ok", "problems", "capacity", "predicted_warm_seconds", "measured_start_seconds")

@@ -17,6 +17,7 @@ from kubernetes import client as k8s_client
 from sandboxd.backends.base import LeaseMark, Limits, SandboxSpec
 from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, LeaderElector
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
+from sandboxd.backends.kubernetes.podspec import tenant_class
 from tests.kube.conftest import IMAGE
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
@@ -103,6 +104,8 @@ async def test_the_charts_rbac_is_enough_and_no_more(
         "replicaCount=0",
         "--set",
         f"instanceId={instance}",
+        "--set",
+        "sandbox.tenantQuotas=true",
     )
     try:
         await asyncio.to_thread(
@@ -125,7 +128,9 @@ async def test_the_charts_rbac_is_enough_and_no_more(
         cfg.ssl_ca_cert = kube.cfg.ssl_ca_cert
         cfg.api_key = {"BearerToken": f"Bearer {token}"}
         as_sa = KubeClient(cfg, threads=4)
-        backend = KubernetesBackend(KubernetesOptions(instance=instance, namespace=namespace), as_sa)
+        backend = KubernetesBackend(
+            KubernetesOptions(instance=instance, namespace=namespace, tenant_quotas=True), as_sa
+        )
         try:
             await backend.ping()  # creates the NetworkPolicy, starts the watch
             handle = await backend.create(
@@ -144,6 +149,11 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             ]
             memory, cpus = await backend.capacity()
             assert memory > 0 and cpus > 0
+            # Tenant quotas: the tenant's PriorityClass (made by the create
+            # above) and ResourceQuota, its headroom, and its removal.
+            await backend.set_tenant_quota("default", 5, 1 << 30)
+            assert (await backend.quota_headroom("default")).pods is not None
+            await backend.set_tenant_quota("default", 0, 0)
             await backend.destroy(handle)
             elector = LeaderElector(
                 as_sa,
@@ -166,6 +176,8 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 ("GET", "/api/v1/namespaces/default/pods"),
                 ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{release_ns}/leases/other"),
                 ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/x"),
+                ("GET", "/apis/scheduling.k8s.io/v1/priorityclasses"),
+                ("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{tenant_class('default')}"),
             ]:
                 with pytest.raises(KubeError) as info:
                     await as_sa.request(method, path)

@@ -30,6 +30,7 @@ from sandboxd.backends.base import (
     ExecSpec,
     LeaseMark,
     Limits,
+    QuotaHeadroom,
     SandboxSpec,
     SandboxUsage,
 )
@@ -65,7 +66,9 @@ from sandboxd.backends.kubernetes.podspec import (
     parse_quantity,
     resize_body,
     selector,
+    tenant_of,
 )
+from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
 from sandboxd.backends.kubernetes.wsexec import V5, ExecStream
 from sandboxd.backends.shell import get_tar_argv, put_tar_argv
 from sandboxd.errors import (
@@ -115,9 +118,12 @@ class KubernetesOptions:
     allowed_images: tuple[str, ...] = ()
     check_node_images: bool = False
     exec_health_check: bool = False
+    tenant_quotas: bool = False
+    """Enforce each tenant's quota with a ResourceQuota too (quotas.py)."""
 
     def pod_options(self) -> PodOptions:
-        return self.pod or PodOptions(namespace=self.namespace, instance=self.instance)
+        opts = self.pod or PodOptions(namespace=self.namespace, instance=self.instance)
+        return replace(opts, tenant_quotas=self.tenant_quotas)
 
 
 class KubernetesBackend:
@@ -132,6 +138,7 @@ class KubernetesBackend:
         self.cache = PodCache(
             self._client, self._ns, selector(options.instance), (ANNOTATION_POOL, ANNOTATION_LABELS)
         )
+        self.quotas = TenantQuotaManager(self._client, self._ns)
         self.ledger = KubeLedger(self._client, self._ns, options.instance, selector(options.instance))
         self._started = asyncio.Lock()
         self._ready = False
@@ -195,6 +202,8 @@ class KubernetesBackend:
 
     async def create(self, spec: SandboxSpec) -> str:
         await self._ensure_started()
+        if self._options.tenant_quotas:
+            await self.quotas.ensure_class(tenant_of(spec.pool))
         body = build_pod(spec, self._pod_opts)
         name = str(body["metadata"]["name"])
         posting = asyncio.ensure_future(self._client.request("POST", self._pods_path, body=body))
@@ -314,6 +323,15 @@ class KubernetesBackend:
                 )
             )
         return out
+
+    # -- TenantQuotas: ResourceQuotas per tenant (see quotas.py) ------------
+
+    async def set_tenant_quota(self, tenant: str, pods: int, memory_bytes: int) -> None:
+        if self._options.tenant_quotas:
+            await self.quotas.set(tenant, pods, memory_bytes)
+
+    async def quota_headroom(self, tenant: str) -> QuotaHeadroom:
+        return await self.quotas.headroom(tenant)
 
     # -- Ledger: the API server keeps pools and leases (see ledger.py) -----
 

@@ -31,6 +31,7 @@ choice is visible to operators.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -80,6 +81,9 @@ class PodOptions:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     priority_class: str | None = None
+    tenant_quotas: bool = False
+    """Pods name their tenant's PriorityClass, which scopes its ResourceQuota
+    (quotas.py); replaces ``priority_class``."""
     image_pull_policy: str = "IfNotPresent"
     cpu_request_ratio: float = 1.0
     memory_request_ratio: float = 1.0
@@ -102,6 +106,14 @@ def pod_name(sandbox_id: str) -> str:
     """A DNS-1123 name for the sandbox's Pod."""
     name = re.sub(r"[^a-z0-9-]", "-", f"sandboxd-{sandbox_id}".lower())[:63]
     return name.rstrip("-")
+
+
+def tenant_class(tenant: str) -> str:
+    """The PriorityClass (and ResourceQuota) of ``tenant`` with tenant quotas
+    on (quotas.py): a DNS name, distinct per tenant even when two names
+    sanitise alike."""
+    slug = re.sub(r"[^a-z0-9-]", "-", tenant.lower()).strip("-")[:40] or "x"
+    return f"sandboxd-tenant-{slug}-{hashlib.sha256(tenant.encode()).hexdigest()[:8]}"
 
 
 def tenant_of(pool: str) -> str:
@@ -228,7 +240,9 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
         pod_spec["nodeSelector"] = dict(opts.node_selector)
     if opts.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in opts.tolerations]
-    if opts.priority_class:
+    if opts.tenant_quotas:
+        pod_spec["priorityClassName"] = tenant_class(tenant_of(spec.pool))
+    elif opts.priority_class:
         pod_spec["priorityClassName"] = opts.priority_class
     return {
         "apiVersion": "v1",
