@@ -88,12 +88,15 @@ def listing(box: _Box) -> bytes:
 
 
 def delta_listing(box: _Box, since: float) -> bytes:
-    """delta_script's output: records of what changed after ``since``, an
-    empty field, the name of every entry."""
-    records = _entries(box)
-    changed = b"".join(_record(box, *r) for r in records if box.stamps.get(r[0], 0.0) > since)
-    names = b"".join(posixpath.relpath(r[0], WORKSPACE).encode() + b"\x00" for r in records)
-    return _now() + changed + b"\x00" + names
+    """delta_script's output: "R" + a record for what changed after
+    ``since``, "N" + the name of everything else."""
+    out = [_now()]
+    for r in _entries(box):
+        if box.stamps.get(r[0], 0.0) > since:
+            out.append(b"R" + _record(box, *r))
+        else:
+            out.append(b"N" + posixpath.relpath(r[0], WORKSPACE).encode() + b"\x00")
+    return b"".join(out)
 
 
 def records_of(box: _Box, rels: list[str]) -> bytes:

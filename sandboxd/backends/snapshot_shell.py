@@ -43,16 +43,15 @@ STATE_SCRIPT = f"{STATE_MARKER}\n{_STATE}{_LIST}\n"
 
 
 def delta_script(since: float, *, session: bool) -> str:
-    """Like LIST_SCRIPT (or STATE_SCRIPT with ``session``), but full records
-    only of the entries whose ctime is after ``since``, closed by an empty
-    field, then the bare name of every entry (NUL-terminated). Whatever is
-    not listed has not changed since ``since``, and the names tell what was
-    deleted, so the cost of a listing follows the change, not the workspace."""
+    """Like LIST_SCRIPT (or STATE_SCRIPT with ``session``), but in one walk:
+    "R" + a full record for each entry whose ctime is after ``since``, "N" +
+    the bare name (NUL-terminated) for every other. Whatever has no record
+    has not changed since ``since``, and the names tell what was deleted, so
+    what is parsed and compared follows the change, not the workspace."""
     marker = STATE_DELTA_MARKER if session else DELTA_MARKER
     body = (
-        f"printf '%s\\0' \"$(date +%s.%N)\"; (cd {WORKSPACE} && "
-        f"find . -mindepth 1 -newerct '@{since:.9f}' -printf '{LIST_FORMAT}' && printf '\\0' && "
-        "find . -mindepth 1 -printf '%P\\0')"
+        f"printf '%s\\0' \"$(date +%s.%N)\"; (cd {WORKSPACE} && find . -mindepth 1 "
+        f"\\( -newerct '@{since:.9f}' -printf 'R{LIST_FORMAT}' \\) -o -printf 'N%P\\0')"
     )
     return f"{marker}\n{_STATE if session else ''}{body}\n"
 

@@ -218,13 +218,21 @@ def parse_delta(data: bytes) -> tuple[float, list[Listed], list[str]]:
     """(listing time, changed entries, names of all entries) from a
     delta_script's output."""
     when, body = _fields(data)
-    end = 0
-    while end < len(body) and body[end] != b"":
-        end += 3
-    if end >= len(body):
-        raise BackendError("delta listing is malformed (no end of records)")
-    names = [n.decode("utf-8", "surrogateescape") for n in body[end + 1 :]]
-    return when, _records(body[:end]), names
+    records: list[bytes] = []
+    names: list[str] = []
+    i = 0
+    while i < len(body):
+        field = body[i]
+        if field[:1] == b"R" and i + 2 < len(body):
+            records += (field[1:], body[i + 1], body[i + 2])
+            names.append(body[i + 1].decode("utf-8", "surrogateescape"))
+            i += 3
+        elif field[:1] == b"N":
+            names.append(field[1:].decode("utf-8", "surrogateescape"))
+            i += 1
+        else:
+            raise BackendError(f"delta listing is malformed: {field[:80]!r}")
+    return when, _records(records), names
 
 
 def parse_session_state(data: bytes) -> tuple[str, dict[str, str], bytes]:
