@@ -18,6 +18,10 @@ the test cluster, in a fresh namespace, and measures in one run:
   leases adopted (and the unleased Pods deleted);
 - ``rss_mb``: the server's peak RSS while tracking ``tracked_pods`` Pods.
 
+``--state sqlite`` keeps leases in SQLite instead of on the Pods (the
+default, ``cluster``, records each lease with a merge patch per Pod before
+Acquire answers).
+
 The last line of stdout is the JSON object also written to
 benchmarks/results/kube.json.
 """
@@ -168,6 +172,7 @@ kind = "kubernetes"
 namespace = "{namespace}"
 kubeconfig = "{kubeconfig}"
 threads = {args.threads}
+state = "{args.state}"
 """
     )
     port = free_port()
@@ -177,6 +182,7 @@ threads = {args.threads}
         "headroom": args.headroom,
         "claims": args.claims,
         "rate_per_s": args.rate,
+        "state": args.state,
         "namespace": namespace,
     }
     server = Server(config, instance, state, port)
@@ -270,6 +276,9 @@ def main() -> None:
     parser.add_argument("--headroom", type=int, default=500, help="warm Pods kept beyond --pods")
     parser.add_argument("--starting", type=int, default=200, help="pools.max_starting")
     parser.add_argument("--threads", type=int, default=16, help="backend API threads")
+    parser.add_argument(
+        "--state", choices=["cluster", "sqlite"], default="cluster", help="where pools and leases persist"
+    )
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     result = asyncio.run(run(args))

@@ -35,6 +35,7 @@ from sandboxd.errors import BackendError, PermanentBackendError, TransientBacken
 
 Json = dict[str, Any]
 T = TypeVar("T")
+_URGENT_THREADS = 4
 
 
 class KubeError(BackendError):
@@ -75,11 +76,17 @@ def load_configuration(kubeconfig: str | None, context: str | None) -> k8s_clien
 
 class KubeClient:
     def __init__(self, cfg: k8s_client.Configuration, *, threads: int = 16, timeout: float = 30.0) -> None:
-        cfg.connection_pool_maxsize = max(threads, 4)
+        cfg.connection_pool_maxsize = max(threads, 4) + _URGENT_THREADS
         self.cfg = cfg
         self.timeout = timeout
         self._api = k8s_client.ApiClient(cfg)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sandboxd-kube")
+        # A lane of its own for requests a caller waits on (lease records on
+        # Acquire): a pool warming up queues hundreds of Pod creates on the
+        # main lane, and an Acquire must not wait behind them.
+        self._urgent = ThreadPoolExecutor(
+            max_workers=_URGENT_THREADS, thread_name_prefix="sandboxd-kube-urgent"
+        )
         self._session: aiohttp.ClientSession | None = None
         self._ssl: ssl.SSLContext | bool | None = None
 
@@ -94,10 +101,11 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = None,
+        urgent: bool = False,
     ) -> Json:
         loop = asyncio.get_running_loop()
         call = functools.partial(self._request_sync, method, path, query, body, content_type, timeout)
-        return await loop.run_in_executor(self._pool, call)
+        return await loop.run_in_executor(self._urgent if urgent else self._pool, call)
 
     def _request_sync(
         self,
@@ -191,6 +199,7 @@ class KubeClient:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._api.close)
         self._pool.shutdown(wait=False)
+        self._urgent.shutdown(wait=False)
 
 
 def transient(e: KubeError) -> bool:

@@ -78,7 +78,7 @@ class KubeLedger:
         try:
             await idempotent(
                 lambda: self._client.request(
-                    "PATCH", f"{self._pods}/{handle}", body=body, content_type=_MERGE, timeout=5
+                    "PATCH", f"{self._pods}/{handle}", body=body, content_type=_MERGE, timeout=5, urgent=True
                 ),
                 within=4.0,  # an Acquire waits on this: answer it while its caller waits
             )
