@@ -202,6 +202,8 @@ def test_the_rendered_config_loads_as_settings(tmp_path: Path) -> None:
         helm, "cp", "sbx", "--set", "sandbox.nodeSelector.pool=sandboxes",
         "--set", "sandbox.runtimeClassName=gvisor", "--set", "tenants.team-a.max_sandboxes=5",
         "--set", "presets[0].name=py", "--set", "presets[0].image=img:1",
+        "--set", "sandbox.tolerations[0].key=dedicated", "--set", "sandbox.tolerations[0].operator=Exists",
+        "--set", "sandbox.tolerations[1].key=slow", "--set", "sandbox.tolerations[1].tolerationSeconds=30",
     )  # fmt: skip
     cm = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap")
     path = tmp_path / "sandboxd.toml"
@@ -211,6 +213,10 @@ def test_the_rendered_config_loads_as_settings(tmp_path: Path) -> None:
     assert settings.backend.namespace == "sbx"
     assert settings.backend.node_selector == {"pool": "sandboxes"}
     assert settings.backend.runtime_class == "gvisor"
+    assert settings.backend.tolerations == [
+        {"key": "dedicated", "operator": "Exists"},
+        {"key": "slow", "tolerationSeconds": 30},
+    ]
     assert settings.backend.leader_election is True
     assert settings.tenants["team-a"].max_sandboxes == 5
     assert settings.presets[0].image == "img:1"
