@@ -1,7 +1,10 @@
 """Writes a single-platform OCI image archive (for ``ctr images import``)
-from a root-filesystem tar, without Docker or a registry.
+from a root-filesystem tar and optional further layers, without Docker or a
+registry. Layers are stored uncompressed, so a layer's digest is the sha256 of
+its tar and two images built on the same rootfs tar share that layer.
 
     python3 deploy/testcluster/ociimage.py ROOTFS.tar NAME:TAG OUT.tar [--entrypoint /pause]
+        [--layer LAYER.tar ...] [--env KEY=VALUE ...] [--user UID:GID] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import io
 import json
 import tarfile
 from pathlib import Path
+
+DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _sha(path: Path) -> str:
@@ -28,16 +33,25 @@ def main() -> None:
     p.add_argument("name")
     p.add_argument("out", type=Path)
     p.add_argument("--entrypoint", nargs="*", default=[])
+    p.add_argument("--layer", type=Path, action="append", default=[], help="a further layer (tar), in order")
+    p.add_argument("--env", action="append", default=[], help="KEY=VALUE (PATH has a default)")
+    p.add_argument("--user", default="")
+    p.add_argument("--workdir", default="")
     args = p.parse_args()
-    layer = _sha(args.rootfs)
+    paths: list[Path] = [args.rootfs, *args.layer]
+    layers = [_sha(path) for path in paths]
+    has_path = any(e.startswith("PATH=") for e in args.env)
+    env = [*([] if has_path else [DEFAULT_PATH]), *args.env]
     config = {
         "architecture": "amd64",
         "os": "linux",
         "config": {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Env": env,
             **({"Entrypoint": args.entrypoint} if args.entrypoint else {}),
+            **({"User": args.user} if args.user else {}),
+            **({"WorkingDir": args.workdir} if args.workdir else {}),
         },
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer}"]},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer}" for layer in layers]},
     }
     config_b = json.dumps(config).encode()
     manifest = {
@@ -52,8 +66,9 @@ def main() -> None:
             {
                 "mediaType": "application/vnd.oci.image.layer.v1.tar",
                 "digest": f"sha256:{layer}",
-                "size": args.rootfs.stat().st_size,
+                "size": path.stat().st_size,
             }
+            for path, layer in zip(paths, layers, strict=True)
         ],
     }
     manifest_b = json.dumps(manifest).encode()
@@ -84,7 +99,8 @@ def main() -> None:
         add(tar, "index.json", json.dumps(index).encode())
         add(tar, f"blobs/sha256/{hashlib.sha256(config_b).hexdigest()}", config_b)
         add(tar, f"blobs/sha256/{hashlib.sha256(manifest_b).hexdigest()}", manifest_b)
-        tar.add(str(args.rootfs), arcname=f"blobs/sha256/{layer}")
+        for layer, path in dict(zip(layers, paths, strict=True)).items():
+            tar.add(str(path), arcname=f"blobs/sha256/{layer}")
 
 
 if __name__ == "__main__":
