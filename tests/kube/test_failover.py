@@ -3,7 +3,7 @@ separate disks elect a leader; the leader (a real ``sandboxd serve``
 process) creates a pool and leases Pods, then dies by SIGKILL. The standby
 takes over and, from what the API server holds (the pool spec in a
 ConfigMap, each lease as an annotation on its Pods), keeps the live leases
-(same ids), reclaims the expired one and the dead leader's warm Pods, and
+(same ids; their sandboxes answer exec through it), reclaims the expired one and the dead leader's warm Pods, and
 warms the pool back to its target. Nothing is left behind."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sandboxd.client import AsyncClient
 from sandboxd.errors import NotFound
 from sandboxd.v1 import common_pb2
 from tests.kube.conftest import IMAGE, kube_settings, pods, poll
+from tests.kube.test_exec import LOCAL_EXEC_NS, _ensure_namespace
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(240)]
 
@@ -68,8 +69,12 @@ async def _lease_annotation(kube: KubeClient, namespace: str, sandbox_id: str) -
 
 
 async def test_a_standby_adopts_the_dead_leaders_leases(
-    tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
+    tmp_path: Path, kubeconfig: str, kube: KubeClient
 ) -> None:
+    # kwok runs exec in this namespace as local processes: the adopted
+    # sandboxes must answer commands through the new leader.
+    await _ensure_namespace(kube)
+    namespace = LOCAL_EXEC_NS
     instance = "fo-" + secrets.token_hex(4)
     lease_name = "sandboxd-" + secrets.token_hex(3)
     backend = {
@@ -110,6 +115,8 @@ async def test_a_standby_adopts_the_dead_leaders_leases(
             kept = await client.lease("fo", n=2, labels={"run": "r1"}, lease_ttl=60, timeout=60)
             short = await client.lease("fo", n=1, lease_ttl=2, timeout=60)
             kept_ids = {s.id for s in kept.sandboxes}
+            first_kept = next(iter(kept_ids))
+            assert (await client.exec(first_kept, ["echo", "leader"], cwd="/tmp")).stdout == b"leader\n"
             short_id = short.sandboxes[0].id
 
             async def warm() -> bool:
@@ -140,6 +147,7 @@ async def test_a_standby_adopts_the_dead_leaders_leases(
                 assert sb.state == common_pb2.SANDBOX_STATE_LEASED and sb.lease_id == kept.id
                 assert sb.labels["run"] == "r1"
             await client.heartbeat(kept.id)
+            assert (await client.exec(first_kept, ["echo", "standby"], cwd="/tmp")).stdout == b"standby\n"
             # The expired one and the dead leader's warm Pods are reclaimed.
             with pytest.raises(NotFound):
                 await client.heartbeat(short.id)
@@ -178,8 +186,10 @@ async def test_a_standby_adopts_the_dead_leaders_leases(
     await poll(
         lambda: _none_left(kube, namespace, sel), timeout=60, what="every Pod of the instance to be gone"
     )
-    cm = await kube.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{pools_configmap(instance)}")
+    cm_path = f"/api/v1/namespaces/{namespace}/configmaps/{pools_configmap(instance)}"
+    cm = await kube.request("GET", cm_path)
     assert [json.loads(v)["name"] for v in cm["data"].values()] == ["fo"]
+    await kube.request("DELETE", cm_path)  # the namespace is shared with other tests
 
 
 async def _none_left(kube: KubeClient, namespace: str, sel: str) -> bool:
