@@ -466,7 +466,8 @@ class KubernetesBackend:
     async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
         if handle not in self._counters:  # adopted, or created without a health check
             probe = await self._probe(handle, COUNTERS_ARGV, attempts=1)
-            self._counters[handle] = parse_counters(probe[1]) if probe[0] is not None else None
+            if probe[0] is not None:  # else: read again before the next command
+                self._counters[handle] = parse_counters(probe[1])
         async for event in self._exec(handle, spec):
             if isinstance(event, ExecResult) and _failed(event):
                 event = await self._explain(handle, event)
@@ -475,15 +476,8 @@ class KubernetesBackend:
     async def _explain(self, handle: str, result: ExecResult) -> ExecResult:
         """Names the limit a failed command hit, if one did (limits.py)."""
         pod = self.cache.get(handle)
-        if (
-            result.outcome is ExecOutcome.SANDBOX_LOST
-            and pod is not None
-            and "OOMKilled"
-            in (
-                pod.terminated_reason,
-                pod.last_terminated_reason,
-            )
-        ):
+        ended = (pod.terminated_reason, pod.last_terminated_reason) if pod is not None else ()
+        if result.outcome is ExecOutcome.SANDBOX_LOST and "OOMKilled" in ended:
             detail = "the sandbox's main process hit its memory limit and was killed"
             return replace(result, outcome=ExecOutcome.OOM_KILLED, detail=detail)
         if result.sandbox_gone:
@@ -533,6 +527,8 @@ class KubernetesBackend:
                 stream = await ExecStream.open(self._client, self._ns, handle, CONTAINER, argv, stdin=False)
             except KubeError as e:
                 why = str(e)
+                if e.status == 0:
+                    break  # the API server does not answer: no point in retrying now
                 if attempt + 1 < attempts:
                     # A full process table frees a slot between forks.
                     await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
