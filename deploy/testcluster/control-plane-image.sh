@@ -20,7 +20,7 @@ STATE=${KUBE_STATE:-$KUBE_CACHE/cluster}
 SOCK=$STATE/containerd/containerd.sock
 CACHE=$KUBE_CACHE/control-plane
 REPO=docker.io/sandboxd/sandboxd
-# Fixed metadata in the layer tars, so equal inputs give equal layer digests.
+# Fixed owners, modes and mtimes in the layer tars (nothing of this host).
 TAR_FLAGS=(--sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 "--mode=u+rwX,go+rX,go-w")
 say() { printf '[control-plane-image] %s\n' "$*" >&2; }
 ctr_() { ctr --address "$SOCK" -n k8s.io "$@"; }
