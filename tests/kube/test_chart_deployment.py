@@ -24,6 +24,7 @@ import secrets
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -170,11 +171,18 @@ async def test_the_chart_runs_the_control_plane_in_the_cluster(
             await poll(warm, timeout=180, what="a Running sandbox Pod")
             async with client.acquire("cp", timeout=120) as sb:
                 assert (await sb.exec(["python3", "-c", "print(6 * 7)"])).stdout == b"42\n"
-                leased = [
-                    p
-                    for p in await pods(kube, namespace, "sandboxd.managed=true")
-                    if "sandboxd.io/lease" in (p["metadata"].get("annotations") or {})
-                ]
+                leased: list[dict[str, Any]] = []
+
+                async def lease_recorded() -> bool:
+                    # The lease is recorded as an annotation on the Pod (patch).
+                    leased[:] = [
+                        p
+                        for p in await pods(kube, namespace, "sandboxd.managed=true")
+                        if "sandboxd.io/lease" in (p["metadata"].get("annotations") or {})
+                    ]
+                    return bool(leased)
+
+                await poll(lease_recorded, timeout=60, what="the lease annotation")
                 assert len(leased) == 1 and leased[0]["spec"]["nodeName"] == NODE
             # Released sandboxes are destroyed, never recycled.
             uid = leased[0]["metadata"]["uid"]
