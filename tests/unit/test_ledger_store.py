@@ -6,10 +6,15 @@ from __future__ import annotations
 import pytest
 
 from sandboxd.backends.base import LeaseMark, Ledger, Limits
+from sandboxd.backends.fake import FakeBackend
+from sandboxd.clock import SystemClock
+from sandboxd.core.control import ControlPlane
 from sandboxd.core.leases import Lease
 from sandboxd.core.ledger_store import LedgerStore
+from sandboxd.core.lifecycle import State
 from sandboxd.core.pools import PoolConfig
 from sandboxd.errors import TransientBackendError
+from tests.unit.conftest import Harness, make_settings, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -91,3 +96,64 @@ async def test_a_new_replica_loads_leases_and_pools_without_rewriting() -> None:
     assert ledger.writes == writes
     await second.delete_pool("t/p")
     assert await second.load_pools() == []
+
+
+class LedgerFake(FakeBackend):
+    """The fake engine keeping pools and leases itself, as the Kubernetes
+    backend does on the API server (marks live and die with sandboxes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger = MemoryLedger()
+
+    async def load_pool_specs(self) -> dict[str, str]:
+        return await self.ledger.load_pool_specs()
+
+    async def save_pool_spec(self, key: str, spec: str) -> None:
+        await self.ledger.save_pool_spec(key, spec)
+
+    async def delete_pool_spec(self, key: str) -> None:
+        await self.ledger.delete_pool_spec(key)
+
+    async def mark_leased(self, handle: str, mark: LeaseMark) -> None:
+        await self.ledger.mark_leased(handle, mark)
+
+    async def lease_marks(self) -> list[tuple[str, str, LeaseMark]]:
+        return [
+            (box.spec.sandbox_id, h, self.ledger.marks[h])
+            for h, box in self.sandboxes.items()
+            if h in self.ledger.marks
+        ]
+
+
+async def test_a_replica_with_no_disk_of_its_own_adopts_from_the_backend(no_task_leaks: None) -> None:
+    backend = LedgerFake()
+    assert isinstance(backend, Ledger)
+    settings = make_settings()
+
+    async def start() -> Harness:
+        control = ControlPlane(settings, backend, LedgerStore(backend), SystemClock())
+        await control.start()
+        return Harness(control, backend, control.clock, settings)
+
+    first = await start()
+    second: Harness | None = None
+    try:
+        pool = await first.warm_pool(min_ready=1, max_size=4)
+        lease, records = await first.acquire(n=2, labels={"run": "r1"}, ttl=600.0)
+        await wait_for(lambda: pool.ready == 1 and pool.creating == 0, what="refilled")
+        warm = {r.handle for r in pool.records.values() if r.state is State.READY}
+        await first.crash()
+        second = await start()  # same backend, nothing else shared
+        adopted = second.control.get_lease(lease.lease_id)
+        assert sorted(adopted.sandbox_ids) == sorted(r.sandbox_id for r in records)
+        assert adopted.labels == {"run": "r1"}
+        assert second.control.get_pool("p").config.min_ready == 1
+        assert not warm & set(backend.sandboxes)
+        writes = backend.ledger.writes
+        await second.control.heartbeat(lease.lease_id, 0.0)  # nothing due: no write
+        assert backend.ledger.writes == writes
+    finally:
+        if second is not None:
+            await second.stop()
+        await first.stop()
