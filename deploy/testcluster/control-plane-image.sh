@@ -9,8 +9,8 @@
 #            cached as a tar by the hash of the dependency list;
 #   layer 3: the sandboxd package and a `sandboxd` launcher, compiled.
 # Imported into the node's containerd as sandboxd/sandboxd:<hash of all
-# inputs>. A warm run hashes the sources and asks containerd (well under a
-# second). Prints the image reference.
+# inputs>; the three latest are kept. A warm run hashes the sources and asks
+# containerd (well under a second). Prints the image reference.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -72,7 +72,8 @@ if [[ ! -f $deps_tar ]]; then
     say "installing the dependencies into a layer (deps-$deps_hash)"
     mkdir -p "$tmp/deps/opt/sandboxd/deps"
     # shellcheck disable=SC2086
-    python3 -m pip install -q --no-compile --no-warn-script-location --no-warn-conflicts --root-user-action=ignore --disable-pip-version-check \
+    python3 -m pip install -q --no-compile --no-warn-script-location --no-warn-conflicts \
+        --root-user-action=ignore --disable-pip-version-check \
         --target "$tmp/deps/opt/sandboxd/deps" "${PIP_TARGET[@]}" $deps >&2
     rm -rf "$tmp/deps/opt/sandboxd/deps/bin"
     compile "$tmp/deps/opt/sandboxd/deps"
