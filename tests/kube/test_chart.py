@@ -190,6 +190,10 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             stdin=rendered, env={"KUBECONFIG": kubeconfig},
         )  # fmt: skip
         await kube.request("DELETE", f"/api/v1/namespaces/{release_ns}")
+        with contextlib.suppress(KubeError):  # cluster-wide: made by the tenant-quota check
+            await kube.request(
+                "DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{tenant_class('default')}"
+            )
 
 
 def test_the_rendered_config_loads_as_settings(tmp_path: Path) -> None:
