@@ -3,8 +3,9 @@ separate disks elect a leader; the leader (a real ``sandboxd serve``
 process) creates a pool and leases Pods, then dies by SIGKILL. The standby
 takes over and, from what the API server holds (the pool spec in a
 ConfigMap, each lease as an annotation on its Pods), keeps the live leases
-(same ids; their sandboxes answer exec through it), reclaims the expired one and the dead leader's warm Pods, and
-warms the pool back to its target. Nothing is left behind."""
+(same ids; their sandboxes answer exec through it), reclaims the expired
+one and the dead leader's warm Pods, and warms the pool back to its target.
+Nothing is left behind."""
 
 from __future__ import annotations
 
