@@ -11,6 +11,10 @@ echo "[test] mypy"
 python3 -m mypy
 echo "[test] import layers"
 lint-imports
+if command -v go >/dev/null; then
+    echo "[test] node runtime wrapper (go vet, go test)"
+    (cd deploy/node/sandboxd-runc && test -z "$(gofmt -l .)" && go vet ./... && go test ./...)
+fi
 if [[ ${SANDBOXD_KUBE_TESTCLUSTER:-1} != 0 ]]; then
     # A real API server (etcd, kube-apiserver, controller-manager, scheduler,
     # kwok nodes) for tests/kube: built once from the Go module proxy and cached

@@ -38,6 +38,16 @@ command -v containerd >/dev/null && command -v runc >/dev/null && [[ -x /usr/lib
 }
 mkdir -p "$CTRD" "$STATE/cni/net.d" "$STATE/kubelet" "$STATE/logs" "$STATE/pids"
 
+# The sandboxd runtime handler: runc behind deploy/node/sandboxd-runc, which
+# gives workspaces a tmpfs with nr_inodes (the kernel caps files per sandbox).
+wrapper_src=$(cd "$here/../node/sandboxd-runc" && pwd)
+wrapper=$BIN/sandboxd-runc-$(cat "$wrapper_src"/go.mod "$wrapper_src"/main.go | sha256sum | cut -c1-12)
+if [[ ! -x $wrapper ]]; then
+    say "building $(basename "$wrapper")"
+    (cd "$wrapper_src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$wrapper.tmp" .)
+    mv "$wrapper.tmp" "$wrapper"
+fi
+
 cat > "$STATE/cni/net.d/10-sandboxd.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "sandboxd-test", "plugins": [
   {"type": "bridge", "bridge": "sbxtest0", "isGateway": true, "ipMasq": false,
@@ -56,10 +66,25 @@ state = "$CTRD/state"
   sandbox_image = "$PAUSE"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "${CONTAINERD_SNAPSHOTTER:-native}"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.sandboxd]
+      runtime_type = "io.containerd.runc.v2"
+      pod_annotations = ["sandboxd.io/*"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.sandboxd.options]
+        BinaryName = "$wrapper"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$STATE/cni/net.d"
 TOML
+if alive containerd && ! cmp -s "$CTRD/config.toml" "$CTRD/config.running.toml"; then
+    say "containerd configuration changed: restarting it (containers keep running)"
+    kill "$(cat "$STATE/pids/containerd")"
+    for _ in $(seq 100); do alive containerd || break; sleep 0.1; done
+    rm -f "$SOCK"
+fi
+cp "$CTRD/config.toml" "$CTRD/config.running.toml"
 start containerd containerd --config "$CTRD/config.toml"
 for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
 
@@ -116,5 +141,6 @@ until [[ $(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready"
     ((SECONDS < end)) || { say "node $NODE not Ready (logs: $STATE/logs/kubelet.log)"; exit 1; }
     sleep 1
 done
+k apply -f "$here/../node/runtimeclass.yaml" >&2
 say "node $NODE Ready"
 echo "$NODE"

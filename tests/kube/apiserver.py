@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
 import signal
 import socket
 from pathlib import Path
@@ -22,6 +24,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _die_with_us() -> None:
+    """In the child: its own session, and SIGKILL when the test process dies,
+    even by SIGKILL or a timeout, so no second API server outlives a run."""
+    os.setsid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _running_argv(kubeconfig: str) -> list[str] | None:
@@ -68,7 +78,7 @@ class SecondApiServer:
         log = self._log.open("ab")
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *self._argv, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL, start_new_session=True
+                *self._argv, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_us
             )
         finally:
             log.close()

@@ -25,8 +25,12 @@ enforces:
   bytes and files in the kernel. This is the mode to use when ``max_files``
   must hold against a hostile workload.
 
-``max_files`` is recorded on the Pod as an annotation either way, so the
-choice is visible to operators.
+``max_files`` and ``disk_bytes`` are recorded on the Pod as annotations
+either way. With the ``sandboxd`` RuntimeClass (deploy/node: runc behind a
+small wrapper, containerd passing ``sandboxd.io/*`` Pod annotations through),
+any of the kinds above becomes a tmpfs mounted inside the container with
+``size=`` and ``nr_inodes=`` from those annotations: the kernel enforces both,
+and the pages count against the container's memory, with no CSI driver.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ ANNOTATION_POOL = "sandboxd.io/pool"
 ANNOTATION_LABELS = "sandboxd.io/labels"
 """The sandbox's own labels, JSON (values need not be valid label values)."""
 ANNOTATION_MAX_FILES = "sandboxd.io/max-files"
+ANNOTATION_DISK_BYTES = "sandboxd.io/disk-bytes"
 NETWORK_POLICY_NAME = "sandboxd-sandboxes-deny-all"
 CONTAINER = "sandbox"
 DEFAULT_TENANT = "default"
@@ -188,6 +193,8 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
     }
     if spec.limits.max_files:
         annotations[ANNOTATION_MAX_FILES] = str(spec.limits.max_files)
+    if spec.limits.disk_bytes:
+        annotations[ANNOTATION_DISK_BYTES] = str(spec.limits.disk_bytes)
     env = [{"name": "HOME", "value": WORKSPACE}]
     env += [{"name": k, "value": v} for k, v in spec.env.items() if k != "HOME"]
     container: dict[str, Any] = {

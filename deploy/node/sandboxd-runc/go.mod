@@ -1,0 +1,3 @@
+module sandboxd.dev/sandboxd-runc
+
+go 1.22
