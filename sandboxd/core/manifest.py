@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import struct
 import tarfile
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from sandboxd.backends.base import WORKSPACE
 from sandboxd.errors import FailedPrecondition
@@ -175,18 +177,32 @@ def _header(e: Entry, size: int) -> bytes:
     return bytes(header)
 
 
+def _tar_parts(entries: list[Entry], contents: Mapping[str, bytes]) -> Iterator[bytes]:
+    for e in sorted(entries, key=lambda e: e.path):
+        data = contents[e.digest] if e.kind == FILE and e.size else b""
+        yield _header(e, len(data))
+        if data:
+            yield data
+            if len(data) % 512:
+                yield bytes(512 - len(data) % 512)
+    yield bytes(1024)
+
+
 def build_tar(entries: list[Entry], contents: Mapping[str, bytes]) -> bytes:
     """A tar of the manifest (paths relative to the workspace, owned by uid
     1000); ``contents`` maps digests to verified bytes. Headers are packed
     directly: tarfile's per-member overhead dominated restores of many small
     files."""
-    out: list[bytes] = []
-    for e in sorted(entries, key=lambda e: e.path):
-        data = contents[e.digest] if e.kind == FILE and e.size else b""
-        out.append(_header(e, len(data)))
-        if data:
-            out.append(data)
-            if len(data) % 512:
-                out.append(bytes(512 - len(data) % 512))
-    out.append(bytes(1024))
-    return b"".join(out)
+    return b"".join(_tar_parts(entries, contents))
+
+
+def write_tar(path: Path, entries: list[Entry], contents: Mapping[str, bytes]) -> None:
+    """build_tar straight into a new file readable by everyone (a sandbox
+    user reads it), without the archive ever being whole in memory."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb", buffering=1 << 20, closefd=False) as fh:
+            fh.writelines(_tar_parts(entries, contents))
+    finally:
+        os.close(fd)

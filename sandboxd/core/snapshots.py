@@ -696,33 +696,36 @@ class SnapshotManager:
             )
         ns = tenant_namespace(info.tenant)
         pinned = await self._pin(blob_key(ns, e.digest) for e in entries if e.kind == FILE and e.size)
+        staged = self._stage_path(size)
         try:
             if not await self._catalog.exists(info.id):
                 raise NotFound(f"snapshot {snapshot_id!r} not found (deleted while restoring)")
-            tar = await self._tar(info, entries, ns)
+            tar = await self._tar(info, entries, ns, to=staged)
+            if tar is not None and staged is not None:
+                await asyncio.to_thread(_write_file, staged, tar)
             lineage = lineage_labels(info)
-            async with self._staged(tar) as staged:
-                lease, records = await self._control.acquire(
-                    pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
+            lease, records = await self._control.acquire(
+                pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
+            )
+            try:
+                known = (
+                    {e.path: (e.size, e.digest) for e in entries if e.kind == FILE},
+                    {e.path: e for e in entries},
                 )
-                try:
-                    path = await staged
-                    known = (
-                        {e.path: (e.size, e.digest) for e in entries if e.kind == FILE},
-                        {e.path: e for e in entries},
-                    )
-                    await asyncio.gather(
-                        *(self._restore_into(rec, info, entries, tar, path, known) for rec in records)
-                    )
-                except BaseException as e:
-                    await asyncio.shield(self._control.release(lease.lease_id, []))
-                    if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
-                        raise FailedPrecondition(
-                            f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
-                        ) from e
-                    raise
+                await asyncio.gather(
+                    *(self._restore_into(rec, info, entries, tar, staged, known) for rec in records)
+                )
+            except BaseException as e:
+                await asyncio.shield(self._control.release(lease.lease_id, []))
+                if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
+                    raise FailedPrecondition(
+                        f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
+                    ) from e
+                raise
         finally:
             self._unpin(pinned)
+            if staged is not None:
+                await asyncio.to_thread(_remove_file, staged)
         return lease, records, info
 
     def _checked(self, info: SnapshotInfo, entries: list[Entry]) -> list[Entry]:
@@ -732,7 +735,12 @@ class SnapshotManager:
             raise UnsafeSnapshot(f"snapshot {info.id} is unsafe and was not restored: {e}") from e
         return entries
 
-    async def _tar(self, info: SnapshotInfo, entries: list[Entry], ns: str) -> bytes:
+    async def _tar(
+        self, info: SnapshotInfo, entries: list[Entry], ns: str, to: Path | None = None
+    ) -> bytes | None:
+        """The snapshot's tar, built from its verified blobs: the cached bytes
+        if there are some, else written to ``to`` when it is given (None is
+        returned), else built (and cached) in memory."""
         cached = self._tars.get(info.id)
         if cached is not None:
             self._tars.move_to_end(info.id)
@@ -748,57 +756,49 @@ class SnapshotManager:
         if wrong:
             raise UnsafeSnapshot(f"snapshot {info.id} is corrupt: size of blob {wrong[0]} differs")
         # Verified while the tar is built (sha256 releases the GIL); a bad blob discards it.
-        bad, tar = await asyncio.gather(
-            asyncio.to_thread(_mismatches, contents), asyncio.to_thread(mf.build_tar, entries, contents)
+        building = (
+            asyncio.to_thread(mf.write_tar, to, entries, contents)
+            if to is not None
+            else asyncio.to_thread(mf.build_tar, entries, contents)
         )
+        bad, tar = await asyncio.gather(asyncio.to_thread(_mismatches, contents), building)
         if bad:
             raise UnsafeSnapshot(
                 f"snapshot {info.id} is corrupt: blob {bad[0]} does not match its digest "
                 f"({len(bad)} bad blob(s)); nothing was restored"
             )
-        if len(tar) <= _TAR_CACHE_BYTES // 2:
+        if tar is not None and len(tar) <= _TAR_CACHE_BYTES // 2:
             self._tars[info.id] = tar
             while sum(len(t) for t in self._tars.values()) > _TAR_CACHE_BYTES:
                 self._tars.popitem(last=False)
         return tar
 
-    @contextlib.asynccontextmanager
-    async def _staged(self, tar: bytes) -> AsyncIterator[asyncio.Future[Path | None]]:
-        """A file holding ``tar`` for a backend that takes archives as files
-        (None otherwise), written while the sandboxes are being leased and
-        removed afterwards."""
+    def _stage_path(self, size: int) -> Path | None:
+        """Where to write the archive of a restore of ``size`` bytes for a
+        backend that takes archives as files (None: stream it instead;
+        small ones travel cheaply through a sandbox shell's stdin anyway)."""
         backend = self._control.backend
         where = backend.staging_dir() if isinstance(backend, StagedTars) else None
-        if where is None or len(tar) < _STAGE_MIN_BYTES:
-            done: asyncio.Future[Path | None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            yield done
-            return
-        path = where / f"{secrets.token_hex(8)}.tar"
-        writing: asyncio.Future[Path | None] = asyncio.ensure_future(
-            asyncio.to_thread(_write_file, path, tar)
-        )
-        try:
-            yield writing
-        finally:
-            with contextlib.suppress(BaseException):
-                await writing
-            await asyncio.to_thread(_remove_file, path)
+        if where is None or size < _STAGE_MIN_BYTES:
+            return None
+        where.mkdir(parents=True, exist_ok=True)
+        return where / f"{secrets.token_hex(8)}.tar"
 
     async def _restore_into(
         self,
         rec: SandboxRecord,
         info: SnapshotInfo,
         entries: list[Entry],
-        tar: bytes,
+        tar: bytes | None,
         staged: Path | None,
         known: tuple[dict[str, tuple[int, str]], dict[str, Entry]],
     ) -> None:
         """``known``: what every target's baseline shares (digests and entries by path)."""
 
         async def one() -> AsyncIterator[bytes]:
-            for i in range(0, len(tar), 1 << 20):
-                yield tar[i : i + (1 << 20)]
+            data = tar if tar is not None else await asyncio.to_thread(_read_file, staged)
+            for i in range(0, len(data), 1 << 20):
+                yield data[i : i + (1 << 20)]
 
         backend = self._control.backend
         with self._control.using(rec):
@@ -880,6 +880,11 @@ def _write_file(path: Path, data: bytes) -> Path | None:
     finally:
         os.close(fd)
     return path
+
+
+def _read_file(path: Path | None) -> bytes:
+    assert path is not None
+    return path.read_bytes()
 
 
 def _remove_file(path: Path) -> None:
