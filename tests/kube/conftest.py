@@ -126,7 +126,28 @@ async def pods(kube: KubeClient, namespace: str, selector: str) -> list[dict[str
     return list(body.get("items") or [])
 
 
+REAL_NODE = os.environ.get("SANDBOXD_KUBE_REAL_NODE") == "1"
+REAL_NODE_NAME = os.environ.get("KUBE_REAL_NODE", "real-node-0")
+# Backend settings that put sandboxes on the real kubelet node of
+# deploy/testcluster/node-up.sh (tainted so only Pods that tolerate it land
+# there), with the image imported into its containerd.
+REAL_NODE_BACKEND: dict[str, Any] = {
+    "node_selector": {"kubernetes.io/hostname": REAL_NODE_NAME},
+    "tolerations": [{"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"}],
+    "image_pull_policy": "Never",
+    "exec_health_check": True,
+}
+
+
+def require_real_node() -> None:
+    if not REAL_NODE:
+        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+
+
 def kube_settings(tmp_path: Path, kubeconfig: str, namespace: str, **overrides: Any) -> Settings:
+    """Settings of a server on the test cluster; a ``backend`` override is
+    merged into the Kubernetes backend's table, other overrides replace."""
+    backend = overrides.pop("backend", {})
     base: dict[str, Any] = {
         "instance_id": "kt-" + secrets.token_hex(4),
         "state_dir": str(tmp_path / "state"),
@@ -143,5 +164,6 @@ def kube_settings(tmp_path: Path, kubeconfig: str, namespace: str, **overrides: 
         "limits.cpu_millis": 100,
         "limits.memory_bytes": 64 << 20,
     }
+    base["backend"].update(backend)
     base.update(overrides)
     return load_settings(None, base)

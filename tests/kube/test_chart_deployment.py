@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import socket
 import subprocess
@@ -33,13 +32,12 @@ import yaml
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.client import AsyncClient
 from sandboxd.images.build import default_image_tag
-from tests.kube.conftest import pods, poll
+from tests.kube.conftest import REAL_NODE_NAME, pods, poll, require_real_node
 from tests.kube.test_chart import CHART, ROOT, run, tool
 
 pytestmark = [pytest.mark.kube, pytest.mark.kube_node, pytest.mark.timeout(600)]
 
-REAL_NODE = os.environ.get("SANDBOXD_KUBE_REAL_NODE") == "1"
-NODE = os.environ.get("KUBE_REAL_NODE", "real-node-0")
+NODE = REAL_NODE_NAME
 RELEASE = "sandboxd"
 TENANT = "ci"
 
@@ -86,8 +84,7 @@ def _diagnose(kubectl: str, kubeconfig: str, ns: str) -> str:
 async def test_the_chart_runs_the_control_plane_in_the_cluster(
     kubeconfig: str, kube: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
-    if not REAL_NODE:
-        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+    require_real_node()
     helm, kubectl = tool("helm", "HELM_VERSION"), tool("kubectl", "KUBE_VERSION")
     image = await asyncio.to_thread(_build_image)
     sandbox_image = default_image_tag()  # on the node since node-up.sh

@@ -28,12 +28,18 @@ from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, P
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.client import AsyncClient
 from sandboxd.errors import NotFound
-from tests.kube.conftest import IMAGE, kube_settings, poll
+from tests.kube.conftest import (
+    IMAGE,
+    REAL_NODE_BACKEND,
+    REAL_NODE_NAME,
+    kube_settings,
+    poll,
+    require_real_node,
+)
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(120)]
 
 LOCAL_EXEC_NS = "sandboxd-local-exec"
-REAL_NODE = os.environ.get("SANDBOXD_KUBE_REAL_NODE") == "1"
 
 
 async def _ensure_namespace(kube: KubeClient) -> None:
@@ -148,13 +154,12 @@ def _real_image() -> str:
 async def real_sandbox(kubeconfig: str, namespace: str) -> AsyncIterator[tuple[KubernetesBackend, str]]:
     """A sandbox on the real kubelet node of deploy/testcluster/node-up.sh, in
     a namespace that enforces Pod Security "restricted"."""
-    if not REAL_NODE:
-        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+    require_real_node()
     instance = "rn-" + secrets.token_hex(3)
     pod = PodOptions(
         namespace=namespace,
         instance=instance,
-        node_selector={"kubernetes.io/hostname": os.environ.get("KUBE_REAL_NODE", "real-node-0")},
+        node_selector={"kubernetes.io/hostname": REAL_NODE_NAME},
         tolerations=({"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"},),
         image_pull_policy="Never",
     )
@@ -226,21 +231,12 @@ async def test_control_plane_on_the_real_node_files_sessions_snapshot_restore(
     """The whole server on Kubernetes with real containers: a pool, files,
     a persistent session, and a snapshot restored into a fresh Pod (through
     the same snapshot store and exec path as the Docker backend)."""
-    if not REAL_NODE:
-        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+    require_real_node()
     settings = kube_settings(
         tmp_path,
         kubeconfig,
         namespace,
-        backend={
-            "kind": "kubernetes",
-            "namespace": namespace,
-            "kubeconfig": kubeconfig,
-            "node_selector": {"kubernetes.io/hostname": os.environ.get("KUBE_REAL_NODE", "real-node-0")},
-            "tolerations": [{"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"}],
-            "image_pull_policy": "Never",
-            "exec_health_check": True,
-        },
+        backend=REAL_NODE_BACKEND,
         **{"limits.memory_bytes": 256 << 20, "limits.cpu_millis": 500},
     )
     app = build_app(settings)

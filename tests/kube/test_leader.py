@@ -108,13 +108,7 @@ async def test_two_replicas_only_the_leader_serves_and_the_standby_takes_over(
         tmp_path,
         kubeconfig,
         namespace,
-        backend={
-            "kind": "kubernetes",
-            "namespace": namespace,
-            "kubeconfig": kubeconfig,
-            "leader_election": True,
-            "lease_name": "sandboxd-" + secrets.token_hex(3),
-        },
+        backend={"leader_election": True, "lease_name": "sandboxd-" + secrets.token_hex(3)},
     )
     first, second = build_app(settings), build_app(settings)
     await first.start()

@@ -13,7 +13,6 @@ victim Pod's pids.max on the node itself, as that setting would."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
@@ -23,8 +22,8 @@ from sandboxd.app import build_app
 from sandboxd.backends.kubernetes.client import KubeClient
 from sandboxd.backends.kubernetes.podspec import pod_name
 from sandboxd.client import AsyncClient, ExecResult, Sandbox
-from tests.kube.conftest import kube_settings
-from tests.kube.test_exec import REAL_NODE, _real_image
+from tests.kube.conftest import REAL_NODE_BACKEND, kube_settings, require_real_node
+from tests.kube.test_exec import _real_image
 
 pytestmark = [pytest.mark.kube, pytest.mark.kube_node, pytest.mark.timeout(300)]
 
@@ -36,21 +35,12 @@ LIMITS = {"memory_bytes": 128 << 20, "cpu_millis": 500}
 async def pair(
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
 ) -> AsyncIterator[tuple[Sandbox, Sandbox]]:
-    if not REAL_NODE:
-        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+    require_real_node()
     settings = kube_settings(
         tmp_path,
         kubeconfig,
         namespace,
-        backend={
-            "kind": "kubernetes",
-            "namespace": namespace,
-            "kubeconfig": kubeconfig,
-            "node_selector": {"kubernetes.io/hostname": os.environ.get("KUBE_REAL_NODE", "real-node-0")},
-            "tolerations": [{"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"}],
-            "image_pull_policy": "Never",
-            "exec_health_check": True,
-        },
+        backend=REAL_NODE_BACKEND,
     )
     app = build_app(settings)
     await app.start()

@@ -32,12 +32,7 @@ async def test_a_tenants_quota_is_a_resource_quota_and_preflight_reports_its_hea
         tmp_path,
         kubeconfig,
         namespace,
-        backend={
-            "kind": "kubernetes",
-            "namespace": namespace,
-            "kubeconfig": kubeconfig,
-            "tenant_quotas": True,
-        },
+        backend={"tenant_quotas": True},
         tenants={"alice": {"token": "tok-alice", "max_sandboxes": 2, "max_memory_bytes": 4 * MEMORY}},
     )
     klass = tenant_class("alice")

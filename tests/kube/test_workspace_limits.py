@@ -7,15 +7,14 @@ handler (runc behind deploy/node/sandboxd-runc) and applies the RuntimeClass."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from sandboxd.app import build_app
 from sandboxd.client import AsyncClient
-from tests.kube.conftest import kube_settings
-from tests.kube.test_exec import REAL_NODE, _real_image
+from tests.kube.conftest import REAL_NODE_BACKEND, kube_settings, require_real_node
+from tests.kube.test_exec import _real_image
 
 pytestmark = [pytest.mark.kube, pytest.mark.kube_node, pytest.mark.timeout(240)]
 
@@ -27,23 +26,12 @@ DISK_BYTES = 4 << 20
 async def test_files_and_bytes_are_capped_by_the_kernel(
     tmp_path: Path, kubeconfig: str, namespace: str, workspace: str
 ) -> None:
-    if not REAL_NODE:
-        pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
+    require_real_node()
     settings = kube_settings(
         tmp_path,
         kubeconfig,
         namespace,
-        backend={
-            "kind": "kubernetes",
-            "namespace": namespace,
-            "kubeconfig": kubeconfig,
-            "node_selector": {"kubernetes.io/hostname": os.environ.get("KUBE_REAL_NODE", "real-node-0")},
-            "tolerations": [{"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"}],
-            "image_pull_policy": "Never",
-            "exec_health_check": True,
-            "runtime_class": "sandboxd",
-            "workspace": workspace,
-        },
+        backend={**REAL_NODE_BACKEND, "runtime_class": "sandboxd", "workspace": workspace},
         **{"limits.memory_bytes": 256 << 20, "limits.cpu_millis": 500},
     )
     app = build_app(settings)
