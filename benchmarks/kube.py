@@ -19,8 +19,8 @@ the test cluster, in a fresh namespace, and measures in one run:
 - ``rss_mb``: the server's peak RSS while tracking ``tracked_pods`` Pods.
 
 ``--state sqlite`` keeps leases in SQLite instead of on the Pods (the
-default, ``cluster``, records each lease with a merge patch per Pod before
-Acquire answers).
+default, ``cluster``, records each lease with a merge patch per Pod, written
+right after Acquire answers).
 
 The last line of stdout is the JSON object also written to
 benchmarks/results/kube.json.

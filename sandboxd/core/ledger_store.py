@@ -14,11 +14,20 @@ slack 0.5, one heartbeat in two writes nothing.
 Releases write nothing: a released sandbox is destroyed, and a sandbox that
 outlives its release (a destroy cut short) carries a lease that expires by
 itself and is then reclaimed.
+
+A new lease is written *behind* its Acquire: the answer does not wait for the
+merge patches (one per Pod, each an API server round trip that at hundreds
+of claims a second queued Acquires behind one another); they go out at once,
+retried, and a heartbeat writes whatever did not make it. A replica that
+takes over within that moment finds those Pods without a lease and deletes
+them, as it does warm ones: the client gets NOT_FOUND, as for a lease that
+expired. Nothing is orphaned and no sandbox is handed out twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 from sandboxd.backends.base import LeaseMark, Ledger
@@ -26,19 +35,30 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.pools import PoolConfig
 from sandboxd.core.store import PersistedLease, pool_from_json, pool_to_json
 
+log = logging.getLogger(__name__)
+
+Written = dict[str, tuple[float, float, dict[str, str]]]
+"""handle -> (recorded expiry, ttl, labels) as last written."""
+
 
 class LedgerStore:
-    def __init__(self, ledger: Ledger, *, slack: float = 0.5) -> None:
+    def __init__(self, ledger: Ledger, *, slack: float = 0.5, write_behind: bool = True) -> None:
         self._ledger = ledger
         self._slack = slack
-        # lease id -> handle -> (recorded expiry, ttl, labels) as last written.
-        self._written: dict[str, dict[str, tuple[float, float, dict[str, str]]]] = {}
+        self._write_behind = write_behind
+        self._written: dict[str, Written] = {}
+        self._behind: set[asyncio.Task[None]] = set()
 
     async def open(self) -> None:
         pass
 
     async def close(self) -> None:
-        pass
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Waits for the writes of new leases still going out."""
+        while self._behind:
+            await asyncio.gather(*self._behind, return_exceptions=True)
 
     async def save_pool(self, config: PoolConfig) -> None:
         await self._ledger.save_pool_spec(config.name, pool_to_json(config))
@@ -50,6 +70,7 @@ class LedgerStore:
         return [pool_from_json(spec) for spec in (await self._ledger.load_pool_specs()).values()]
 
     async def save_lease(self, lease: Lease, handles: Sequence[str] = ()) -> None:
+        new = lease.lease_id not in self._written
         before = self._written.get(lease.lease_id, {})
         written = {h: before[h] for h in handles if h in before}
         self._written[lease.lease_id] = written
@@ -69,6 +90,14 @@ class LedgerStore:
             lease.expires_wall + self._slack * lease.ttl,
             dict(lease.labels),
         )
+        if new and self._write_behind:
+            task = asyncio.create_task(self._write(written, due, mark, behind=True))
+            self._behind.add(task)
+            task.add_done_callback(self._behind.discard)
+            return
+        await self._write(written, due, mark, behind=False)
+
+    async def _write(self, written: Written, due: list[str], mark: LeaseMark, *, behind: bool) -> None:
         results = await asyncio.gather(
             *(self._ledger.mark_leased(h, mark) for h in due), return_exceptions=True
         )
@@ -77,7 +106,10 @@ class LedgerStore:
                 written[h] = (mark.expires_wall, mark.ttl, dict(mark.labels))
         for result in results:
             if isinstance(result, BaseException):
-                raise result
+                if not behind:
+                    raise result
+                # The next heartbeat writes it; until then a takeover would reclaim it.
+                log.warning("lease %s not recorded yet: %s", mark.lease_id, result)
 
     async def delete_lease(self, lease_id: str) -> None:
         self._written.pop(lease_id, None)

@@ -21,6 +21,7 @@ import pytest
 from sandboxd.app import build_app
 from sandboxd.backends.kubernetes import KubernetesBackend
 from sandboxd.backends.kubernetes.client import KubeClient
+from sandboxd.backends.kubernetes.ledger import ANNOTATION_LEASE
 from sandboxd.backends.kubernetes.podspec import pod_name, selector
 from sandboxd.client import AsyncClient
 from sandboxd.errors import TransientBackendError
@@ -95,7 +96,6 @@ async def test_an_api_server_outage_is_survived(
                 lambda: client.exec(sid, "echo during", session="s"),
                 lambda: client.read_files(sid, ["x"]),
                 lambda: client.create_pool("other", IMAGE, min_ready=0, max_size=1),
-                lambda: client.lease("out", n=1, lease_ttl=60, timeout=20),
             ):
                 began = loop.time()
                 # UNAVAILABLE on the wire (the client's TransientBackendError).
@@ -104,8 +104,12 @@ async def test_an_api_server_outage_is_survived(
                 assert "API server" in str(info.value), info.value
                 assert loop.time() - began < 15
             # What does not, works: the lease is kept and heartbeats
-            # (coalesced: nothing to write yet) succeed.
+            # (coalesced: nothing to write yet) succeed; a warm sandbox is
+            # still handed out, its lease recorded on the Pod once the API
+            # server is back (written behind the answer).
             await client.heartbeat(held.id)
+            during = await asyncio.wait_for(client.lease("out", n=1, lease_ttl=120, timeout=20), 15)
+            victim = next(w for w in warm if w != during.sandboxes[0].id)
             sb = await client.get_sandbox(sid)
             assert sb.state == common_pb2.SANDBOX_STATE_LEASED and sb.lease_id == held.id
             # The outage lasts until a whole create (all its retries) has
@@ -118,16 +122,25 @@ async def test_an_api_server_outage_is_survived(
             # a warm Pod goes away while it cannot watch.
             await kube.request(
                 "DELETE",
-                f"/api/v1/namespaces/{LOCAL_EXEC_NS}/pods/{pod_name(warm[0])}",
+                f"/api/v1/namespaces/{LOCAL_EXEC_NS}/pods/{pod_name(victim)}",
                 body={"gracePeriodSeconds": 0},
             )
 
             await second.start()
             # The watch re-syncs: the deleted Pod drops out of the cache.
-            await poll(lambda: cache.get(pod_name(warm[0])) is None, timeout=60, what="the watch to re-sync")
+            await poll(lambda: cache.get(pod_name(victim)) is None, timeout=60, what="the watch to re-sync")
             assert cache.relists > relists
             await poll(at_target, timeout=90, what="the pool to return to its target")
             await client.heartbeat(held.id)
+            await client.heartbeat(during.id)
+            during_pod = f"/api/v1/namespaces/{LOCAL_EXEC_NS}/pods/{pod_name(during.sandboxes[0].id)}"
+
+            async def recorded() -> bool:
+                pod = await kube.request("GET", during_pod)
+                return during.id in (pod["metadata"].get("annotations") or {}).get(ANNOTATION_LEASE, "")
+
+            await poll(recorded, timeout=30, what="the lease taken during the outage to be recorded")
+            await client.release(during.id)
             assert (await client.exec(sid, ["echo", "after"], cwd="/tmp")).stdout == b"after\n"
 
             # No orphans: every Pod of the instance is one the control plane knows.

@@ -3,6 +3,8 @@ heartbeat writes coalesced (the recorded expiry is an upper bound)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sandboxd.backends.base import LeaseMark, Ledger, Limits
@@ -57,6 +59,7 @@ async def test_heartbeats_write_only_when_the_expiry_passes_the_recorded_one() -
     store = LedgerStore(ledger, slack=0.5)
     handles = ["pod-a", "pod-b"]
     await store.save_lease(lease(1000.0), handles)
+    await store.flush()
     assert ledger.writes == 2 and ledger.marks["pod-a"].expires_wall == 1015.0
     # Heartbeats every TTL/3 (10 s): the second one passes 1015.
     await store.save_lease(lease(1010.0), handles)
@@ -72,6 +75,7 @@ async def test_a_failed_write_is_reported_and_retried_by_the_next_heartbeat() ->
     ledger = MemoryLedger()
     store = LedgerStore(ledger, slack=0.5)
     await store.save_lease(lease(1000.0), ["pod-a"])
+    await store.flush()
     ledger.fail = True
     with pytest.raises(TransientBackendError):
         await store.save_lease(lease(1020.0), ["pod-a"])
@@ -80,12 +84,41 @@ async def test_a_failed_write_is_reported_and_retried_by_the_next_heartbeat() ->
     assert ledger.marks["pod-a"].expires_wall == 1035.0
 
 
+async def test_a_new_lease_is_written_behind_its_answer_and_a_heartbeat_retries_it() -> None:
+    ledger = MemoryLedger()
+    gate = asyncio.Event()
+    real = ledger.mark_leased
+
+    async def slow(handle: str, mark: LeaseMark) -> None:
+        await gate.wait()
+        await real(handle, mark)
+
+    ledger.mark_leased = slow  # type: ignore[method-assign]
+    store = LedgerStore(ledger, slack=0.5)
+    await store.save_lease(lease(1000.0), ["pod-a"])  # answers with the write still out
+    assert ledger.writes == 0
+    gate.set()
+    await store.flush()
+    assert ledger.marks["pod-a"].expires_wall == 1015.0
+    # A write behind that fails is logged, and the next heartbeat makes it.
+    ledger.mark_leased = real  # type: ignore[method-assign]
+    ledger.fail = True
+    second = Lease("ls-2", "p", ["c"], 30.0, 1000.0, 1000.0, {})
+    await store.save_lease(second, ["pod-c"])
+    await store.flush()
+    assert "pod-c" not in ledger.marks
+    ledger.fail = False
+    await store.save_lease(second, ["pod-c"])
+    assert ledger.marks["pod-c"].lease_id == "ls-2"
+
+
 async def test_a_new_replica_loads_leases_and_pools_without_rewriting() -> None:
     ledger = MemoryLedger()
     first = LedgerStore(ledger)
     config = PoolConfig("t/p", "img", 1, 4, Limits(memory_bytes=1 << 26))
     await first.save_pool(config)
     await first.save_lease(lease(1000.0), ["pod-a", "pod-b"])
+    await first.flush()
     writes = ledger.writes
     second = LedgerStore(ledger)
     assert await second.load_pools() == [config]
