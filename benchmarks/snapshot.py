@@ -13,6 +13,9 @@ fresh sandbox whose workspace is filled with incompressible random files:
 - ``incremental_snapshot_ms``: Snapshot of the restored sandbox after 1% of
   its files were rewritten;
 - ``fork8_ms``: Restore of a snapshot (never restored before) into 8 sandboxes;
+- ``docker_exec_fork8_ms``: the same archive (the raw tar above) extracted
+  into 8 running plain containers at once with ``docker exec -i ... tar -x``
+  (what a fork costs without sandboxd's staged hand-over);
 - ``docker_commit_run_ms``: ``docker commit`` of a plain container holding the
   same files in its root filesystem, then ``docker run`` of the committed image
   (what one would do without sandboxd; tmpfs workspaces are not committed).
@@ -98,17 +101,52 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
     return (time.perf_counter() - t) * 1000, result
 
 
-def raw_tar_ms(dk: docker.DockerClient, container: str) -> tuple[float, int]:
-    """tar of /workspace inside the container, streamed out and counted."""
+def raw_tar_ms(dk: docker.DockerClient, container: str, keep: Path | None = None) -> tuple[float, int]:
+    """tar of /workspace inside the container, streamed out and counted
+    (and written to ``keep`` when given)."""
     t = time.perf_counter()
     exec_id = dk.api.exec_create(container, ["tar", "-c", "-f", "-", "-C", "/workspace", "."], user="1000")
     size = 0
-    for chunk in dk.api.exec_start(exec_id, stream=True):
-        size += len(chunk)
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(keep.open("wb")) if keep is not None else None
+        for chunk in dk.api.exec_start(exec_id, stream=True):
+            size += len(chunk)
+            if sink is not None:
+                sink.write(chunk)
     code = dk.api.exec_inspect(exec_id)["ExitCode"]
     if code != 0:
         raise RuntimeError(f"raw tar exited {code}")
     return (time.perf_counter() - t) * 1000, size
+
+
+def docker_exec_fork_ms(dk: docker.DockerClient, image: str, instance: str, archive: Path, n: int) -> float:
+    """``docker exec -i <c> tar -x`` of ``archive`` into ``n`` running plain
+    containers (tmpfs workspace, as sandboxes have) at once; only the
+    extraction is timed, the containers are started before (a warm pool)."""
+    containers = [
+        dk.containers.run(
+            image, ["sleep", "infinity"], detach=True, network_mode="none", user="1000",
+            tmpfs={"/workspace": "size=256m,nr_inodes=20000,uid=1000,gid=1000"},
+            labels={LABEL_INSTANCE: instance},
+        )
+        for _ in range(n)
+    ]  # fmt: skip
+    try:
+        t = time.perf_counter()
+        procs = []
+        for c in containers:
+            with archive.open("rb") as fh:
+                cmd = ["docker", "exec", "-i", c.id, "tar", "-x", "-C", "/workspace", "-f", "-"]
+                procs.append(subprocess.Popen(cmd, stdin=fh))
+        codes = [p.wait() for p in procs]
+        elapsed = (time.perf_counter() - t) * 1000
+        if any(codes):
+            raise RuntimeError(f"docker exec tar -x exited {codes}")
+        return elapsed
+    finally:
+        for c in containers:
+            with contextlib.suppress(docker.errors.DockerException):
+                c.remove(force=True)
 
 
 def docker_commit_run_ms(dk: docker.DockerClient, image: str, instance: str, files: int, total: int) -> float:
@@ -170,7 +208,7 @@ async def wait_ready(client: AsyncClient, n: int, timeout: float = 180.0) -> Non
 
 
 async def trial(
-    client: AsyncClient, dk: docker.DockerClient, files: int, total: int, fork_n: int
+    client: AsyncClient, dk: docker.DockerClient, files: int, total: int, fork_n: int, archive: Path
 ) -> dict[str, float]:
     out: dict[str, float] = {}
     await wait_ready(client, fork_n + 1)
@@ -181,6 +219,8 @@ async def trial(
         assert r.ok, r
         assert (await sb.exec("cd /workspace && export STEP=1", session=SESSION)).ok
         out["raw_tar_ms"], out["raw_tar_bytes"] = await asyncio.to_thread(raw_tar_ms, dk, f"sandboxd-{sb.id}")
+        if not await asyncio.to_thread(archive.exists):  # for the docker exec fork baseline; not timed
+            await asyncio.to_thread(raw_tar_ms, dk, f"sandboxd-{sb.id}", archive)
         out["snapshot_ms"], snap = await timed(lambda: sb.snapshot(session=SESSION, policy_version=1))
         assert snap.entry_count >= files, snap
         out["snapshot_stored_bytes"] = snap.stored_bytes
@@ -220,18 +260,27 @@ async def run(quick: bool) -> dict[str, Any]:
     server = Server(instance, state)
     results: list[dict[str, float]] = []
     commit_ms: list[float] = []
+    docker_fork_ms: list[float] = []
+    archive = state / "workspace.tar"
     try:
         async with AsyncClient(server.target) as client:
             await client.wait_ready(30)
             await client.create_pool(POOL, image, min_ready=fork_n + 2, max_size=fork_n + 6)
             for i in range(trials):
                 log(f"trial {i + 1}/{trials}")
-                results.append(await trial(client, dk, files, total, fork_n))
+                results.append(await trial(client, dk, files, total, fork_n, archive))
                 log(json.dumps(results[-1]))
+            await client.delete_pool(POOL, force=True)
+            # The engine baselines after every sandboxd trial: committing 50 MB
+            # and pushing 8 x 56 MB through the engine leave disk writeback and
+            # the engine busy for a while, which would tax the trials after them.
+            for _ in range(trials):
+                docker_fork_ms.append(
+                    await asyncio.to_thread(docker_exec_fork_ms, dk, image, instance, archive, fork_n)
+                )
                 commit_ms.append(
                     await asyncio.to_thread(docker_commit_run_ms, dk, image, instance, files, total)
                 )
-            await client.delete_pool(POOL, force=True)
     finally:
         server.stop()
         for c in dk.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance}"}):
@@ -243,6 +292,7 @@ async def run(quick: bool) -> dict[str, Any]:
         "restore_ms": med["restore_ms"],
         "raw_tar_ms": med["raw_tar_ms"],
         "docker_commit_run_ms": round(statistics.median(commit_ms), 1),
+        "docker_exec_fork8_ms": round(statistics.median(docker_fork_ms), 1),
         "incremental_snapshot_ms": med["incremental_snapshot_ms"],
         "fork8_ms": med["fork8_ms"],
         "snapshot_again_ms": med["snapshot_again_ms"],
