@@ -128,6 +128,28 @@ def test_staleness_modes() -> None:
     assert group.outcome is Outcome.ADMITTED
     assert group.trajectories[0].masked and group.trajectories[0].segment_masked == [True, False]
     assert not group.trajectories[1].masked
+    # Delivered with another group: the masked stale trajectory is not learned
+    # from, so it does not count in the consumer's staleness (budget 1 holds).
+    (g2,) = queue.request_slots(1)
+    queue.submit(g2.group_id, "", trajs([0.0, 1.0, 1.0, 0.0], version=5))
+    batch = queue.next_batch(queue.open_stream())
+    assert batch is not None and len(batch.groups) == 2
+    assert queue.figures().staleness_trajectory.max == 0
+
+
+def test_groups_masked_by_the_filter_are_not_counted_in_staleness() -> None:
+    """A zero-std group (no learning signal, masked) is not held to the bound
+    and is not the trainer's staleness either."""
+    queue = q(filter_mode=FilterMode.MASK, max_staleness=1)
+    (old,) = queue.request_slots(1)
+    assert queue.submit(old.group_id, "", trajs([1.0, 1.0, 1.0, 1.0], version=0))[0].outcome is Outcome.MASKED
+    queue.publish(1)
+    queue.publish(2)  # the masked group, queued at version 0, is now 2 versions old
+    (fresh,) = queue.request_slots(1)
+    queue.submit(fresh.group_id, "", trajs([0.0, 1.0, 1.0, 0.0], version=2))
+    batch = queue.next_batch(queue.open_stream())
+    assert batch is not None and {g.group_id for g in batch.groups} == {old.group_id, fresh.group_id}
+    assert queue.figures().staleness_trajectory.max == 0
 
 
 def test_publish_cancels_over_stale_running_groups() -> None:

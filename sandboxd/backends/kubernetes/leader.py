@@ -54,6 +54,10 @@ class LeaderElector:
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
+        # Each API call of a round is bounded by it too: a slow API server then
+        # fails rounds instead of piling abandoned calls up in the client's
+        # threads until no round can run at all.
+        self._budget = min(max(1.0, retry_period * 2), renew_deadline / 2)
         self._monotonic = monotonic
         self._observed: tuple[str, str] | None = None
         self._observed_at = 0.0
@@ -90,7 +94,7 @@ class LeaderElector:
         last_renew = self._monotonic()
         while True:
             try:
-                ok = await asyncio.wait_for(self.try_acquire_or_renew(), self.retry_period * 2)
+                ok = await asyncio.wait_for(self.try_acquire_or_renew(), self._budget)
             except (KubeError, TimeoutError) as e:
                 log.warning("leader election %s: %s", self.name, e)
                 ok = False
@@ -110,13 +114,13 @@ class LeaderElector:
         """One round: True when this elector holds the Lease afterwards."""
         now = _now_micro()
         try:
-            lease = await self._client.request("GET", f"{self._path}/{self.name}")
+            lease = await self._client.request("GET", f"{self._path}/{self.name}", timeout=self._budget)
         except KubeError as e:
             if e.status != 404:
                 raise
             body = self._lease_body({}, now, transitions=0, acquire=True)
             try:
-                await self._client.request("POST", self._path, body=body)
+                await self._client.request("POST", self._path, body=body, timeout=self._budget)
             except KubeError as e2:
                 if e2.status == 409:
                     return False
@@ -134,7 +138,7 @@ class LeaderElector:
         transitions = int(spec.get("leaseTransitions") or 0) + (0 if mine else 1)
         body = self._lease_body(lease, now, transitions=transitions, acquire=not mine, spec=spec)
         try:
-            await self._client.request("PUT", f"{self._path}/{self.name}", body=body)
+            await self._client.request("PUT", f"{self._path}/{self.name}", body=body, timeout=self._budget)
         except KubeError as e:
             if e.status == 409:  # someone else wrote first
                 return False
@@ -163,7 +167,7 @@ class LeaderElector:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": new_spec}
 
     async def _release(self) -> None:
-        lease = await self._client.request("GET", f"{self._path}/{self.name}")
+        lease = await self._client.request("GET", f"{self._path}/{self.name}", timeout=self._budget)
         spec = dict(lease.get("spec") or {})
         if spec.get("holderIdentity") != self.identity:
             return
@@ -174,4 +178,4 @@ class LeaderElector:
             "metadata": lease["metadata"],
             "spec": spec,
         }
-        await self._client.request("PUT", f"{self._path}/{self.name}", body=body)
+        await self._client.request("PUT", f"{self._path}/{self.name}", body=body, timeout=self._budget)

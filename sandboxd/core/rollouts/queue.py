@@ -443,7 +443,9 @@ class RolloutQueue:
     def _record_staleness(self, g: Group) -> None:
         v = self.version
         for t in g.trajectories:
-            if t.failure is not InfraFailure.NONE:
+            if t.failure is not InfraFailure.NONE or t.masked:
+                # Not learned from (and not held to the bound, see _bound_staleness):
+                # not the trainer's staleness.
                 continue
             self.stale_traj.add(v - t.oldest_version(g.start_version))
             for s in t.segments:
