@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import struct
 import tarfile
 import zlib
@@ -27,6 +28,7 @@ EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 _PAGE = 4096
 _MAX_PATH = 4096
 _FORMAT = 1
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def validate(entries: list[Entry]) -> None:
         if e.mode & 0o6000:
             raise UnsafeSnapshot(f"{where}: setuid/setgid bit set ({e.mode:o})")
         if e.kind == FILE:
-            if e.size < 0 or len(e.digest) != 64 or any(c not in "0123456789abcdef" for c in e.digest):
+            if e.size < 0 or not _HEX_DIGEST.fullmatch(e.digest):
                 raise UnsafeSnapshot(f"{where}: bad size or digest")
         elif e.kind == LINK and link_escapes(e.path, e.target):
             raise UnsafeSnapshot(f"{where}: symlink to {e.target[:200]!r} leaves the workspace")
