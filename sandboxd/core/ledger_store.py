@@ -34,6 +34,7 @@ from sandboxd.backends.base import LeaseMark, Ledger
 from sandboxd.core.leases import Lease
 from sandboxd.core.pools import PoolConfig
 from sandboxd.core.store import PersistedLease, pool_from_json, pool_to_json
+from sandboxd.errors import SandboxLost
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,12 @@ class LedgerStore:
             if isinstance(result, BaseException):
                 if not behind:
                     raise result
-                # The next heartbeat writes it; until then a takeover would reclaim it.
-                log.warning("lease %s not recorded yet: %s", mark.lease_id, result)
+                if isinstance(result, SandboxLost):
+                    # Released (and deleted) before its record went out: nothing to keep.
+                    log.debug("lease %s: %s", mark.lease_id, result)
+                else:
+                    # The next heartbeat writes it; until then a takeover would reclaim it.
+                    log.warning("lease %s not recorded yet: %s", mark.lease_id, result)
 
     async def delete_lease(self, lease_id: str) -> None:
         self._written.pop(lease_id, None)
