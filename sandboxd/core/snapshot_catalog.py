@@ -7,14 +7,13 @@ through one worker thread, as in sandboxd.core.store."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxd.core.sqlite import SqliteThread
 from sandboxd.errors import ResourceExhausted
 
 _SCHEMA = """
@@ -95,44 +94,30 @@ class SnapshotInfo:
         return cls(**doc)
 
 
+def _count_usage_once(db: sqlite3.Connection) -> None:
+    if db.execute("SELECT 1 FROM tenant_usage LIMIT 1").fetchone() is None:
+        with db:  # a catalog from before the usage tables: count once
+            db.execute(
+                "INSERT INTO tenant_blobs SELECT s.tenant, r.key, MAX(r.size), COUNT(*) FROM refs r "
+                "JOIN snapshots s ON s.id = r.snapshot_id GROUP BY s.tenant, r.key"
+            )
+
+
 class SnapshotCatalog:
     def __init__(self, path: Path | None) -> None:
         """``path`` None keeps the catalog in memory (tests, throw-away servers)."""
-        self._path = path
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxd-catalog")
-        self._db: sqlite3.Connection | None = None
-
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        self._sql = SqliteThread(path, "sandboxd-catalog")
+        self._run = self._sql.run
 
     async def open(self) -> None:
-        await self._run(self._open_sync)
-
-    def _open_sync(self) -> None:
-        if self._path is not None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(str(self._path) if self._path else ":memory:", check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
-        if db.execute("SELECT 1 FROM tenant_usage LIMIT 1").fetchone() is None:
-            with db:  # a catalog from before the usage tables: count once
-                db.execute(
-                    "INSERT INTO tenant_blobs SELECT s.tenant, r.key, MAX(r.size), COUNT(*) FROM refs r "
-                    "JOIN snapshots s ON s.id = r.snapshot_id GROUP BY s.tenant, r.key"
-                )
-        self._db = db
+        await self._sql.open(_SCHEMA, _count_usage_once)
 
     async def close(self) -> None:
-        if self._db is not None:
-            await self._run(self._db.close)
-            self._db = None
-        self._executor.shutdown(wait=True)
+        await self._sql.close()
 
     @property
     def db(self) -> sqlite3.Connection:
-        assert self._db is not None, "catalog not open"
-        return self._db
+        return self._sql.db
 
     # -- writes ---------------------------------------------------------------
 

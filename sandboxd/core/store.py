@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +25,7 @@ from typing import Any, Protocol
 from sandboxd.backends.base import Limits
 from sandboxd.core.leases import Lease
 from sandboxd.core.pools import PoolConfig
+from sandboxd.core.sqlite import SqliteThread
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pools (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
@@ -75,43 +74,26 @@ def pool_from_json(text: str) -> PoolConfig:
 class StateStore:
     def __init__(self, path: Path | None) -> None:
         """``path`` None keeps state in memory (tests, throw-away servers)."""
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxd-store")
-        self._path = path
+        self._sql = SqliteThread(path, "sandboxd-store")
         # Group commit: writes that arrive while one is being committed go
         # together in the next transaction, so 64 concurrent acquires cost a
         # few thread hand-offs instead of 64.
         self._pending: list[tuple[str, tuple[Any, ...], asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._db: sqlite3.Connection | None = None
-
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def open(self) -> None:
-        await self._run(self._open_sync)
-
-    def _open_sync(self) -> None:
-        if self._path is not None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(str(self._path) if self._path else ":memory:", check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
-        self._db = db
+        await self._sql.open(_SCHEMA)
 
     async def close(self) -> None:
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
-        if self._db is not None:
-            await self._run(self._db.close)
-            self._db = None
-        self._executor.shutdown(wait=True)
+        await self._sql.close()
 
     def _exec_many(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        assert self._db is not None
-        with self._db:
+        db = self._sql.db
+        with db:
             for sql, params in statements:
-                self._db.execute(sql, params)
+                db.execute(sql, params)
 
     async def _write(self, sql: str, params: tuple[Any, ...]) -> None:
         """Commits one statement, in order with every other write, and
@@ -126,7 +108,7 @@ class StateStore:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                await self._run(self._exec_many, [(sql, params) for sql, params, _ in batch])
+                await self._sql.run(self._exec_many, [(sql, params) for sql, params, _ in batch])
             except Exception as e:
                 for *_, done in batch:
                     if not done.done():
@@ -143,12 +125,11 @@ class StateStore:
         await self._write("DELETE FROM pools WHERE name = ?", (name,))
 
     async def load_pools(self) -> list[PoolConfig]:
-        rows = await self._run(self._query, "SELECT spec FROM pools")
+        rows = await self._sql.run(self._query, "SELECT spec FROM pools")
         return [pool_from_json(spec_json) for (spec_json,) in rows]
 
     def _query(self, sql: str) -> list[tuple[Any, ...]]:
-        assert self._db is not None
-        return list(self._db.execute(sql).fetchall())
+        return list(self._sql.db.execute(sql).fetchall())
 
     async def save_lease(self, lease: Lease, handles: Sequence[str] = ()) -> None:
         await self._write(
@@ -167,7 +148,7 @@ class StateStore:
         await self._write("DELETE FROM leases WHERE id = ?", (lease_id,))
 
     async def load_leases(self) -> list[PersistedLease]:
-        rows = await self._run(
+        rows = await self._sql.run(
             self._query, "SELECT id, pool, sandboxes, ttl, expires_wall, labels FROM leases"
         )
         return [(r[0], r[1], json.loads(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]

@@ -5,12 +5,12 @@ for redelivery). Writes go through one worker thread, like StateStore."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from sandboxd.core.sqlite import SqliteThread
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollout_runs (key TEXT PRIMARY KEY, config TEXT NOT NULL, state TEXT NOT NULL);
@@ -26,33 +26,18 @@ Row = dict[str, Any]
 class RolloutStore:
     def __init__(self, path: Path | None) -> None:
         """``path`` None keeps state in memory."""
-        self._path = path
-        self._db: sqlite3.Connection | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxd-rollouts")
+        self._sql = SqliteThread(path, "sandboxd-rollouts")
         self._seq = 0
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
     async def open(self) -> None:
-        await self._run(self._open_sync)
+        await self._sql.open(_SCHEMA, self._read_seq)
 
-    def _open_sync(self) -> None:
-        if self._path is not None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(str(self._path) if self._path else ":memory:", check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
+    def _read_seq(self, db: sqlite3.Connection) -> None:
         row = db.execute("SELECT COALESCE(MAX(seq), 0) FROM rollout_batches").fetchone()
         self._seq = int(row[0])
-        self._db = db
 
     async def close(self) -> None:
-        if self._db is not None:
-            await self._run(self._db.close)
-            self._db = None
-        self._executor.shutdown(wait=True)
+        await self._sql.close()
 
     async def write(
         self,
@@ -67,7 +52,7 @@ class RolloutStore:
         for batch_id, body in batches.items():
             self._seq += 1
             batch_rows.append((batch_id, body, self._seq))
-        await self._run(self._write_sync, run_key, config, state, groups, batch_rows)
+        await self._sql.run(self._write_sync, run_key, config, state, groups, batch_rows)
 
     def _write_sync(
         self,
@@ -77,8 +62,7 @@ class RolloutStore:
         groups: dict[str, Row | None],
         batches: list[tuple[str, Row | None, int]],
     ) -> None:
-        assert self._db is not None
-        with self._db as db:
+        with self._sql.db as db:
             db.execute(
                 "INSERT OR REPLACE INTO rollout_runs VALUES (?, ?, ?)",
                 (run_key, json.dumps(config), json.dumps(state)),
@@ -104,21 +88,18 @@ class RolloutStore:
 
     async def load(self) -> list[tuple[str, Row, Row, list[Row], list[Row]]]:
         """(run key, config, state, groups, batches in delivery order) per run."""
-        return list(await self._run(self._load_sync))
+        return list(await self._sql.run(self._load_sync))
 
     def _load_sync(self) -> list[tuple[str, Row, Row, list[Row], list[Row]]]:
-        assert self._db is not None
+        db = self._sql.db
         out = []
-        for key, config, state in self._db.execute("SELECT key, config, state FROM rollout_runs").fetchall():
+        for key, config, state in db.execute("SELECT key, config, state FROM rollout_runs").fetchall():
             groups = [
-                json.loads(b)
-                for (b,) in self._db.execute("SELECT body FROM rollout_groups WHERE run = ?", (key,))
+                json.loads(b) for (b,) in db.execute("SELECT body FROM rollout_groups WHERE run = ?", (key,))
             ]
             batches = [
                 json.loads(b)
-                for (b,) in self._db.execute(
-                    "SELECT body FROM rollout_batches WHERE run = ? ORDER BY seq", (key,)
-                )
+                for (b,) in db.execute("SELECT body FROM rollout_batches WHERE run = ? ORDER BY seq", (key,))
             ]
             out.append((key, json.loads(config), json.loads(state), groups, batches))
         return out
