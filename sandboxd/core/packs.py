@@ -43,6 +43,10 @@ class PackedBlobs:
         self._catalog = catalog
         # Packs written but not indexed yet: the orphan sweep must not take them.
         self._writing: set[str] = set()
+        # Whether the store may hold loose blobs of earlier versions (None:
+        # not looked yet). Nothing writes loose blobs any more, so a store
+        # found without any never has to be asked about each key again.
+        self._loose: bool | None = None
 
     async def put_absent(self, blobs: Mapping[str, bytes]) -> int:
         """Writes the blobs not stored yet, one pack per namespace."""
@@ -51,11 +55,12 @@ class PackedBlobs:
         keys = list(blobs)
         packed = await self._catalog.locate(keys)
         rest = [k for k in keys if k not in packed]
-        loose = await self.store.missing(rest) if rest else set()
+        if rest and await self._may_hold_loose():
+            absent = await self.store.missing(rest)
+            rest = [k for k in rest if k in absent]
         by_ns: dict[str, list[str]] = defaultdict(list)
         for key in rest:
-            if key in loose:
-                by_ns[_namespace(key)].append(key)
+            by_ns[_namespace(key)].append(key)
         written = 0
         for ns, new in by_ns.items():
             pack = f"{ns}/{_PACKS}/{secrets.token_hex(12)}"
@@ -73,6 +78,11 @@ class PackedBlobs:
                 self._writing.discard(pack)
             written += offset
         return written
+
+    async def _may_hold_loose(self) -> bool:
+        if self._loose is None:
+            self._loose = any(not _is_pack(k) for k in await self.store.list_keys())
+        return self._loose
 
     async def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         wanted = list(dict.fromkeys(keys))
