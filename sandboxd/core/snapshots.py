@@ -137,9 +137,9 @@ class Baseline:
     chain: list[ChainRef]
     files: dict[str, tuple[Stamp, str]] = field(default_factory=dict)
     """After a snapshot: (stamp, digest), unchanged while the stamp is."""
-    restored: dict[str, tuple[int, str]] = field(default_factory=dict)
-    """After a restore: (size, digest), unchanged while ctime < cutoff."""
     cutoff: float = 0.0
+    """After a restore: a file of ``entries`` is as restored while its ctime
+    is below this (0: not from a restore)."""
     entries: dict[str, Entry] | None = None
     """Every entry it held (shared, never mutated): the next snapshot lists
     only what changed since ``since`` and carries the rest over."""
@@ -150,9 +150,9 @@ class Baseline:
         known = self.files.get(item.path)
         if known is not None:
             return known[1] if known[0] == item.stamp else None
-        written = self.restored.get(item.path)
-        if written is not None and written[0] == item.size and float(item.ctime) < self.cutoff:
-            return written[1]
+        written = self.entries.get(item.path) if self.cutoff and self.entries is not None else None
+        if written is not None and written.kind == FILE and written.size == item.size:
+            return written.digest if float(item.ctime) < self.cutoff else None
         return None
 
 
@@ -380,7 +380,8 @@ class SnapshotManager:
                     prefetch = _Prefetch(self._get_tar(rec, (".",)))
                 delta = baseline is not None and baseline.entries is not None
                 script = STATE_SCRIPT if session else LIST_SCRIPT
-                if baseline is not None and baseline.entries is not None:
+                if delta:
+                    assert baseline is not None
                     script = delta_script(baseline.since, session=bool(session))
                 cwd, env = "", dict[str, str]()
                 if session:
@@ -708,12 +709,15 @@ class SnapshotManager:
                 pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
             )
             try:
-                known = (
-                    {e.path: (e.size, e.digest) for e in entries if e.kind == FILE},
-                    {e.path: e for e in entries},
+                # Shared by every target: its baseline's entries and the mode fix-ups.
+                by_path = {e.path: e for e in entries}
+                fixups = b"".join(
+                    f"{e.mode:o}\0".encode() + e.path.encode("utf-8", "surrogateescape") + b"\0"
+                    for e in entries
+                    if mf.needs_fixup(e)
                 )
                 await asyncio.gather(
-                    *(self._restore_into(rec, info, entries, tar, staged, known) for rec in records)
+                    *(self._restore_into(rec, info, tar, staged, by_path, fixups) for rec in records)
                 )
             except BaseException as e:
                 await asyncio.shield(self._control.release(lease.lease_id, []))
@@ -788,12 +792,12 @@ class SnapshotManager:
         self,
         rec: SandboxRecord,
         info: SnapshotInfo,
-        entries: list[Entry],
         tar: bytes | None,
         staged: Path | None,
-        known: tuple[dict[str, tuple[int, str]], dict[str, Entry]],
+        by_path: dict[str, Entry],
+        fixups: bytes,
     ) -> None:
-        """``known``: what every target's baseline shares (digests and entries by path)."""
+        """``fixups``: (mode, path) pairs a non-root extraction gets wrong."""
 
         async def one() -> AsyncIterator[bytes]:
             data = tar if tar is not None else await asyncio.to_thread(_read_file, staged)
@@ -809,11 +813,6 @@ class SnapshotManager:
             )
             if not handed:
                 await backend.put_tar(rec.handle, WORKSPACE, one())
-        fixups = b"".join(
-            f"{e.mode:o}\0".encode() + e.path.encode("utf-8", "surrogateescape") + b"\0"
-            for e in entries
-            if mf.needs_fixup(e)
-        )
         script = restore_script(
             fixups=bool(fixups),
             cwd=info.cwd if info.session else "",
@@ -827,9 +826,8 @@ class SnapshotManager:
         self._baselines[rec.sandbox_id] = Baseline(
             info.id,
             list(info.chain),
-            restored=known[0],
             cutoff=cutoff,
-            entries=known[1],
+            entries=by_path,
             since=cutoff - _DELTA_SLACK,
         )
 
