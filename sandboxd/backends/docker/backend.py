@@ -183,21 +183,21 @@ class DockerBackend:
         except BaseException:
             # Failed or cancelled half-way: the container must not outlive us,
             # even one the engine is still creating in the worker thread.
-            cleanup = asyncio.ensure_future(self._cleanup_create(creating, name, session))
+            cleanup = asyncio.ensure_future(self._cleanup_create(creating, spec.sandbox_id, session))
             self._cleanups.add(cleanup)
             cleanup.add_done_callback(self._cleanups.discard)
             await asyncio.shield(cleanup)
             raise
 
     async def _cleanup_create(
-        self, creating: asyncio.Future[tuple[str, int]], name: str, session: ShellSession | None
+        self, creating: asyncio.Future[tuple[str, int]], sandbox_id: str, session: ShellSession | None
     ) -> None:
         with contextlib.suppress(BaseException):
             await creating
         if session is not None:
             await session.close()
-        await self._remove_by_name(name)
-        inbox = self._inbox_path(name.removeprefix("sandboxd-"))
+        await self._remove_by_name(_container_name(sandbox_id))
+        inbox = self._inbox_path(sandbox_id)
         if inbox is not None:
             await self._run(shutil.rmtree, inbox, True)
 
