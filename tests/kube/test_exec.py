@@ -197,6 +197,9 @@ async def test_real_node_hardening_stdin_files_sessions_and_kills(
         b"touch: cannot touch '/x': Read-only file system",
         b"42",
     ]
+    # What runs by exec goes to the OOM killer before the container's PID 1.
+    out, _, _ = await run(backend, handle, ExecSpec(argv=("cat", "/proc/self/oom_score_adj")))
+    assert out == b"1000\n"
     # stdin reaches the command and closes (v5.channel.k8s.io CLOSE frame).
     out, _, result = await run(backend, handle, ExecSpec(argv=("cat",), stdin=b"to stdin"))
     assert out == b"to stdin" and result.exit_code == 0

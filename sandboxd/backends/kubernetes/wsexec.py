@@ -32,7 +32,10 @@ connections but does not answer (overloaded, paused) must not hold the
 caller for the session's default of minutes."""
 
 # cd to $1, then exec the rest through env (which takes the NAME=value words).
-_WRAP = 'cd -- "$1" || exit 125; shift; exec env -- "$@"'
+# What runs by exec is the OOM killer's first choice (raising one's own score
+# needs no privilege), so a memory-hungry command, or a fork bomb's copies,
+# is killed before the container's PID 1, whose death would end the sandbox.
+_WRAP = 'echo 1000 2>/dev/null >/proc/self/oom_score_adj; cd -- "$1" || exit 125; shift; exec env -- "$@"'
 
 
 def wrap_argv(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> list[str]:
