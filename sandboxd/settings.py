@@ -72,6 +72,10 @@ class PoolSettings:
     """Smoothing window of the acquire rate."""
     announcement_ttl_seconds: float = 120.0
     """How long after its due time announced demand counts when SetDemand gives no TTL."""
+    refill_defer_seconds: float = 2.0
+    """Longest a create that only tops up a warm buffer (no acquirer waits for
+    it) waits for restores in flight to finish extracting: on a small host,
+    starting containers would take their CPU; 0 = never wait."""
     reconcile_interval_seconds: float = 0.5
     """Longest time between two scaling passes."""
     liveness_interval_seconds: float = 5.0

@@ -262,8 +262,13 @@ class StagedTars(Protocol):
         filesystem, so a link is free); None when this backend cannot."""
         ...
 
-    async def put_tar_file(self, handle: str, dest: str, path: Path) -> bool:
-        """Extracts the tar at ``path`` (inside staging_dir) under ``dest``.
-        False when this sandbox has no inbox (stream it instead); otherwise
-        raises as put_tar does."""
+    async def stage_tar(self, handle: str, path: Path) -> str | None:
+        """Makes the tar at ``path`` (inside staging_dir) readable in the
+        sandbox and returns its path there, for the caller to extract in a
+        shell of its choice (the session a restore sets up: no second shell);
+        None when this sandbox has no inbox (stream it instead)."""
+        ...
+
+    async def unstage_tar(self, handle: str, staged: str) -> None:
+        """Withdraws what stage_tar handed over (idempotent)."""
         ...

@@ -120,12 +120,9 @@ exec tar -c -f - -- "$@"
 """
 
 
-def put_tar_argv(dest: str, source: str = "") -> list[str]:
-    """Extracts stdin, or the archive file ``source`` (a path in the sandbox)."""
-    if not source:
-        return ["sh", "-c", PUT_TAR, "sandboxd-put", dest]
-    redirect = 'exec <"$2" || { echo "cannot read the staged archive" >&2; exit 4; }\n'
-    return ["sh", "-c", redirect + PUT_TAR, "sandboxd-put", dest, source]
+def put_tar_argv(dest: str) -> list[str]:
+    """Extracts stdin under ``dest``."""
+    return ["sh", "-c", PUT_TAR, "sandboxd-put", dest]
 
 
 def get_tar_argv(base: str, paths: tuple[str, ...]) -> list[str]:

@@ -83,13 +83,23 @@ _FIXUP = (
 _CUTOFF = f": > {CUTOFF_FILE} && find {CUTOFF_FILE} -maxdepth 0 -printf '%C@\\0'"
 
 
-def restore_script(*, fixups: bool, cwd: str = "", env: Mapping[str, str] | None = None) -> str:
-    """Re-applies modes the extracting user's umask dropped (pairs of mode and
+def restore_script(
+    *, fixups: bool, cwd: str = "", env: Mapping[str, str] | None = None, archive: str = ""
+) -> str:
+    """Extracts ``archive`` (a tar readable in the sandbox; empty: the files
+    are already there) into the workspace (exit 28: it does not fit),
+    re-applies modes the extracting user's umask dropped (pairs of mode and
     path on stdin, NUL-separated), prints the restore's cutoff (taken before
     the environment changes, so it sees a fresh PATH), then sets the
     session's exported environment to exactly ``env`` (None: leave it) and
     changes to ``cwd`` (empty: stay)."""
     lines = [RESTORE_MARKER]
+    if archive:
+        lines.append(
+            f"tar -x --no-same-owner --no-overwrite-dir -C {WORKSPACE} -f {ansi_c_quote(archive)} "
+            "2>/tmp/.sandboxd-err || { cat /tmp/.sandboxd-err >&2; "
+            'grep -qE "No space left on device|Wrote only" /tmp/.sandboxd-err && exit 28; exit 4; }'
+        )
     if fixups:
         lines.append(_FIXUP)
     lines.append(_CUTOFF)

@@ -107,6 +107,8 @@ class PoolTuning:
     """Start-up latency assumed until one has been measured (by any pool)."""
     announcement_ttl_seconds: float = 120.0
     """How long after its due time an announcement counts by default."""
+    refill_defer_seconds: float = 2.0
+    """Longest a create nobody waits for defers to urgent work in flight."""
 
 
 class PoolHost(Protocol):
@@ -118,8 +120,11 @@ class PoolHost(Protocol):
 
     def poke(self) -> None: ...
 
-    async def paced(self) -> None:
-        """Waits for the pacer's go-ahead for one backend create attempt."""
+    async def paced(self, deferrable: bool = False) -> None:
+        """Waits for the pacer's go-ahead for one backend create attempt.
+        ``deferrable``: the sandbox only tops up a warm buffer (no acquirer
+        waits for it), so it may also wait, boundedly, for urgent work in
+        flight (restores) to finish."""
         ...
 
     def observe_startup(self, seconds: float) -> None:
@@ -510,7 +515,7 @@ class WarmPool:
                     self._rename(rec)
                     spec = replace(spec, sandbox_id=rec.sandbox_id)
                 if self._host is not None:
-                    await self._host.paced()
+                    await self._host.paced(deferrable=not self._waiters)
                 began = self._clock.monotonic()
                 try:
                     handle = await asyncio.wait_for(self._backend.create(spec), self._create_timeout)

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from opentelemetry.metrics import Meter
@@ -83,6 +83,7 @@ def tuning_from(settings: PoolSettings) -> PoolTuning:
         create_attempts=settings.create_attempts,
         rate_window_seconds=settings.rate_window_seconds,
         announcement_ttl_seconds=settings.announcement_ttl_seconds,
+        refill_defer_seconds=settings.refill_defer_seconds,
     )
 
 
@@ -136,6 +137,10 @@ class Reconciler:
         self._startup = Ewma(0.5, self.tuning.startup_estimate_seconds, alpha_down=0.1)
         self.reclaimed = 0
         self._wake = asyncio.Event()
+        self._urgent = 0
+        self._deferring = 0
+        self._go = asyncio.Event()
+        self.deferred = 0
         self._task: asyncio.Task[None] | None = None
         self._next_sweep = 0.0
 
@@ -158,9 +163,36 @@ class Reconciler:
 
     def poke(self) -> None:
         self._wake.set()
+        if self._deferring and any(p.waiting for p in self.pools.values()):
+            # An acquirer now waits: what was deferred may be what it needs.
+            self._let_deferred_go()
 
-    async def paced(self) -> None:
+    async def paced(self, deferrable: bool = False) -> None:
+        if deferrable and self._urgent and self.tuning.refill_defer_seconds > 0:
+            self.deferred += 1
+            self._deferring += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._go.wait(), self.tuning.refill_defer_seconds)
+            finally:
+                self._deferring -= 1
         await self.pacer.wait()
+
+    @contextlib.contextmanager
+    def urgent(self) -> Iterator[None]:
+        """Marks latency-critical work (a restore extracting into sandboxes it
+        has leased) during which creates that only top up warm buffers wait."""
+        self._urgent += 1
+        try:
+            yield
+        finally:
+            self._urgent -= 1
+            if not self._urgent:
+                self._let_deferred_go()
+
+    def _let_deferred_go(self) -> None:
+        self._go.set()
+        self._go = asyncio.Event()
 
     def observe_startup(self, seconds: float) -> None:
         self._startup.add(seconds)

@@ -705,27 +705,30 @@ class SnapshotManager:
             if tar is not None and staged is not None:
                 await asyncio.to_thread(_write_file, staged, tar)
             lineage = lineage_labels(info)
-            lease, records = await self._control.acquire(
-                pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
-            )
-            try:
-                # Shared by every target: its baseline's entries and the mode fix-ups.
-                by_path = {e.path: e for e in entries}
-                fixups = b"".join(
-                    f"{e.mode:o}\0".encode() + e.path.encode("utf-8", "surrogateescape") + b"\0"
-                    for e in entries
-                    if mf.needs_fixup(e)
+            # Refills of the warm buffer this acquire drains wait until the
+            # archive is extracted: on a small host they would take its CPU.
+            with self._control.reconciler.urgent():
+                lease, records = await self._control.acquire(
+                    pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
                 )
-                await asyncio.gather(
-                    *(self._restore_into(rec, info, tar, staged, by_path, fixups) for rec in records)
-                )
-            except BaseException as e:
-                await asyncio.shield(self._control.release(lease.lease_id, []))
-                if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
-                    raise FailedPrecondition(
-                        f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
-                    ) from e
-                raise
+                try:
+                    # Shared by every target: its baseline's entries and the mode fix-ups.
+                    by_path = {e.path: e for e in entries}
+                    fixups = b"".join(
+                        f"{e.mode:o}\0".encode() + e.path.encode("utf-8", "surrogateescape") + b"\0"
+                        for e in entries
+                        if mf.needs_fixup(e)
+                    )
+                    await asyncio.gather(
+                        *(self._restore_into(rec, info, tar, staged, by_path, fixups) for rec in records)
+                    )
+                except BaseException as e:
+                    await asyncio.shield(self._control.release(lease.lease_id, []))
+                    if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
+                        raise FailedPrecondition(
+                            f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
+                        ) from e
+                    raise
         finally:
             self._unpin(pinned)
             if staged is not None:
@@ -805,20 +808,26 @@ class SnapshotManager:
                 yield data[i : i + (1 << 20)]
 
         backend = self._control.backend
+        archive = ""
         with self._control.using(rec):
-            handed = (
-                staged is not None
-                and isinstance(backend, StagedTars)
-                and await backend.put_tar_file(rec.handle, WORKSPACE, staged)
-            )
-            if not handed:
+            if staged is not None and isinstance(backend, StagedTars):
+                archive = await backend.stage_tar(rec.handle, staged) or ""
+            if not archive:
                 await backend.put_tar(rec.handle, WORKSPACE, one())
+        # Extraction, modes, cwd and environment in one command of the
+        # restored session: one round trip, and no second shell to start.
         script = restore_script(
             fixups=bool(fixups),
             cwd=info.cwd if info.session else "",
             env=info.env if info.session else None,
+            archive=archive,
         )
-        out = await self._run(rec, script, session=info.session, stdin=fixups)
+        try:
+            out = await self._run(rec, script, session=info.session, stdin=fixups)
+        finally:
+            if archive:
+                assert isinstance(backend, StagedTars)
+                await backend.unstage_tar(rec.handle, archive)
         try:
             cutoff = float(out.rstrip(b"\x00"))
         except ValueError as e:

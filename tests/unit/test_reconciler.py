@@ -373,3 +373,30 @@ async def test_liveness_sweep_runs_in_the_background(make_control: MakeControl) 
     h.backend.kill(victim.handle)
     await wait_for(lambda: victim.state is State.GONE, what="swept")
     await wait_for(lambda: pool.ready == 2, what="replaced")
+
+
+async def test_refills_wait_for_urgent_work_but_creates_an_acquirer_needs_do_not(
+    make_control: MakeControl,
+) -> None:
+    h = await make_control(pools__refill_defer_seconds=60.0)
+    pool = await h.warm_pool(min_ready=2, max_size=8)
+    reconciler = h.control.reconciler
+    created = h.backend.creates
+    with reconciler.urgent():
+        await h.acquire(n=2)
+        # The warm buffer is empty; topping it up waits for the urgent work.
+        await wait_for(lambda: reconciler.deferred >= 1, what="a deferred refill")
+        assert pool.ready == 0 and h.backend.creates == created
+        # An acquirer that has to wait for a sandbox is not made to wait longer.
+        lease, records = await h.acquire(n=1, timeout=3.0)
+        assert len(records) == 1
+    await wait_for(lambda: pool.ready == 2 and pool.creating == 0, what="refilled once calm")
+    await h.control.release(lease.lease_id, [])
+
+
+async def test_a_deferred_refill_goes_ahead_after_the_bound(make_control: MakeControl) -> None:
+    h = await make_control(pools__refill_defer_seconds=0.2)
+    pool = await h.warm_pool(min_ready=1, max_size=4)
+    with h.control.reconciler.urgent():
+        await h.acquire(n=1)
+        await wait_for(lambda: pool.ready == 1, timeout=5.0, what="refilled despite urgent work")

@@ -544,21 +544,24 @@ class DockerBackend:
         # Beside the inboxes: same filesystem, so handing a file over is a link.
         return None if root is None else root.with_name(root.name + "-staged")
 
-    async def put_tar_file(self, handle: str, dest: str, path: Path) -> bool:
+    async def stage_tar(self, handle: str, path: Path) -> str | None:
         inbox = await self._inbox(handle)
         if inbox is None:
-            return False
+            return None
         name = secrets.token_hex(8) + ".tar"
         try:
             await self._run(os.link, path, inbox / name)
         except OSError:
-            return False  # an inbox gone missing or on another filesystem: stream it
-        try:
-            await self._put_by_shell(handle, dest, put_tar_argv(dest, f"{INBOX}/{name}"), b"")
-        finally:
-            with contextlib.suppress(OSError):
-                await self._run(os.unlink, inbox / name)
-        return True
+            return None  # an inbox gone missing or on another filesystem: stream it
+        return f"{INBOX}/{name}"
+
+    async def unstage_tar(self, handle: str, staged: str) -> None:
+        inbox = self._inboxes.get(handle)
+        name = staged.rsplit("/", 1)[-1]
+        if inbox is None or not staged.startswith(INBOX + "/") or "/" in name or not name.endswith(".tar"):
+            return
+        with contextlib.suppress(OSError):
+            await self._run(os.unlink, inbox / name)
 
     async def _inbox(self, handle: str) -> Path | None:
         if handle not in self._inboxes:
