@@ -92,6 +92,7 @@ def make_backend(settings: Settings) -> Backend:
                 threads=cfg.threads,
                 runtime=cfg.runtime,
                 inbox_dir=_inbox_dir(settings, cfg),
+                host_workspaces=cfg.host_workspaces,
             )
         )
     if isinstance(cfg, FakeBackendSettings):

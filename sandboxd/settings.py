@@ -125,6 +125,10 @@ class DockerBackendSettings:
     archives (restores, forks) are handed over by hard link instead of being
     streamed through the engine. None = state_dir/inbox with a local engine
     (unix socket) and off with a remote one; "" = off."""
+    host_workspaces: bool = True
+    """Snapshots read workspaces in place when the control plane can see the
+    containers' processes (same host and pid namespace, as root); they fall
+    back to reading through the sandbox otherwise. False = always through it."""
 
 
 @dataclass

@@ -12,7 +12,10 @@ import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from sandboxd.backends.hostfs import HostWorkspace
 
 # Labels every backend puts on what it creates, so a restarted control plane
 # can find (and adopt or destroy) everything that belongs to it.
@@ -247,6 +250,18 @@ class LivenessProbe(Protocol):
     async def alive(self, handles: list[str]) -> set[str]:
         """The subset of ``handles`` whose sandboxes are running. Raises
         BackendError when it cannot tell (the sweep is then skipped)."""
+        ...
+
+
+@runtime_checkable
+class HostWorkspaces(Protocol):
+    """Optional for a backend: the control plane runs on the sandboxes' host
+    and may read their workspaces in place (sandboxd.backends.hostfs), so a
+    snapshot needs no listing command and no tar through the engine."""
+
+    async def host_workspace(self, handle: str) -> HostWorkspace | None:
+        """The sandbox's workspace, opened (the caller closes it); None when
+        this host cannot see it (read it through the sandbox instead)."""
         ...
 
 

@@ -16,6 +16,7 @@ from sandboxd.backends.shell import ansi_c_quote
 
 LIST_MARKER = "# sandboxd:list"
 STATE_MARKER = "# sandboxd:session-state"
+SESSION_STATE_MARKER = "# sandboxd:session-only"
 RESTORE_MARKER = "# sandboxd:restore"
 TAR_MARKER = "# sandboxd:tar"
 DELTA_MARKER = "# sandboxd:delta"
@@ -27,7 +28,22 @@ RECORDS_MARKER = "# sandboxd:records"
 # path NUL link-target NUL. ctime cannot be set from user space, so an entry
 # whose (size, mtime, ctime) is unchanged since a listing is unchanged.
 LIST_FORMAT = r"%y %m %s %T@ %C@\0%P\0%l\0"
-_LIST = f"printf '%s\\0' \"$(date +%s.%N)\"; (cd {WORKSPACE} && find . -mindepth 1 -printf '{LIST_FORMAT}')"
+
+
+def _tolerant(find: str) -> str:
+    """``find`` (a command line) in the workspace, with entries that vanish
+    while it walks left out instead of failing the listing (the sandbox
+    may be changing its files); any other error still fails it."""
+    return (
+        f"(cd {WORKSPACE} && {find} 2>/tmp/.sandboxd-find; rc=$?; "
+        "if [ $rc -ne 0 ] && grep -qv 'No such file or directory' /tmp/.sandboxd-find; "
+        "then cat /tmp/.sandboxd-find >&2; exit $rc; fi)"
+    )
+
+
+_LIST = "printf '%s\\0' \"$(date +%s.%N)\"; " + _tolerant(
+    f"find . -ignore_readdir_race -mindepth 1 -printf '{LIST_FORMAT}'"
+)
 
 # Outside the workspace (a tmpfs with the same clock), so snapshots never see it.
 CUTOFF_FILE = "/tmp/.sandboxd-restored"
@@ -40,6 +56,8 @@ LIST_SCRIPT = f"{LIST_MARKER}\n{_LIST}\n"
 # the listing: one round trip through the (cheap) session instead of two.
 _STATE = "printf '%s\\0' \"$PWD\"; env -0; printf '\\0'; "
 STATE_SCRIPT = f"{STATE_MARKER}\n{_STATE}{_LIST}\n"
+# Only the session's state, for a workspace the control plane lists itself.
+SESSION_STATE_SCRIPT = f"{SESSION_STATE_MARKER}\n{_STATE}\n"
 
 
 def delta_script(since: float, *, session: bool) -> str:
@@ -49,9 +67,9 @@ def delta_script(since: float, *, session: bool) -> str:
     has not changed since ``since``, and the names tell what was deleted, so
     what is parsed and compared follows the change, not the workspace."""
     marker = STATE_DELTA_MARKER if session else DELTA_MARKER
-    body = (
-        f"printf '%s\\0' \"$(date +%s.%N)\"; (cd {WORKSPACE} && find . -mindepth 1 "
-        f"\\( -newerct '@{since:.9f}' -printf 'R{LIST_FORMAT}' \\) -o -printf 'N%P\\0')"
+    body = "printf '%s\\0' \"$(date +%s.%N)\"; " + _tolerant(
+        f"find . -ignore_readdir_race -mindepth 1 "
+        f"\\( -newerct '@{since:.9f}' -printf 'R{LIST_FORMAT}' \\) -o -printf 'N%P\\0'"
     )
     return f"{marker}\n{_STATE if session else ''}{body}\n"
 
@@ -61,7 +79,8 @@ def delta_script(since: float, *, session: bool) -> str:
 # (a directory moved in keeps its children's ctimes).
 RECORDS_SCRIPT = (
     f"{RECORDS_MARKER}\nprintf '%s\\0' \"$(date +%s.%N)\"; "
-    f"(cd {WORKSPACE} && find -files0-from - -maxdepth 0 -printf '{LIST_FORMAT.replace('%P', '%p')}')\n"
+    + _tolerant(f"find -files0-from - -maxdepth 0 -printf '{LIST_FORMAT.replace('%P', '%p')}'")
+    + "\n"
 )
 
 # A tar of the files named on stdin (NUL-separated, relative to the

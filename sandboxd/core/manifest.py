@@ -31,7 +31,7 @@ _FORMAT = 1
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     path: str
     kind: str

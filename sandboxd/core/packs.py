@@ -72,7 +72,7 @@ class PackedBlobs:
                 offset += size
             self._writing.add(pack)
             try:
-                await self.store.put_absent({pack: b"".join(blobs[k] for k in new)})
+                await self.store.put_parts(pack, [blobs[k] for k in new])
                 await self._catalog.add_packed(pack, rows)
             finally:
                 self._writing.discard(pack)

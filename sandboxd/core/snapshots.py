@@ -43,16 +43,28 @@ import logging
 import os
 import secrets
 import tempfile
+import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxd.backends.base import WORKSPACE, ExecOutcome, ExecResult, ExecSpec, OutputChunk, StagedTars
+from sandboxd.backends.base import (
+    WORKSPACE,
+    ExecOutcome,
+    ExecResult,
+    ExecSpec,
+    HostWorkspaces,
+    OutputChunk,
+    StagedTars,
+)
+from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.shell import is_env_name
 from sandboxd.backends.snapshot_shell import (
     LIST_SCRIPT,
     RECORDS_SCRIPT,
+    SESSION_STATE_SCRIPT,
     SHELL_OWNED,
     STATE_SCRIPT,
     TAR_SCRIPT,
@@ -113,7 +125,7 @@ Stamp = tuple[int, str, str]
 """(size, mtime, ctime) as find printed them."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Listed:
     kind: str
     mode: int
@@ -375,28 +387,30 @@ class SnapshotManager:
         try:
             with self._control.using(rec):
                 baseline = self._baselines.get(rec.sandbox_id)
-                if baseline is None and await self._large(rec):
-                    # Every file will be read: start the stream while the listing runs.
-                    prefetch = _Prefetch(self._get_tar(rec, (".",)))
-                delta = baseline is not None and baseline.entries is not None
-                script = STATE_SCRIPT if session else LIST_SCRIPT
-                if delta:
-                    assert baseline is not None
-                    script = delta_script(baseline.since, session=bool(session))
-                cwd, env = "", dict[str, str]()
-                if session:
-                    cwd, env, raw = parse_session_state(await self._run(rec, script, session=session))
-                else:
-                    raw = await self._run(rec, script)
-                carried: dict[str, Entry] = {}
-                if delta:
-                    assert baseline is not None
-                    when, listing, carried = await self._merge_delta(rec, baseline, raw)
-                else:
-                    when, listing = parse_listing(raw)
-                entries, stored, refs, stamps = await self._capture(
-                    rec, ns, when, listing, baseline, pinned, session, prefetch, carried
-                )
+                view = await self._host_view(rec)
+                scan: _Scan | None = None
+                try:
+                    carried: dict[str, Entry] = {}
+                    listing: list[Listed] = []
+                    if view is not None and baseline is None:
+                        # Everything will be read: list and read in one pass.
+                        scan = _Scan(view)
+                        when = scan.when
+                        cwd, env = await self._session_state(rec, session)
+                    elif view is not None:
+                        cwd, env, when, listing = await self._list_in_place(rec, view, session)
+                    else:
+                        cwd, env, when, listing, carried, prefetch = await self._list_through(
+                            rec, baseline, session
+                        )
+                    entries, stored, refs, stamps = await self._capture(
+                        rec, ns, when, listing, baseline, pinned, session, prefetch, carried, view, scan
+                    )
+                finally:
+                    if scan is not None:
+                        await scan.close()
+                    if view is not None:
+                        await asyncio.to_thread(view.close)
             parent_id, chain = await self._lineage(rec, baseline)
             now = self._clock.time()
             info = SnapshotInfo(
@@ -437,6 +451,68 @@ class SnapshotManager:
             info.id, sandbox_id, info.entry_count, info.size_bytes, stored, parent_id or "-",
         )  # fmt: skip
         return info
+
+    async def _host_view(self, rec: SandboxRecord) -> HostWorkspace | None:
+        backend = self._control.backend
+        if not isinstance(backend, HostWorkspaces):
+            return None
+        try:
+            return await backend.host_workspace(rec.handle)
+        except SandboxdError:
+            return None
+
+    async def _session_state(self, rec: SandboxRecord, session: str) -> tuple[str, dict[str, str]]:
+        if not session:
+            return "", {}
+        cwd, env, _ = parse_session_state(await self._run(rec, SESSION_STATE_SCRIPT, session=session))
+        return cwd, env
+
+    async def _list_in_place(
+        self, rec: SandboxRecord, view: HostWorkspace, session: str
+    ) -> tuple[str, dict[str, str], float, list[Listed]]:
+        """(cwd, environment, listing time, entries), the workspace walked from
+        the host while the session reports its state."""
+        walking = asyncio.ensure_future(asyncio.to_thread(view.walk))
+        try:
+            cwd, env = await self._session_state(rec, session)
+            when, records = await walking
+        finally:
+            if not walking.done():
+                walking.cancel()
+                await asyncio.gather(walking, return_exceptions=True)
+        return cwd, env, when, [Listed(*r) for r in records]
+
+    async def _list_through(
+        self, rec: SandboxRecord, baseline: Baseline | None, session: str
+    ) -> tuple[str, dict[str, str], float, list[Listed], dict[str, Entry], _Prefetch | None]:
+        """The same through commands in the sandbox: a delta listing against
+        ``baseline`` where it has one; the first snapshot of a large workspace
+        starts its tar stream (returned) while the listing runs."""
+        prefetch: _Prefetch | None = None
+        if baseline is None and await self._large(rec):
+            prefetch = _Prefetch(self._get_tar(rec, (".",)))
+        try:
+            delta = baseline is not None and baseline.entries is not None
+            script = STATE_SCRIPT if session else LIST_SCRIPT
+            if delta:
+                assert baseline is not None
+                script = delta_script(baseline.since, session=bool(session))
+            cwd, env = "", dict[str, str]()
+            if session:
+                cwd, env, raw = parse_session_state(await self._run(rec, script, session=session))
+            else:
+                raw = await self._run(rec, script)
+            carried: dict[str, Entry] = {}
+            if delta:
+                assert baseline is not None
+                when, listing, carried = await self._merge_delta(rec, baseline, raw)
+            else:
+                when, listing = parse_listing(raw)
+        except BaseException:
+            if prefetch is not None:
+                await prefetch.close()
+            raise
+        return cwd, env, when, listing, carried, prefetch
 
     async def _merge_delta(
         self, rec: SandboxRecord, baseline: Baseline, raw: bytes
@@ -487,36 +563,45 @@ class SnapshotManager:
         session: str,
         prefetch: _Prefetch | None = None,
         carried: dict[str, Entry] | None = None,
+        view: HostWorkspace | None = None,
+        scan: _Scan | None = None,
     ) -> tuple[list[Entry], int, dict[str, int], dict[str, tuple[Stamp, str]]]:
         """(entries, bytes newly stored, blob refs, new baseline files).
-        ``carried``: entries a delta listing showed unchanged."""
+        ``carried``: entries a delta listing showed unchanged; ``view``: read
+        the files ``listing`` shows changed in place rather than as a tar
+        from the sandbox; ``scan``: a host-side scan that lists and reads
+        everything (``listing`` is then empty)."""
         entries: dict[str, Entry] = dict(carried or {})
         need: dict[str, Listed] = {}
         reused: dict[str, Listed] = {}
         kept = {p for p, e in entries.items() if e.kind == FILE}
-        for item in listing:
-            if item.kind == "d":
-                entries[item.path] = Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
-            elif item.kind == "l":
-                if mf.link_escapes(item.path, item.target):
-                    raise FailedPrecondition(
-                        f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
-                        "snapshots carry only links that stay inside it"
-                    )
-                entries[item.path] = Entry(
-                    item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime)
-                )
-            elif item.kind == "f":
-                known = baseline.digest_of(item) if baseline is not None else None
-                if known is not None:
-                    reused[item.path] = item
+
+        def classify(items: list[Listed]) -> None:
+            for item in items:
+                if item.kind == "d":
+                    entries[item.path] = Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
+                elif item.kind == "l":
+                    if mf.link_escapes(item.path, item.target):
+                        raise FailedPrecondition(
+                            f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
+                            "snapshots carry only links that stay inside it"
+                        )
                     entries[item.path] = Entry(
-                        item.path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
+                        item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime)
                     )
+                elif item.kind == "f":
+                    known = baseline.digest_of(item) if baseline is not None else None
+                    if known is not None:
+                        reused[item.path] = item
+                        entries[item.path] = Entry(
+                            item.path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
+                        )
+                    else:
+                        need[item.path] = item
                 else:
-                    need[item.path] = item
-            else:
-                log.info("snapshot of %s skips %s (type %s)", rec.sandbox_id, item.path, item.kind)
+                    log.info("snapshot of %s skips %s (type %s)", rec.sandbox_id, item.path, item.kind)
+
+        classify(listing)
         kept.update(reused)
         if kept:
             assert baseline is not None
@@ -539,10 +624,11 @@ class SnapshotManager:
         batch: list[tuple[str, Listed, bytes]] = []
         batch_bytes = 0
 
-        async def write(files: list[tuple[str, Listed, bytes]]) -> int:
+        async def write(files: list[tuple[str, Listed, bytes]], hashed: list[str] | None = None) -> int:
             try:
-                # sha256 releases the GIL: hashing overlaps with reading the stream.
-                hashed = await asyncio.to_thread(_sha256_all, [content for _, _, content in files])
+                if hashed is None:
+                    # sha256 releases the GIL: hashing overlaps with reading the stream.
+                    hashed = await asyncio.to_thread(_sha256_all, [content for _, _, content in files])
                 blobs: dict[str, bytes] = {}
                 for (name, item, content), digest in zip(files, hashed, strict=True):
                     digests[name] = digest
@@ -566,7 +652,22 @@ class SnapshotManager:
                 batch, batch_bytes = [], 0
 
         try:
-            if need:
+            if scan is not None:
+                async for scanned in scan.batches():
+                    await slots.acquire()
+                    read = [(item.path, item, content) for item, content, _ in scanned]
+                    writers.add(task := asyncio.create_task(write(read, [d for _, _, d in scanned])))
+                    task.add_done_callback(scan.stored)
+                classify(await scan.others())
+            elif need and view is not None:
+                # One reader thread: per-file work is short calls that drop
+                # the GIL, and two such threads measured slower than one.
+                for run in _batches(sorted(need), need):
+                    got = await asyncio.to_thread(_read_hashed, view, [(n, need[n].size) for n in run])
+                    await slots.acquire()
+                    files = [(name, need[name], content) for name, content, _ in got]
+                    writers.add(asyncio.create_task(write(files, [digest for _, _, digest in got])))
+            elif need:
                 names = sorted(need)
                 paths = tuple(names) if sum(len(p) + 1 for p in names) <= _MAX_PATH_ARGS else (".",)
                 stream: AsyncIterator[bytes]
@@ -616,7 +717,10 @@ class SnapshotManager:
         try:
             async for chunk in stream:
                 yield chunk
-        except NotFound as e:
+        except (NotFound, BackendError) as e:
+            # tar names a listed file that vanished before it got there.
+            if isinstance(e, BackendError) and "No such file or directory" not in str(e):
+                raise
             raise FailedPrecondition(
                 f"the workspace of {rec.sandbox_id} changed while it was being snapshotted ({e}); retry"
             ) from e
@@ -899,6 +1003,66 @@ def _remove_file(path: Path) -> None:
         path.unlink()
 
 
+class _Scan:
+    """A host-side scan of a workspace (HostWorkspace.scan) in a worker
+    thread that also hashes what it reads: batches of (file, content,
+    sha256) come out while it runs, at most a few ahead of the consumer (who
+    calls stored() for each it is done with); every other entry at the end."""
+
+    _AHEAD = 3
+
+    def __init__(self, view: HostWorkspace) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[list[tuple[Listed, bytes, str]] | None] = asyncio.Queue()
+        self._gate = threading.Semaphore(self._AHEAD)
+        self._stop = threading.Event()
+        self.when = time.time()
+        self._future = asyncio.ensure_future(asyncio.to_thread(self._run, view))
+
+    def _run(self, view: HostWorkspace) -> list[Listed]:
+        others: list[Listed] = []
+        batch: list[tuple[Listed, bytes, str]] = []
+        size = 0
+        try:
+            for rec, content in view.scan():
+                if self._stop.is_set():
+                    return others
+                if content is None:
+                    others.append(Listed(*rec))
+                    continue
+                batch.append((Listed(*rec), content, hashlib.sha256(content).hexdigest()))
+                size += len(content)
+                if size >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
+                    self._hand(batch)
+                    batch, size = [], 0
+            if batch:
+                self._hand(batch)
+            return others
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+
+    def _hand(self, batch: list[tuple[Listed, bytes, str]]) -> None:
+        while not self._gate.acquire(timeout=0.1):
+            if self._stop.is_set():
+                return
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, batch)
+
+    async def batches(self) -> AsyncIterator[list[tuple[Listed, bytes, str]]]:
+        while (item := await self._queue.get()) is not None:
+            yield item
+
+    def stored(self, _: object = None) -> None:
+        self._gate.release()
+
+    async def others(self) -> list[Listed]:
+        return await self._future
+
+    async def close(self) -> None:
+        self._stop.set()
+        await asyncio.gather(self._future, return_exceptions=True)
+
+
 class _Prefetch:
     """A stream started early and buffered (boundedly) until it is read."""
 
@@ -933,6 +1097,33 @@ class _Prefetch:
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+def _batches(names: list[str], listed: dict[str, Listed]) -> Iterable[list[str]]:
+    """``names`` (sorted: a directory's files together) in runs of about a
+    pack's worth of bytes by their listed sizes."""
+    run: list[str] = []
+    size = 0
+    for name in names:
+        run.append(name)
+        size += listed[name].size
+        if size >= _BATCH_BYTES or len(run) >= _BATCH_FILES:
+            yield run
+            run, size = [], 0
+    if run:
+        yield run
+
+
+def _read_hashed(view: HostWorkspace, files: list[tuple[str, int]]) -> list[tuple[str, bytes, str]]:
+    """(path, content, sha256) of the files still regular; one vanished or
+    replaced since the walk is left out, as if it had been deleted first."""
+    out: list[tuple[str, bytes, str]] = []
+    for name, content in view.read_files(files):
+        if content is None:
+            log.info("snapshot: %s vanished while it was read", name)
+            continue
+        out.append((name, content, hashlib.sha256(content).hexdigest()))
+    return out
 
 
 def _sha256_all(contents: list[bytes]) -> list[str]:

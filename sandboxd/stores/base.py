@@ -16,6 +16,12 @@ class BlobStore(Protocol):
         is never visible with partial content); returns the bytes written."""
         ...
 
+    async def put_parts(self, key: str, parts: Sequence[bytes]) -> int:
+        """Stores one blob given as consecutive parts (a pack of many), unless
+        present, without joining them first where the store can; returns
+        the bytes written."""
+        ...
+
     async def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """The blobs' contents. Raises NotFound naming the first missing key."""
         ...

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from sandboxd.errors import BackendError, InvalidArgument, NotFound
 
 T = TypeVar("T")
+_IOV_MAX = 1024
 _TMP_SUFFIX = ".tmp-"
 
 
@@ -45,29 +46,31 @@ class LocalBlobStore:
         return written
 
     def _put_sync(self, blobs: dict[str, bytes]) -> int:
-        written = 0
+        return sum(self._put_one(key, [data]) for key, data in blobs.items())
+
+    async def put_parts(self, key: str, parts: Sequence[bytes]) -> int:
+        written: int = await self._run(self._put_one, key, list(parts))
+        return written
+
+    def _put_one(self, key: str, parts: list[bytes]) -> int:
+        path = self._path(key)
         try:
-            for key, data in blobs.items():
-                path = self._path(key)
-                if path.exists():
-                    continue
-                parent = path.parent
-                if parent not in self._made:
-                    parent.mkdir(parents=True, exist_ok=True)
-                    self._made.add(parent)
-                tmp = parent / f"{path.name}{_TMP_SUFFIX}{secrets.token_hex(4)}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                finally:
-                    os.close(fd)
-                os.replace(tmp, path)
-                written += len(data)
+            if path.exists():
+                return 0
+            parent = path.parent
+            if parent not in self._made:
+                parent.mkdir(parents=True, exist_ok=True)
+                self._made.add(parent)
+            tmp = parent / f"{path.name}{_TMP_SUFFIX}{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _write_all(fd, parts)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
         except OSError as e:
             raise BackendError(f"blob store {self.root}: write failed: {e}") from e
-        return written
+        return sum(len(p) for p in parts)
 
     async def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         if not keys:
@@ -145,3 +148,18 @@ class LocalBlobStore:
         if self._remove_on_close:
             await self._run(functools.partial(shutil.rmtree, self.root, ignore_errors=True))
         self._executor.shutdown(wait=True)
+
+
+def _write_all(fd: int, parts: list[bytes]) -> None:
+    """Writes ``parts`` in order with gathered writes (no joined copy)."""
+    views = [memoryview(p) for p in parts if p]
+    i = 0
+    while i < len(views):
+        done = os.writev(fd, views[i : i + _IOV_MAX])
+        while done and i < len(views):
+            if done >= len(views[i]):
+                done -= len(views[i])
+                i += 1
+            else:
+                views[i] = views[i][done:]
+                done = 0

@@ -200,6 +200,9 @@ class S3BlobStore:
         await self._each(list(blobs), one)
         return written
 
+    async def put_parts(self, key: str, parts: Sequence[bytes]) -> int:
+        return await self.put_absent({key: b"".join(parts)})
+
     async def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         await self._ensure_bucket()
         out: dict[str, bytes] = {}

@@ -74,21 +74,27 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     return load_settings(None, base)
 
 
-@pytest.fixture
-async def app(tmp_path: Path, engine: docker.DockerClient, image: str) -> AsyncIterator[App]:
-    settings = make_settings(tmp_path)
+@contextlib.asynccontextmanager
+async def running_app(settings: Settings, engine: docker.DockerClient) -> AsyncIterator[App]:
+    """A started server; at the end, stopped and checked to have left no
+    container behind (tests release what they lease)."""
     app = build_app(settings)
     await app.start()
     try:
         yield app
     finally:
         await app.stop(grace=1)
-        # Tests release what they lease, so nothing of this instance may remain.
         left = await asyncio.to_thread(instance_containers, engine, settings.instance_id)
         for c in left:
             with contextlib.suppress(docker.errors.NotFound):
                 await asyncio.to_thread(c.remove, force=True)
         assert not left, f"leaked containers: {[c.name for c in left]}"
+
+
+@pytest.fixture
+async def app(tmp_path: Path, engine: docker.DockerClient, image: str) -> AsyncIterator[App]:
+    async with running_app(make_settings(tmp_path), engine) as app:
+        yield app
 
 
 @pytest.fixture

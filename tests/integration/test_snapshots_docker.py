@@ -1,13 +1,17 @@
 """Snapshots against the real engine: fidelity of files, modes, symlinks,
 empty directories, cwd and environment; fork; incremental capture; a corrupt
-snapshot destroys its targets."""
+snapshot destroys its targets. Each test runs twice: with workspaces read in
+place from the host, and read through the sandbox (listing commands and tar
+streams, as on a remote engine or on Kubernetes)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from sandboxd import errors
@@ -15,9 +19,25 @@ from sandboxd.app import App, build_app
 from sandboxd.client import AsyncClient, Sandbox
 from sandboxd.core import manifest as mf
 from sandboxd.core.snapshots import LABEL_SNAPSHOT, blob_key, tenant_namespace
-from tests.integration.conftest import make_settings, poll
+from sandboxd.settings import DockerBackendSettings
+from tests.integration.conftest import make_settings, poll, running_app
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(params=["in-place", "through-sandbox"])
+async def app(
+    request: pytest.FixtureRequest, tmp_path: Path, engine: docker.DockerClient, image: str
+) -> AsyncIterator[App]:
+    settings = make_settings(tmp_path, **{"backend.host_workspaces": request.param == "in-place"})
+    async with running_app(settings, engine) as app:
+        yield app
+
+
+def in_place(app: App) -> bool:
+    backend = app.settings.backend
+    return isinstance(backend, DockerBackendSettings) and backend.host_workspaces
+
 
 SETUP = r"""
 set -e
@@ -179,8 +199,9 @@ async def test_restore_streams_when_sandboxes_have_no_inbox(tmp_path: Path, imag
 async def test_large_first_snapshot_reads_while_it_lists(
     app: App, client: AsyncClient, pool: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Over 8 MB and no baseline: the tar stream starts before the listing is
-    parsed, and the capture is still exactly what the listing saw."""
+    """Over 8 MB and no baseline: through the sandbox, the tar stream starts
+    before the listing is parsed; in place, listing and reading are one pass
+    (nothing asks how large it is). The capture is exactly what was listed."""
     assert app.snapshots is not None
     answers: list[bool] = []
     real_large = app.snapshots._large
@@ -199,7 +220,7 @@ async def test_large_first_snapshot_reads_while_it_lists(
         sums = (await sb.exec("md5sum d/* small && readlink link")).text
         snap = await sb.snapshot()
     assert snap.size_bytes == 3 * 3500000 + 1 and snap.entry_count == 6
-    assert answers == [True], "the workspace is read from the host side as large"
+    assert answers == ([] if in_place(app) else [True])
     restored = await client.restore(snap.id, timeout=60)
     try:
         assert (await restored[0].exec("md5sum d/* small && readlink link")).text == sums
@@ -254,3 +275,43 @@ async def test_incremental_listing_follows_moves_deletes_and_mode_changes(
         assert (await restored[0].exec(SNAP_VIEW)).text == want
     finally:
         await restored.release()
+
+
+SWAPPER = r"""
+cd /workspace
+mkdir -p real/sub && printf inner > real/sub/f && mkfifo pipe
+( while :; do mv real aside && ln -s / real && rm real && mv aside real; done ) >/dev/null 2>&1 &
+echo started
+"""
+
+
+async def test_a_workspace_swapping_directories_for_links_is_never_left(
+    app: App, client: AsyncClient, pool: str
+) -> None:
+    """While the sandbox keeps replacing a directory by a link to / (and a
+    FIFO sits in the workspace), every snapshot holds only workspace entries:
+    nothing is read through a link, the FIFO blocks nothing, and a link
+    caught pointing out is refused by name."""
+    assert app.snapshots is not None
+    async with client.acquire(pool, timeout=60) as sb:
+        assert (await sb.exec(SWAPPER, session="bg")).text == "started\n"
+        taken = refused = 0
+        for _ in range(6):
+            try:
+                snap = await sb.snapshot()
+            except errors.FailedPrecondition as e:
+                # Caught pointing out, or (read through the sandbox) a listed
+                # file gone by the time tar reached it.
+                assert "leaves the workspace" in str(e) or "changed while" in str(e), e
+                refused += 1
+                continue
+            taken += 1
+            manifest = await app.snapshots._catalog.manifest(snap.id)
+            assert manifest is not None
+            paths = {e.path for e in mf.decode(manifest)}
+            allowed = {"real", "real/sub", "real/sub/f", "aside", "aside/sub", "aside/sub/f"}
+            assert paths <= allowed, paths - allowed
+            for e in mf.decode(manifest):
+                if e.kind == mf.FILE:
+                    assert e.size == 5, e  # "inner", never a file from elsewhere
+        assert taken + refused == 6

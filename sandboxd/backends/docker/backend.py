@@ -54,6 +54,7 @@ from sandboxd.backends.base import (
 from sandboxd.backends.docker.cgroups import ContainerProbe
 from sandboxd.backends.docker.execs import ShellSession, Target, kill_tree, run_oneshot
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
+from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.shell import ansi_c_quote, get_tar_argv, put_tar_argv
 from sandboxd.errors import (
     BackendError,
@@ -84,6 +85,9 @@ class DockerOptions:
     inbox_dir: Path | None = None
     """Host directory for the sandboxes' inboxes (None: no inboxes; archives
     are streamed). Must be a path on the engine's host."""
+    host_workspaces: bool = True
+    """Read workspaces in place (sandboxd.backends.hostfs) where this process
+    can see the containers' processes; False: always through the sandbox."""
 
 
 # Larger stdin goes through a real engine exec rather than the shell's command line.
@@ -426,6 +430,14 @@ class DockerBackend:
                 pid = 0
             self._probes[handle] = ContainerProbe.open(pid) if pid else None
         return self._probes[handle]
+
+    async def host_workspace(self, handle: str) -> HostWorkspace | None:
+        if not self._options.host_workspaces:
+            return None
+        probe = await self._probe(handle)
+        if probe is None:
+            return None
+        return await self._run(HostWorkspace.open, probe.pid, handle)
 
     async def _target(self, handle: str) -> Target:
         probe = await self._probe(handle)
