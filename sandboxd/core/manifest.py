@@ -2,8 +2,10 @@
 content digests, symlink targets), how they are serialised, checked before a
 restore, and turned back into a tar stream.
 
-A manifest is complete (not a delta): every snapshot can be restored and
-deleted independently of its ancestors. Paths are relative to the workspace.
+A manifest is either complete or a *delta* on the manifest of a base
+snapshot (entries put, paths deleted), so a snapshot that changed a few files
+of thousands writes a few entries. The catalog resolves deltas and keeps a
+base for as long as a delta needs it. Paths are relative to the workspace.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sandboxd.backends.base import WORKSPACE
 from sandboxd.errors import FailedPrecondition
@@ -28,6 +31,7 @@ EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 _PAGE = 4096
 _MAX_PATH = 4096
 _FORMAT = 1
+_DELTA_FORMAT = 2
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -54,17 +58,68 @@ def encode(entries: list[Entry]) -> bytes:
     return zlib.compress(json.dumps({"v": _FORMAT, "entries": rows}, separators=(",", ":")).encode(), 1)
 
 
-def decode(data: bytes) -> list[Entry]:
+def encode_delta(put: Iterable[Entry], deleted: Iterable[str]) -> bytes:
+    """A manifest that is its base's with ``put`` entries added or replaced
+    and ``deleted`` paths (and what lies below them) removed."""
+    rows = [[e.path, e.kind, e.mode, e.size, e.digest, e.target, e.mtime] for e in put]
+    doc = {"v": _DELTA_FORMAT, "put": rows, "del": sorted(deleted)}
+    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+
+
+def _rows(rows: list[list[Any]]) -> list[Entry]:
+    return [Entry(str(p), str(k), int(m), int(s), str(d), str(t), float(mt)) for p, k, m, s, d, t, mt in rows]
+
+
+def _load(data: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(zlib.decompress(data))
-        if doc.get("v") != _FORMAT:
-            raise ValueError(f"unknown manifest format {doc.get('v')!r}")
-        return [
-            Entry(str(p), str(k), int(m), int(s), str(d), str(t), float(mt))
-            for p, k, m, s, d, t, mt in doc["entries"]
-        ]
-    except (ValueError, TypeError, KeyError, zlib.error) as e:
+        if not isinstance(doc, dict) or doc.get("v") not in (_FORMAT, _DELTA_FORMAT):
+            raise ValueError(f"unknown manifest format {doc.get('v') if isinstance(doc, dict) else doc!r}")
+        return doc
+    except (ValueError, TypeError, zlib.error) as e:
         raise UnsafeSnapshot(f"manifest is unreadable: {e}") from e
+
+
+def is_delta(data: bytes) -> bool:
+    return bool(_load(data)["v"] == _DELTA_FORMAT)
+
+
+def decode(data: bytes) -> list[Entry]:
+    """A complete manifest's entries (UnsafeSnapshot for a delta or garbage)."""
+    doc = _load(data)
+    try:
+        if doc["v"] != _FORMAT:
+            raise ValueError("a delta manifest needs its base")
+        return _rows(doc["entries"])
+    except (ValueError, TypeError, KeyError) as e:
+        raise UnsafeSnapshot(f"manifest is unreadable: {e}") from e
+
+
+def apply_delta(base: dict[str, Entry], data: bytes) -> dict[str, Entry]:
+    """``base`` (path -> entry; not modified) with delta ``data`` applied."""
+    doc = _load(data)
+    try:
+        if doc["v"] != _DELTA_FORMAT:
+            raise ValueError("not a delta manifest")
+        put = _rows(doc["put"])
+        deleted = [str(p) for p in doc["del"]]
+    except (ValueError, TypeError, KeyError) as e:
+        raise UnsafeSnapshot(f"manifest is unreadable: {e}") from e
+    out = dict(base)
+    if deleted:
+        gone = set(deleted)
+        prefixes = tuple(p + "/" for p in deleted)
+        out = {p: e for p, e in out.items() if p not in gone and not p.startswith(prefixes)}
+    for entry in put:
+        out[entry.path] = entry
+    return out
+
+
+def diff(base: Mapping[str, Entry], now: Mapping[str, Entry]) -> tuple[list[Entry], list[str]]:
+    """(entries put, paths deleted) that turn ``base`` into ``now``."""
+    put = [e for p, e in now.items() if base.get(p) != e]
+    deleted = [p for p in base if p not in now]
+    return put, deleted
 
 
 def digest_of(entries: Iterable[Entry]) -> str:

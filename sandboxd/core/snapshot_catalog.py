@@ -3,7 +3,15 @@ snapshot in SQLite (``state_dir/<instance>-snapshots.sqlite3``), so lineage,
 listing by labels, per-tenant usage and the garbage collector's mark phase
 are queries. Blob contents live in a BlobStore, packed (sandboxd.core.packs):
 the catalog also indexes where in which pack each blob lies. All access goes
-through one worker thread, as in sandboxd.core.store."""
+through one worker thread, as in sandboxd.core.store.
+
+A snapshot taken on top of another (its *base*) records only a delta: the
+manifest entries it changed and the blobs they reference. Its base's row,
+manifest and references then stay for as long as the delta does: deleting or
+expiring a snapshot something still builds on (or that an operation in flight
+has pinned) *hides* it (no longer listed or restorable, its blobs still
+referenced) until the last dependent is gone. Chains are bounded by
+MAX_DEPTH (past it a snapshot is recorded in full)."""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxd.core import manifest as mf
 from sandboxd.core.sqlite import SqliteThread
 from sandboxd.errors import ResourceExhausted
 
@@ -22,6 +31,7 @@ CREATE TABLE IF NOT EXISTS snapshots (
   expires_at REAL NOT NULL, meta TEXT NOT NULL, manifest BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS snapshots_tenant ON snapshots(tenant);
+-- base, hidden and depth columns are added by _migrate (older catalogs lack them).
 CREATE TABLE IF NOT EXISTS refs (
   snapshot_id TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL,
   PRIMARY KEY (snapshot_id, key)
@@ -49,6 +59,13 @@ END;
 """
 # SQLite's default limit on host parameters is 999 in older builds.
 _CHUNK = 900
+MAX_DEPTH = 16
+"""Longest chain of deltas behind a snapshot; a restore reads this many
+small manifests at most."""
+
+
+class BaseGone(Exception):
+    """The base a delta was to be recorded on no longer exists."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +110,14 @@ class SnapshotInfo:
         return cls(**doc)
 
 
-def _count_usage_once(db: sqlite3.Connection) -> None:
+def _migrate(db: sqlite3.Connection) -> None:
+    columns = {r[1] for r in db.execute("PRAGMA table_info(snapshots)")}
+    with db:
+        if "base" not in columns:
+            db.execute("ALTER TABLE snapshots ADD COLUMN base TEXT")
+            db.execute("ALTER TABLE snapshots ADD COLUMN hidden INTEGER NOT NULL DEFAULT 0")
+            db.execute("ALTER TABLE snapshots ADD COLUMN depth INTEGER NOT NULL DEFAULT 0")
+        db.execute("CREATE INDEX IF NOT EXISTS snapshots_base ON snapshots(base) WHERE base IS NOT NULL")
     if db.execute("SELECT 1 FROM tenant_usage LIMIT 1").fetchone() is None:
         with db:  # a catalog from before the usage tables: count once
             db.execute(
@@ -110,7 +134,7 @@ class SnapshotCatalog:
         self._run = self._sql.run
 
     async def open(self) -> None:
-        await self._sql.open(_SCHEMA, _count_usage_once)
+        await self._sql.open(_SCHEMA, _migrate)
 
     async def close(self) -> None:
         await self._sql.close()
@@ -121,20 +145,36 @@ class SnapshotCatalog:
 
     # -- writes ---------------------------------------------------------------
 
-    async def insert(self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int) -> int:
+    async def insert(
+        self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int, base: str = ""
+    ) -> int:
         """Records a snapshot and its blob references in one transaction; with
         ``quota`` > 0, refuses (ResourceExhausted) when the tenant's stored
-        bytes would pass it. Returns the tenant's usage afterwards."""
-        usage: int = await self._run(self._insert_sync, info, manifest, refs, quota)
+        bytes would pass it. With ``base``, ``manifest`` is a delta on that
+        snapshot's and ``refs`` what the delta adds (BaseGone if its row is
+        gone, hidden or not). Returns the tenant's usage afterwards."""
+        usage: int = await self._run(self._insert_sync, info, manifest, refs, quota, base)
         return usage
 
-    def _insert_sync(self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int) -> int:
+    def _insert_sync(
+        self, info: SnapshotInfo, manifest: bytes, refs: dict[str, int], quota: int, base: str
+    ) -> int:
         db = self.db
         with db:
+            depth = 0
+            if base:
+                row = db.execute("SELECT depth FROM snapshots WHERE id = ?", (base,)).fetchone()
+                if row is None:
+                    raise BaseGone(base)
+                depth = int(row[0]) + 1
             db.execute(
-                "INSERT INTO snapshots VALUES (?, ?, ?, ?, ?, ?)",
-                (info.id, info.tenant, info.created_at, info.expires_at, info.to_json(), manifest),
-            )
+                "INSERT INTO snapshots (id, tenant, created_at, expires_at, meta, manifest, base, depth) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.id, info.tenant, info.created_at, info.expires_at, info.to_json(), manifest,
+                    base or None, depth,
+                ),
+            )  # fmt: skip
             db.executemany(
                 "INSERT INTO refs VALUES (?, ?, ?)", [(info.id, k, size) for k, size in refs.items()]
             )
@@ -169,52 +209,136 @@ class SnapshotCatalog:
                 )
         return usage
 
-    async def delete(self, snapshot_id: str) -> bool:
-        deleted: bool = await self._run(self._delete_sync, [snapshot_id])
-        return deleted
+    async def delete(self, snapshot_id: str, keep: frozenset[str] = frozenset()) -> bool:
+        """Removes a visible snapshot: hidden if another builds on it or it is
+        in ``keep`` (pinned), purged otherwise. False if it was not visible."""
+        removed: list[str] = await self._run(self._remove_sync, [snapshot_id], keep)
+        return bool(removed)
 
-    def _delete_sync(self, ids: list[str]) -> bool:
+    def _remove_sync(self, ids: list[str], keep: frozenset[str]) -> list[str]:
         db = self.db
+        removed: list[str] = []
         with db:
-            n = 0
             for sid in ids:
-                row = db.execute("SELECT tenant FROM snapshots WHERE id = ?", (sid,)).fetchone()
+                row = db.execute("SELECT 1 FROM snapshots WHERE id = ? AND hidden = 0", (sid,)).fetchone()
                 if row is None:
                     continue
-                mine = "SELECT key FROM refs WHERE snapshot_id = ?"
-                db.execute(
-                    f"UPDATE tenant_blobs SET n = n - 1 WHERE tenant = ? AND key IN ({mine})", (row[0], sid)
-                )
-                db.execute(
-                    f"DELETE FROM tenant_blobs WHERE tenant = ? AND n <= 0 AND key IN ({mine})", (row[0], sid)
-                )
-                n += db.execute("DELETE FROM snapshots WHERE id = ?", (sid,)).rowcount
-                db.execute("DELETE FROM refs WHERE snapshot_id = ?", (sid,))
-        return n > 0
+                removed.append(sid)
+                if sid in keep or self._has_dependents(sid):
+                    db.execute("UPDATE snapshots SET hidden = 1 WHERE id = ?", (sid,))
+                else:
+                    self._purge(sid, keep)
+        return removed
 
-    async def delete_expired(self, now: float) -> list[str]:
-        ids: list[str] = await self._run(self._delete_expired_sync, now)
+    def _has_dependents(self, sid: str) -> bool:
+        return (
+            self.db.execute("SELECT 1 FROM snapshots WHERE base = ? LIMIT 1", (sid,)).fetchone() is not None
+        )
+
+    def _purge(self, sid: str, keep: frozenset[str]) -> None:
+        """Drops a row and its references, then its base too if that is
+        hidden and nothing else needs it."""
+        db = self.db
+        while sid:
+            row = db.execute("SELECT tenant, base FROM snapshots WHERE id = ?", (sid,)).fetchone()
+            if row is None:
+                return
+            tenant, base = row
+            mine = "SELECT key FROM refs WHERE snapshot_id = ?"
+            db.execute(
+                f"UPDATE tenant_blobs SET n = n - 1 WHERE tenant = ? AND key IN ({mine})", (tenant, sid)
+            )
+            db.execute(
+                f"DELETE FROM tenant_blobs WHERE tenant = ? AND n <= 0 AND key IN ({mine})", (tenant, sid)
+            )
+            db.execute("DELETE FROM snapshots WHERE id = ?", (sid,))
+            db.execute("DELETE FROM refs WHERE snapshot_id = ?", (sid,))
+            sid = ""
+            if base and base not in keep and not self._has_dependents(base):
+                hidden = db.execute("SELECT hidden FROM snapshots WHERE id = ?", (base,)).fetchone()
+                if hidden is not None and hidden[0]:
+                    sid = base
+
+    async def delete_expired(self, now: float, keep: frozenset[str] = frozenset()) -> list[str]:
+        """Removes (as delete does) every visible snapshot past its expiry."""
+        ids: list[str] = await self._run(self._delete_expired_sync, now, keep)
         return ids
 
-    def _delete_expired_sync(self, now: float) -> list[str]:
-        ids = [r[0] for r in self.db.execute("SELECT id FROM snapshots WHERE expires_at <= ?", (now,))]
-        if ids:
-            self._delete_sync(ids)
-        return ids
+    def _delete_expired_sync(self, now: float, keep: frozenset[str]) -> list[str]:
+        ids = [
+            r[0]
+            for r in self.db.execute("SELECT id FROM snapshots WHERE expires_at <= ? AND hidden = 0", (now,))
+        ]
+        return self._remove_sync(ids, keep) if ids else []
+
+    async def sweep_hidden(self, keep: frozenset[str] = frozenset()) -> int:
+        """Purges hidden snapshots nothing builds on any more and nobody has
+        pinned (a pin released after the delete); returns how many."""
+        n: int = await self._run(self._sweep_hidden_sync, keep)
+        return n
+
+    def _sweep_hidden_sync(self, keep: frozenset[str]) -> int:
+        db = self.db
+        n = 0
+        with db:
+            for (sid,) in db.execute(
+                "SELECT id FROM snapshots s WHERE hidden = 1 "
+                "AND NOT EXISTS (SELECT 1 FROM snapshots d WHERE d.base = s.id)"
+            ).fetchall():
+                if sid not in keep:
+                    self._purge(sid, keep)
+                    n += 1
+        return n
 
     # -- reads ----------------------------------------------------------------
 
     async def get(self, snapshot_id: str) -> SnapshotInfo | None:
-        row = await self._run(self._one, "SELECT meta FROM snapshots WHERE id = ?", (snapshot_id,))
+        row = await self._run(
+            self._one, "SELECT meta FROM snapshots WHERE id = ? AND hidden = 0", (snapshot_id,)
+        )
         return None if row is None else SnapshotInfo.from_json(row[0])
 
     async def manifest(self, snapshot_id: str) -> bytes | None:
+        """The stored manifest as it is (complete or a delta)."""
         row = await self._run(self._one, "SELECT manifest FROM snapshots WHERE id = ?", (snapshot_id,))
         return None if row is None else bytes(row[0])
 
+    async def entries(self, snapshot_id: str) -> dict[str, mf.Entry] | None:
+        """The snapshot's complete manifest (path -> entry), its deltas
+        resolved; None if it has no row. UnsafeSnapshot if unreadable."""
+        out: dict[str, mf.Entry] | None = await self._run(self._entries_sync, snapshot_id)
+        return out
+
+    def _entries_sync(self, snapshot_id: str) -> dict[str, mf.Entry] | None:
+        chain: list[bytes] = []
+        sid: str | None = snapshot_id
+        while sid:
+            row = self.db.execute("SELECT manifest, base FROM snapshots WHERE id = ?", (sid,)).fetchone()
+            if row is None:
+                if not chain:
+                    return None
+                raise mf.UnsafeSnapshot(f"snapshot {snapshot_id}: the base {sid} of its manifest is missing")
+            chain.append(bytes(row[0]))
+            sid = row[1]
+            if len(chain) > MAX_DEPTH + 1:
+                raise mf.UnsafeSnapshot(f"snapshot {snapshot_id}: manifest chain too long")
+        out = {e.path: e for e in mf.decode(chain.pop())}
+        while chain:
+            out = mf.apply_delta(out, chain.pop())
+        return out
+
     async def exists(self, snapshot_id: str) -> bool:
-        row = await self._run(self._one, "SELECT 1 FROM snapshots WHERE id = ?", (snapshot_id,))
+        """Whether the snapshot is visible (not deleted, expired or hidden)."""
+        row = await self._run(
+            self._one, "SELECT 1 FROM snapshots WHERE id = ? AND hidden = 0", (snapshot_id,)
+        )
         return row is not None
+
+    async def depth(self, snapshot_id: str) -> int | None:
+        """Deltas behind the snapshot's manifest, None if it has no row (a
+        hidden one has: what it references is still kept)."""
+        row = await self._run(self._one, "SELECT depth FROM snapshots WHERE id = ?", (snapshot_id,))
+        return None if row is None else int(row[0])
 
     def _one(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self.db.execute(sql, params).fetchone()
@@ -223,7 +347,8 @@ class SnapshotCatalog:
     async def list_infos(self, tenant: str, now: float) -> list[SnapshotInfo]:
         rows = await self._run(
             self._all,
-            "SELECT meta FROM snapshots WHERE tenant = ? AND expires_at > ? ORDER BY created_at",
+            "SELECT meta FROM snapshots WHERE tenant = ? AND expires_at > ? AND hidden = 0 "
+            "ORDER BY created_at",
             (tenant, now),
         )
         return [SnapshotInfo.from_json(r[0]) for r in rows]

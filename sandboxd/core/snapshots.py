@@ -79,7 +79,7 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.manifest import DIR, FILE, LINK, Entry, UnsafeSnapshot
 from sandboxd.core.packs import PackedBlobs
-from sandboxd.core.snapshot_catalog import ChainRef, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshot_catalog import MAX_DEPTH, BaseGone, ChainRef, SnapshotCatalog, SnapshotInfo
 from sandboxd.core.tarstream import HARDLINK, read_members
 from sandboxd.core.tenancy import current_tenant, split_pool_key
 from sandboxd.errors import (
@@ -121,6 +121,8 @@ _TAR_CACHE_BYTES = 256 << 20
 # smaller ones already travel cheaply through a sandbox shell's stdin.
 _STAGE_MIN_BYTES = 64 << 10
 
+_KIND = {"f": FILE, "d": DIR, "l": LINK}
+
 Stamp = tuple[int, str, str]
 """(size, mtime, ctime) as find printed them."""
 
@@ -156,6 +158,22 @@ class Baseline:
     """Every entry it held (shared, never mutated): the next snapshot lists
     only what changed since ``since`` and carries the rest over."""
     since: float = 0.0
+
+    def unchanged(self, item: Listed) -> Entry | None:
+        """The recorded entry of ``item`` if the listing shows it untouched
+        since that record: carried as recorded (a restore sets whole-second
+        mtimes, so a fresh record would differ from the snapshot's in the
+        fraction alone)."""
+        if self.entries is None:
+            return None
+        prev = self.entries.get(item.path)
+        if prev is None or prev.mode != item.mode & 0o1777 or prev.kind != _KIND.get(item.kind):
+            return None
+        if prev.kind == FILE:
+            return prev if self.digest_of(item) == prev.digest else None
+        # A directory: unchanged while its ctime is below the restore's cutoff
+        # (after a snapshot, a fresh record is equal anyway).
+        return prev if self.cutoff and float(item.ctime) < self.cutoff else None
 
     def digest_of(self, item: Listed) -> str | None:
         """The digest of ``item`` if it is known to be unchanged."""
@@ -281,6 +299,9 @@ class SnapshotManager:
         self._clock = clock
         self._gc_lock = asyncio.Lock()
         self._pins: Counter[str] = Counter()
+        # Snapshots an operation in flight builds on: deleted, they are hidden
+        # rather than purged (their manifest and blobs are still needed).
+        self._snapshot_pins: Counter[str] = Counter()
         self._baselines: dict[str, Baseline] = {}
         self._tars: OrderedDict[str, bytes] = OrderedDict()
         self._gc_task: asyncio.Task[None] | None = None
@@ -384,9 +405,12 @@ class SnapshotManager:
         ns = tenant_namespace(tenant)
         pinned: list[str] = []
         prefetch: _Prefetch | None = None
+        baseline = self._baselines.get(rec.sandbox_id)
+        # The snapshot this one may be recorded as a delta on stays (hidden
+        # at worst) until it is recorded.
+        base_pin = await self._pin_snapshot(baseline.snapshot_id if baseline is not None else "")
         try:
             with self._control.using(rec):
-                baseline = self._baselines.get(rec.sandbox_id)
                 view = await self._host_view(rec)
                 scan: _Scan | None = None
                 try:
@@ -433,16 +457,18 @@ class SnapshotManager:
                 expires_at=now + ttl,
             )
             info.chain = [*chain, info.ref()]
-            await self._catalog.insert(info, mf.encode(entries), refs, quota)
+            by_path = {e.path: e for e in entries}
+            await self._record(info, entries, by_path, refs, quota, baseline)
         finally:
             if prefetch is not None:
                 await prefetch.close()
             self._unpin(pinned)
+            self._unpin_snapshot(base_pin)
         self._baselines[rec.sandbox_id] = Baseline(
             info.id,
             info.chain,
             stamps,
-            entries={e.path: e for e in entries},
+            entries=by_path,
             since=when - _RACY_SECONDS - _DELTA_SLACK,
         )
         rec.labels[LABEL_SNAPSHOT] = info.id
@@ -514,6 +540,49 @@ class SnapshotManager:
             raise
         return cwd, env, when, listing, carried, prefetch
 
+    async def _record(
+        self,
+        info: SnapshotInfo,
+        entries: list[Entry],
+        by_path: dict[str, Entry],
+        refs: dict[str, int],
+        quota: int,
+        baseline: Baseline | None,
+    ) -> None:
+        """Records the snapshot: as a delta on its baseline's snapshot where
+        that is still in the catalog and its chain is not too long (writes
+        what changed, not the workspace), complete otherwise."""
+        if baseline is not None and baseline.entries is not None:
+            depth = await self._catalog.depth(baseline.snapshot_id)
+            if depth is not None and depth < MAX_DEPTH:
+                put, deleted = mf.diff(baseline.entries, by_path)
+                added = {
+                    blob_key(tenant_namespace(info.tenant), e.digest): e.size
+                    for e in put
+                    if e.kind == FILE and e.size
+                }
+                with contextlib.suppress(BaseGone):
+                    await self._catalog.insert(
+                        info, mf.encode_delta(put, deleted), added, quota, base=baseline.snapshot_id
+                    )
+                    return
+        await self._catalog.insert(info, mf.encode(entries), refs, quota)
+
+    async def _pin_snapshot(self, snapshot_id: str) -> str:
+        if snapshot_id:
+            async with self._gc_lock:
+                self._snapshot_pins[snapshot_id] += 1
+        return snapshot_id
+
+    def _unpin_snapshot(self, snapshot_id: str) -> None:
+        if snapshot_id:
+            self._snapshot_pins[snapshot_id] -= 1
+            if self._snapshot_pins[snapshot_id] <= 0:
+                del self._snapshot_pins[snapshot_id]
+
+    def _kept_snapshots(self) -> frozenset[str]:
+        return frozenset(self._snapshot_pins)
+
     async def _merge_delta(
         self, rec: SandboxRecord, baseline: Baseline, raw: bytes
     ) -> tuple[float, list[Listed], dict[str, Entry]]:
@@ -579,7 +648,10 @@ class SnapshotManager:
         def classify(items: list[Listed]) -> None:
             for item in items:
                 if item.kind == "d":
-                    entries[item.path] = Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
+                    prev = baseline.unchanged(item) if baseline is not None else None
+                    entries[item.path] = prev or Entry(
+                        item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime)
+                    )
                 elif item.kind == "l":
                     if mf.link_escapes(item.path, item.target):
                         raise FailedPrecondition(
@@ -593,7 +665,8 @@ class SnapshotManager:
                     known = baseline.digest_of(item) if baseline is not None else None
                     if known is not None:
                         reused[item.path] = item
-                        entries[item.path] = Entry(
+                        assert baseline is not None
+                        entries[item.path] = baseline.unchanged(item) or Entry(
                             item.path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
                         )
                     else:
@@ -603,18 +676,18 @@ class SnapshotManager:
 
         classify(listing)
         kept.update(reused)
-        if kept:
-            assert baseline is not None
+        # While the baseline's snapshot has a row (pinned by the caller, so it
+        # keeps it), what it references is kept and so is all that is kept here.
+        if kept and baseline is not None and await self._catalog.depth(baseline.snapshot_id) is None:
             keys = {blob_key(ns, entries[p].digest) for p in kept if entries[p].size}
             pinned += await self._pin(keys)
-            if not await self._catalog.exists(baseline.snapshot_id):
-                # The parent is gone, so GC may have taken its blobs: re-read those.
-                gone = await self.blobs.missing(sorted(keys))
-                for p in list(kept):
-                    if entries[p].size and blob_key(ns, entries[p].digest) in gone:
-                        need[p] = reused.pop(p) if p in reused else _as_listed(entries[p])
-                        kept.discard(p)
-                        del entries[p]
+            # The parent is gone, so GC may have taken its blobs: re-read those.
+            gone = await self.blobs.missing(sorted(keys))
+            for p in list(kept):
+                if entries[p].size and blob_key(ns, entries[p].digest) in gone:
+                    need[p] = reused.pop(p) if p in reused else _as_listed(entries[p])
+                    kept.discard(p)
+                    del entries[p]
         stored = 0
         stamps: dict[str, tuple[Stamp, str]] = {}
         digests: dict[str, str] = {}
@@ -754,7 +827,7 @@ class SnapshotManager:
 
     async def delete(self, snapshot_id: str) -> None:
         info = await self.get(snapshot_id)
-        await self._catalog.delete(info.id)
+        await self._catalog.delete(info.id, self._kept_snapshots())
         self._tars.pop(info.id, None)
 
     async def usage(self) -> int:
@@ -784,10 +857,13 @@ class SnapshotManager:
                 f"snapshot {info.id} was taken on image {info.image!r}; pool {pool or info.pool!r} runs "
                 f"{target.config.image!r}"
             )
-        manifest = await self._catalog.manifest(info.id)
-        if manifest is None:
+        try:
+            resolved = await self._catalog.entries(info.id)
+        except UnsafeSnapshot as e:
+            raise UnsafeSnapshot(f"snapshot {info.id} is unsafe and was not restored: {e}") from e
+        if resolved is None:
             raise NotFound(f"snapshot {snapshot_id!r} not found (deleted, expired or never taken)")
-        entries = self._checked(info, mf.decode(manifest))
+        entries = self._checked(info, sorted(resolved.values(), key=lambda e: e.path))
         inodes, size = mf.footprint(entries)
         limits = target.config.limits
         if limits.max_files and inodes > limits.max_files:
@@ -951,9 +1027,11 @@ class SnapshotManager:
         snapshot references and no operation in flight has pinned."""
         keys = await self.blobs.list_keys()
         async with self._gc_lock:
-            expired = await self._catalog.delete_expired(self._clock.time())
+            kept = self._kept_snapshots()
+            expired = await self._catalog.delete_expired(self._clock.time(), kept)
             for sid in expired:
                 self._tars.pop(sid, None)
+            await self._catalog.sweep_hidden(kept)
             live = await self._catalog.live_keys()
             doomed = [k for k in keys if k not in live and self._pins.get(k, 0) <= 0]
             await self.blobs.delete_many(doomed)

@@ -1,6 +1,7 @@
 """The snapshot catalog's per-tenant usage: distinct blobs counted once,
 kept up to date on insert and delete, enforced as a quota, and counted once
-for a catalog written before the usage tables existed."""
+for a catalog written before the usage tables existed; deltas resolved on
+their bases, which are hidden rather than dropped while something needs them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandboxd import errors
-from sandboxd.core.snapshot_catalog import SnapshotCatalog, SnapshotInfo
+from sandboxd.core import manifest as mf
+from sandboxd.core.snapshot_catalog import BaseGone, SnapshotCatalog, SnapshotInfo
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -79,3 +81,62 @@ async def test_a_catalog_from_before_the_usage_tables_is_counted_on_open(tmp_pat
         assert await catalog.usage("t") == 7
     finally:
         await catalog.close()
+
+
+def E(path: str, digest: str = "", kind: str = mf.FILE, size: int = 1) -> mf.Entry:
+    return mf.Entry(path, kind, 0o644 if kind == mf.FILE else 0o755, size if kind == mf.FILE else 0, digest)
+
+
+async def test_a_delta_resolves_on_its_base_and_keeps_it_while_it_lives(catalog: SnapshotCatalog) -> None:
+    base = [E("d", kind=mf.DIR), E("d/a", "1" * 64), E("d/b", "2" * 64), E("keep", "3" * 64)]
+    await catalog.insert(info("a"), mf.encode(base), {"k1": 1, "k2": 1, "k3": 1}, 0)
+    delta = mf.encode_delta([E("d/b", "4" * 64), E("new", "5" * 64)], ["d/a"])
+    await catalog.insert(info("b"), delta, {"k4": 1, "k5": 1}, 0, base="a")
+    assert mf.is_delta((await catalog.manifest("b")) or b"")
+    resolved = await catalog.entries("b")
+    assert resolved is not None
+    assert {p: e.digest[:1] for p, e in resolved.items() if e.kind == mf.FILE} == {
+        "d/b": "4", "keep": "3", "new": "5",
+    }  # fmt: skip
+    assert await catalog.depth("b") == 1
+    # Deleting the base hides it: gone for clients, still there for the delta.
+    assert await catalog.delete("a")
+    assert await catalog.get("a") is None and not await catalog.exists("a")
+    assert [i.id for i in await catalog.list_infos("t", 0)] == ["b"]
+    assert not await catalog.delete("a"), "a hidden snapshot is not deleted twice"
+    assert await catalog.entries("b") == resolved
+    assert {"k1", "k2", "k3", "k4", "k5"} <= await catalog.live_keys()
+    assert await catalog.usage("t") == 5
+    # The last dependent gone, the hidden base goes with it.
+    assert await catalog.delete("b")
+    assert await catalog.depth("a") is None and await catalog.live_keys() == set()
+    assert await catalog.usage("t") == 0
+
+
+async def test_a_delta_on_a_base_that_is_gone_is_refused(catalog: SnapshotCatalog) -> None:
+    with pytest.raises(BaseGone):
+        await catalog.insert(info("b"), mf.encode_delta([], []), {}, 0, base="nope")
+    assert await catalog.depth("b") is None
+
+
+async def test_pinned_and_expired_snapshots_are_hidden_then_swept(catalog: SnapshotCatalog) -> None:
+    await catalog.insert(info("a"), mf.encode([E("x", "1" * 64)]), {"k1": 1}, 0)
+    await catalog.insert(info("p"), mf.encode([E("y", "2" * 64)]), {"k2": 1}, 0)
+    assert await catalog.delete("p", keep=frozenset({"p"}))
+    assert await catalog.depth("p") == 0, "pinned: hidden, not purged"
+    assert await catalog.sweep_hidden(frozenset({"p"})) == 0
+    assert await catalog.sweep_hidden() == 1
+    assert await catalog.depth("p") is None
+    # Expiry of a base something builds on hides it the same way.
+    await catalog.insert(info("c"), mf.encode_delta([E("z", "3" * 64)], []), {"k3": 1}, 0, base="a")
+    assert sorted(await catalog.delete_expired(2e12)) == ["a", "c"]
+    assert await catalog.live_keys() == set()
+
+
+async def test_a_corrupt_chain_is_unsafe(catalog: SnapshotCatalog, tmp_path: Path) -> None:
+    await catalog.insert(info("a"), mf.encode([E("x", "1" * 64)]), {}, 0)
+    await catalog.insert(info("b"), mf.encode_delta([], ["x"]), {}, 0, base="a")
+    with catalog.db:
+        catalog.db.execute("UPDATE snapshots SET manifest = ? WHERE id = 'a'", (b"garbage",))
+    with pytest.raises(mf.UnsafeSnapshot, match="unreadable"):
+        await catalog.entries("b")

@@ -23,6 +23,7 @@ from sandboxd.core import manifest as mf
 from sandboxd.core.files import FileData
 from sandboxd.core.lifecycle import State
 from sandboxd.core.manifest import Entry
+from sandboxd.core.snapshot_catalog import MAX_DEPTH
 from sandboxd.core.snapshots import (
     LABEL_POLICY,
     LABEL_SNAPSHOT,
@@ -360,7 +361,7 @@ async def test_corrupt_blob_fails_clearly_and_leaves_nothing_leased(
     h, manager = snaps
     sid = await leased_with(h, {"a.txt": b"good content", "b.txt": b"other"})
     snap = await manager.snapshot(sid)
-    digest = mf.decode((await manager._catalog.manifest(snap.id)) or b"")[0].digest
+    digest = next(iter(((await manager._catalog.entries(snap.id)) or {}).values())).digest
     key = blob_key(tenant_namespace("default"), digest)
     pack, offset, size = (await manager._catalog.locate([key]))[key]
     path = tmp_path / "blobs" / pack
@@ -589,3 +590,38 @@ async def test_cli_lists_gets_and_deletes(
     assert '"policy_version": "4"' in capsys.readouterr().out
     assert await asyncio.to_thread(cli.main, ["snapshot", "delete", snap.id, *target]) == 0
     assert await client.list_snapshots() == []
+
+
+async def test_snapshots_on_a_baseline_are_deltas_and_chains_stay_bounded(
+    app: App, client: AsyncClient
+) -> None:
+    """Each snapshot after the first records only what changed; past
+    MAX_DEPTH one is complete again. Any of them restores whole, also once
+    the snapshots before it are deleted and collected."""
+    manager = app.snapshots
+    assert manager is not None
+    lease = await prepared(client)
+    sb = lease[0]
+    first = await sb.snapshot(session="agent")
+    ids = [first.id]
+    for i in range(MAX_DEPTH + 2):
+        await sb.write_files({f"step/{i}.txt": f"step {i}"})
+        ids.append((await sb.snapshot(session="agent")).id)
+    depths = [await manager._catalog.depth(sid) for sid in ids]
+    assert depths == [*range(MAX_DEPTH + 1), 0, 1]
+    delta = await manager._catalog.manifest(ids[5])
+    assert delta is not None and mf.is_delta(delta) and len(delta) < 200, "a delta holds one change"
+    for sid in ids[:-1]:
+        await client.delete_snapshot(sid)
+    await manager.gc()
+    again = await client.restore(ids[-1], timeout=5)
+    got = await again[0].read_files(["src/main.py", "step/0.txt", f"step/{MAX_DEPTH + 1}.txt"])
+    assert got == {
+        "src/main.py": b"print('hi')\n",
+        "step/0.txt": b"step 0",
+        f"step/{MAX_DEPTH + 1}.txt": b"step 17",
+    }
+    await again.release()
+    await client.delete_snapshot(ids[-1])
+    await manager.gc()
+    assert await manager._catalog.live_keys() == set() and await manager._catalog.depth(ids[0]) is None
