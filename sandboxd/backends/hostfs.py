@@ -17,9 +17,11 @@ import contextlib
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from sandboxd.backends.base import WORKSPACE
+
+OnDir = Callable[[int, str], None]
 
 Record = tuple[str, int, int, str, str, str, str]
 """(kind, mode, size, mtime, ctime, path, target) as the in-sandbox listing
@@ -100,14 +102,18 @@ class HostWorkspace:
 
     # -- listing --------------------------------------------------------------
 
-    def walk(self) -> tuple[float, list[Record]]:
-        """(the host clock before the walk, every entry below the root)."""
+    def walk(self, on_dir: OnDir | None = None) -> tuple[float, list[Record]]:
+        """(the host clock before the walk, every entry below the root).
+        ``on_dir(fd, path)`` is called for each directory before it is
+        listed (the top one as "")."""
         when = time.time()
         out: list[Record] = []
-        self._walk(self.fd, "", out)
+        if on_dir is not None:
+            on_dir(self.fd, "")
+        self._walk(self.fd, "", out, on_dir)
         return when, out
 
-    def walk_dir(self, rel: str) -> list[Record]:
+    def walk_dir(self, rel: str, on_dir: OnDir | None = None) -> list[Record]:
         """The entry ``rel`` and everything below it ([] if it is gone or no
         longer a directory)."""
         try:
@@ -115,14 +121,16 @@ class HostWorkspace:
         except OSError:
             return []
         try:
+            if on_dir is not None:
+                on_dir(fd, rel)
             st = os.fstat(fd)
             out = [record(st, rel)]
-            self._walk(fd, rel + "/", out)
+            self._walk(fd, rel + "/", out, on_dir)
             return out
         finally:
             os.close(fd)
 
-    def _walk(self, dfd: int, prefix: str, out: list[Record]) -> None:
+    def _walk(self, dfd: int, prefix: str, out: list[Record], on_dir: OnDir | None = None) -> None:
         with os.scandir(dfd) as it:
             entries = list(it)
         for entry in entries:
@@ -146,21 +154,25 @@ class HostWorkspace:
                 except OSError:
                     continue  # replaced (by a link, say) since: not followed
                 try:
-                    self._walk(cfd, path + "/", out)
+                    if on_dir is not None:
+                        on_dir(cfd, path)
+                    self._walk(cfd, path + "/", out, on_dir)
                 finally:
                     os.close(cfd)
             else:
                 out.append(record(st, path))
 
-    def scan(self) -> Iterator[tuple[Record, bytes | None]]:
+    def scan(self, on_dir: OnDir | None = None) -> Iterator[tuple[Record, bytes | None]]:
         """Every entry below the root, as walk() lists them, each regular
         file with its content (None for everything else). A file is described
         by the descriptor it is read through, stat before read: a change
         after the stat moves its ctime, so a stamp never vouches for content
-        older than itself."""
-        return self._scan(self.fd, "")
+        older than itself. ``on_dir`` as for walk()."""
+        if on_dir is not None:
+            on_dir(self.fd, "")
+        return self._scan(self.fd, "", on_dir)
 
-    def _scan(self, dfd: int, prefix: str) -> Iterator[tuple[Record, bytes | None]]:
+    def _scan(self, dfd: int, prefix: str, on_dir: OnDir | None) -> Iterator[tuple[Record, bytes | None]]:
         with os.scandir(dfd) as it:
             entries = list(it)
         for entry in entries:
@@ -189,7 +201,9 @@ class HostWorkspace:
                 except OSError:
                     continue
                 try:
-                    yield from self._scan(cfd, path + "/")
+                    if on_dir is not None:
+                        on_dir(cfd, path)
+                    yield from self._scan(cfd, path + "/", on_dir)
                 finally:
                     os.close(cfd)
             elif kind == stat.S_IFREG:  # became a file since it was listed
@@ -198,6 +212,20 @@ class HostWorkspace:
                     yield got
             else:
                 yield record(st, path), None
+
+    def each_dir(self, rels: Iterable[str], on_dir: OnDir) -> bool:
+        """Calls ``on_dir(fd, rel)`` for each directory ``rel`` ("": the
+        top); False if one cannot be opened as a directory any more."""
+        for rel in rels:
+            try:
+                fd = _open_dirs(self.fd, rel)
+            except OSError:
+                return False
+            try:
+                on_dir(fd, rel)
+            finally:
+                os.close(fd)
+        return True
 
     def stat(self, rel: str) -> Record | None:
         """The entry ``rel`` (a link is described, not followed); None if gone."""

@@ -59,7 +59,8 @@ from sandboxd.backends.base import (
     OutputChunk,
     StagedTars,
 )
-from sandboxd.backends.hostfs import HostWorkspace
+from sandboxd.backends.hostfs import HostWorkspace, OnDir, Record
+from sandboxd.backends.hostwatch import Changes, Journal, Watcher
 from sandboxd.backends.shell import is_env_name
 from sandboxd.backends.snapshot_shell import (
     LIST_SCRIPT,
@@ -158,6 +159,9 @@ class Baseline:
     """Every entry it held (shared, never mutated): the next snapshot lists
     only what changed since ``since`` and carries the rest over."""
     since: float = 0.0
+    journal: Journal | None = None
+    """Records what changed since (workspaces read in place): the next
+    snapshot looks at those paths only."""
 
     def unchanged(self, item: Listed) -> Entry | None:
         """The recorded entry of ``item`` if the listing shows it untouched
@@ -302,6 +306,8 @@ class SnapshotManager:
         # Snapshots an operation in flight builds on: deleted, they are hidden
         # rather than purged (their manifest and blobs are still needed).
         self._snapshot_pins: Counter[str] = Counter()
+        self._watcher = Watcher()
+        self._watching = False
         self._baselines: dict[str, Baseline] = {}
         self._tars: OrderedDict[str, bytes] = OrderedDict()
         self._gc_task: asyncio.Task[None] | None = None
@@ -314,6 +320,10 @@ class SnapshotManager:
             self._gc_task = asyncio.create_task(self._gc_loop(), name="snapshot-gc")
 
     async def stop(self) -> None:
+        if self._watching:
+            asyncio.get_running_loop().remove_reader(self._watcher.fd)
+            self._watching = False
+        self._watcher.close()
         if self._gc_task is not None:
             self._gc_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -375,7 +385,9 @@ class SnapshotManager:
     def _prune_baselines(self) -> None:
         if len(self._baselines) > 64:
             for sid in [s for s in self._baselines if not self._control.is_live(s)]:
-                del self._baselines[sid]
+                journal = self._baselines.pop(sid).journal
+                if journal is not None:
+                    journal.close()
 
     async def snapshot(
         self,
@@ -409,6 +421,9 @@ class SnapshotManager:
         # The snapshot this one may be recorded as a delta on stays (hidden
         # at worst) until it is recorded.
         base_pin = await self._pin_snapshot(baseline.snapshot_id if baseline is not None else "")
+        journal: Journal | None = None
+        delta: tuple[list[Entry], list[str]] | None = None
+        cutoff = 0.0
         try:
             with self._control.using(rec):
                 view = await self._host_view(rec)
@@ -416,20 +431,34 @@ class SnapshotManager:
                 try:
                     carried: dict[str, Entry] = {}
                     listing: list[Listed] = []
-                    if view is not None and baseline is None:
-                        # Everything will be read: list and read in one pass.
-                        scan = _Scan(view)
-                        when = scan.when
-                        cwd, env = await self._session_state(rec, session)
-                    elif view is not None:
-                        cwd, env, when, listing = await self._list_in_place(rec, view, session)
-                    else:
-                        cwd, env, when, listing, carried, prefetch = await self._list_through(
-                            rec, baseline, session
+                    changes = self._changes(baseline) if view is not None else None
+                    if view is not None and changes is not None:
+                        # A journal says what changed since the baseline: look at that only.
+                        assert baseline is not None and baseline.journal is not None
+                        journal, cutoff = baseline.journal, baseline.cutoff
+                        (cwd, env), captured = await asyncio.gather(
+                            self._session_state(rec, session),
+                            self._capture_changes(ns, view, baseline, changes, pinned),
                         )
-                    entries, stored, refs, stamps = await self._capture(
-                        rec, ns, when, listing, baseline, pinned, session, prefetch, carried, view, scan
-                    )
+                        when, by_path, stored, stamps, delta = captured
+                    else:
+                        if view is not None:
+                            journal = self._new_journal(baseline)
+                        if view is not None and baseline is None:
+                            # Everything will be read: list and read in one pass.
+                            scan = _Scan(view, journal.watch if journal is not None else None)
+                            when = scan.when
+                            cwd, env = await self._session_state(rec, session)
+                        elif view is not None:
+                            cwd, env, when, listing = await self._list_in_place(rec, view, session, journal)
+                        else:
+                            cwd, env, when, listing, carried, prefetch = await self._list_through(
+                                rec, baseline, session
+                            )
+                        entries, stored, _, stamps = await self._capture(
+                            rec, ns, when, listing, baseline, pinned, session, prefetch, carried, view, scan
+                        )
+                        by_path = {e.path: e for e in entries}
                 finally:
                     if scan is not None:
                         await scan.close()
@@ -449,16 +478,19 @@ class SnapshotManager:
                 session=session,
                 cwd=cwd,
                 env=env,
-                size_bytes=sum(e.size for e in entries if e.kind == FILE),
+                size_bytes=sum(e.size for e in by_path.values() if e.kind == FILE),
                 stored_bytes=stored,
-                entry_count=len(entries),
-                digest=mf.digest_of(entries),
+                entry_count=len(by_path),
+                digest=mf.digest_of(by_path.values()),
                 created_at=now,
                 expires_at=now + ttl,
             )
             info.chain = [*chain, info.ref()]
-            by_path = {e.path: e for e in entries}
-            await self._record(info, entries, by_path, refs, quota, baseline)
+            await self._record(info, by_path, quota, baseline, delta)
+        except BaseException:
+            if journal is not None and (baseline is None or journal is not baseline.journal):
+                journal.close()
+            raise
         finally:
             if prefetch is not None:
                 await prefetch.close()
@@ -468,8 +500,10 @@ class SnapshotManager:
             info.id,
             info.chain,
             stamps,
+            cutoff=cutoff,
             entries=by_path,
             since=when - _RACY_SECONDS - _DELTA_SLACK,
+            journal=journal,
         )
         rec.labels[LABEL_SNAPSHOT] = info.id
         log.info(
@@ -493,12 +527,118 @@ class SnapshotManager:
         cwd, env, _ = parse_session_state(await self._run(rec, SESSION_STATE_SCRIPT, session=session))
         return cwd, env
 
+    def _new_journal(self, baseline: Baseline | None) -> Journal | None:
+        """A fresh journal (the old one of this sandbox, if any, is dropped:
+        whatever it missed, a walk is about to see)."""
+        if baseline is not None and baseline.journal is not None:
+            baseline.journal.close()
+        if not self._watcher.available:
+            return None
+        fd = self._watcher.fd
+        if fd < 0:
+            return None
+        if not self._watching:
+            asyncio.get_running_loop().add_reader(fd, self._watcher.drain)
+            self._watching = True
+        return self._watcher.journal()
+
+    @staticmethod
+    def _changes(baseline: Baseline | None) -> Changes | None:
+        if baseline is None or baseline.entries is None or baseline.journal is None:
+            return None
+        return baseline.journal.take()
+
+    async def _capture_changes(
+        self, ns: str, view: HostWorkspace, baseline: Baseline, changes: Changes, pinned: list[str]
+    ) -> tuple[float, dict[str, Entry], int, dict[str, tuple[Stamp, str]], tuple[list[Entry], list[str]]]:
+        """(time, entries, bytes newly stored, stamps, (entries put, paths
+        deleted)) from what a journal recorded: only the touched paths are
+        looked at (directories made since, whole), only those of them that
+        changed are read. Everything else is the baseline's, carried."""
+        assert baseline.entries is not None and baseline.journal is not None
+        base = baseline.entries
+        when = time.time()
+        stats = await asyncio.to_thread(_stat_touched, view, changes, base, baseline.journal.watch)
+        entries = dict(base)
+        stamps = dict(baseline.files)
+        put: dict[str, Entry] = {}
+        deleted: set[str] = set()
+        need: dict[str, Listed] = {}
+
+        def drop(path: str) -> None:
+            if entries.pop(path, None) is not None:
+                deleted.add(path)
+            put.pop(path, None)
+            stamps.pop(path, None)
+
+        for path, record in stats.items():
+            if record is None:
+                drop(path)
+                continue
+            item = Listed(*record)
+            prev = baseline.unchanged(item)
+            if item.kind == "f" and path not in changes.written:
+                known = baseline.digest_of(item)
+                if known is not None:
+                    entry = prev or Entry(
+                        path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
+                    )
+                    if float(item.ctime) < when - _RACY_SECONDS:
+                        stamps[path] = (item.stamp, known)
+                    if base.get(path) != entry:
+                        entries[path] = put[path] = entry
+                    continue
+            if item.kind == "f":
+                need[path] = item
+                continue
+            if item.kind == "d":
+                entry = prev or Entry(path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
+            elif item.kind == "l":
+                if mf.link_escapes(path, item.target):
+                    raise FailedPrecondition(
+                        f"{WORKSPACE}/{path}: symlink to {item.target!r} leaves the workspace; "
+                        "snapshots carry only links that stay inside it"
+                    )
+                entry = prev or Entry(path, LINK, 0o777, target=item.target, mtime=float(item.mtime))
+            else:
+                drop(path)  # not something a snapshot carries (a FIFO, a socket)
+                continue
+            stamps.pop(path, None)
+            if base.get(path) != entry:
+                entries[path] = put[path] = entry
+        stored = 0
+        for run in _batches(sorted(need), need):
+            got = await asyncio.to_thread(_read_hashed, view, [(n, need[n].size) for n in run])
+            blobs: dict[str, bytes] = {}
+            read = set()
+            for name, content, digest in got:
+                read.add(name)
+                item = need[name]
+                entry = Entry(name, FILE, item.mode & 0o1777, len(content), digest, mtime=float(item.mtime))
+                entries[name] = put[name] = entry
+                if len(content) == item.size and float(item.ctime) < when - _RACY_SECONDS:
+                    stamps[name] = (item.stamp, digest)
+                else:
+                    stamps.pop(name, None)
+                if content:
+                    blobs.setdefault(blob_key(ns, digest), content)
+            for name in run:
+                if name not in read:
+                    drop(name)  # gone since it was looked at
+            pinned.extend(await self._pin(blobs))
+            stored += await self.blobs.put_absent(blobs)
+        for path in list(put):
+            if base.get(path) == put[path]:
+                del put[path]
+        return when, entries, stored, stamps, (list(put.values()), sorted(deleted))
+
     async def _list_in_place(
-        self, rec: SandboxRecord, view: HostWorkspace, session: str
+        self, rec: SandboxRecord, view: HostWorkspace, session: str, journal: Journal | None = None
     ) -> tuple[str, dict[str, str], float, list[Listed]]:
         """(cwd, environment, listing time, entries), the workspace walked from
-        the host while the session reports its state."""
-        walking = asyncio.ensure_future(asyncio.to_thread(view.walk))
+        the host while the session reports its state (and ``journal`` set to
+        watch every directory as it is walked)."""
+        walking = asyncio.ensure_future(asyncio.to_thread(view.walk, journal.watch if journal else None))
         try:
             cwd, env = await self._session_state(rec, session)
             when, records = await walking
@@ -543,30 +683,32 @@ class SnapshotManager:
     async def _record(
         self,
         info: SnapshotInfo,
-        entries: list[Entry],
         by_path: dict[str, Entry],
-        refs: dict[str, int],
         quota: int,
         baseline: Baseline | None,
+        delta: tuple[list[Entry], list[str]] | None = None,
     ) -> None:
         """Records the snapshot: as a delta on its baseline's snapshot where
         that is still in the catalog and its chain is not too long (writes
-        what changed, not the workspace), complete otherwise."""
+        what changed, not the workspace), complete otherwise. ``delta``:
+        (entries put, paths deleted) when the capture knows them."""
         if baseline is not None and baseline.entries is not None:
             depth = await self._catalog.depth(baseline.snapshot_id)
             if depth is not None and depth < MAX_DEPTH:
-                put, deleted = mf.diff(baseline.entries, by_path)
-                added = {
-                    blob_key(tenant_namespace(info.tenant), e.digest): e.size
-                    for e in put
-                    if e.kind == FILE and e.size
-                }
+                put, deleted = delta if delta is not None else mf.diff(baseline.entries, by_path)
+                ns = tenant_namespace(info.tenant)
+                added = {blob_key(ns, e.digest): e.size for e in put if e.kind == FILE and e.size}
                 with contextlib.suppress(BaseGone):
-                    await self._catalog.insert(
-                        info, mf.encode_delta(put, deleted), added, quota, base=baseline.snapshot_id
-                    )
+                    manifest = mf.encode_delta(put, deleted)
+                    await self._catalog.insert(info, manifest, added, quota, base=baseline.snapshot_id)
                     return
-        await self._catalog.insert(info, mf.encode(entries), refs, quota)
+        ordered = sorted(by_path.values(), key=lambda e: e.path)
+        refs = {
+            blob_key(tenant_namespace(info.tenant), e.digest): e.size
+            for e in ordered
+            if e.kind == FILE and e.size
+        }
+        await self._catalog.insert(info, mf.encode(ordered), refs, quota)
 
     async def _pin_snapshot(self, snapshot_id: str) -> str:
         if snapshot_id:
@@ -1018,7 +1160,26 @@ class SnapshotManager:
             cutoff=cutoff,
             entries=by_path,
             since=cutoff - _DELTA_SLACK,
+            journal=await self._watch_restored(rec, by_path),
         )
+
+    async def _watch_restored(self, rec: SandboxRecord, by_path: dict[str, Entry]) -> Journal | None:
+        """A journal on a restored workspace, watching every directory the
+        restore wrote (nothing has run in the sandbox since)."""
+        view = await self._host_view(rec)
+        if view is None:
+            return None
+        try:
+            journal = self._new_journal(None)
+            if journal is None:
+                return None
+            dirs = ["", *(p for p, e in by_path.items() if e.kind == DIR)]
+            if not await asyncio.to_thread(view.each_dir, dirs, journal.watch) or journal.broken:
+                journal.close()
+                return None
+            return journal
+        finally:
+            await asyncio.to_thread(view.close)
 
     # -- garbage collection ---------------------------------------------------
 
@@ -1089,8 +1250,9 @@ class _Scan:
 
     _AHEAD = 3
 
-    def __init__(self, view: HostWorkspace) -> None:
+    def __init__(self, view: HostWorkspace, on_dir: OnDir | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._on_dir = on_dir
         self._queue: asyncio.Queue[list[tuple[Listed, bytes, str]] | None] = asyncio.Queue()
         self._gate = threading.Semaphore(self._AHEAD)
         self._stop = threading.Event()
@@ -1102,7 +1264,7 @@ class _Scan:
         batch: list[tuple[Listed, bytes, str]] = []
         size = 0
         try:
-            for rec, content in view.scan():
+            for rec, content in view.scan(self._on_dir):
                 if self._stop.is_set():
                     return others
                 if content is None:
@@ -1190,6 +1352,26 @@ def _batches(names: list[str], listed: dict[str, Listed]) -> Iterable[list[str]]
             run, size = [], 0
     if run:
         yield run
+
+
+def _stat_touched(
+    view: HostWorkspace, changes: Changes, base: dict[str, Entry], on_dir: OnDir
+) -> dict[str, Record | None]:
+    """The current record (None: gone) of every touched path; a directory
+    that is new (or was not one) is walked whole and watched."""
+    out: dict[str, Record | None] = {}
+    for path in sorted(changes.touched | changes.fresh):
+        if not path or path in out:
+            continue  # the workspace itself, or inside a directory walked already
+        record = view.stat(path)
+        if record is not None and record[0] == "d":
+            prev = base.get(path)
+            if path in changes.fresh or prev is None or prev.kind != DIR:
+                for r in view.walk_dir(path, on_dir) or [record]:
+                    out[r[5]] = r
+                continue
+        out[path] = record
+    return out
 
 
 def _read_hashed(view: HostWorkspace, files: list[tuple[str, int]]) -> list[tuple[str, bytes, str]]:

@@ -314,3 +314,82 @@ async def test_a_workspace_swapping_directories_for_links_is_never_left(
                 if e.kind == mf.FILE:
                     assert e.size == 5, e  # "inner", never a file from elsewhere
         assert taken + refused == 6
+
+
+JOURNAL_SETUP = (
+    "mkdir -p keep olddir/x && printf a > keep/a && printf b > keep/b && printf c > keep/c "
+    "&& printf 'SAME' > keep/same && printf 'mmmmmmmm' > keep/m && printf o > olddir/x/f"
+)
+# Kinds, modes, links and contents; FIFOs (never carried) and the sizes of
+# directories (which count a FIFO's entry) left out.
+JOURNAL_VIEW = (
+    "cd /workspace && find . ! -type p -printf '%y %m %p -> %l\\n' | LC_ALL=C sort "
+    "&& find . -type f -exec md5sum {} + | LC_ALL=C sort"
+)
+MMAP_WRITE = (
+    "python3 -c \"import mmap; f = open('keep/m', 'r+b'); m = mmap.mmap(f.fileno(), 0); "
+    "m[0:4] = b'MMAP'; m.close(); f.close()\""
+)
+JOURNALED = [
+    "printf changed > keep/a",
+    "printf n > new.txt && mkdir -p nd/sub && printf d > nd/sub/f && ln -s ../keep/a nd/link",
+    "rm keep/b && rm -r olddir",
+    "chmod 0700 keep/c",
+    "printf 'SAME' > keep/same && touch -d @1000000000 keep/same",
+    MMAP_WRITE,
+    "mkfifo fifo && rm nd/sub/f",
+    "",
+]
+
+
+async def test_snapshots_of_a_restored_workspace_follow_its_journal(
+    tmp_path: Path, engine: docker.DockerClient, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In place, each snapshot after a restore or a snapshot looks only at
+    the paths the workspace's change journal recorded (no walk), and every
+    one restores to exactly what the sandbox held: edits, new trees and
+    links, deletions, a mode change, a same-size rewrite with an old mtime,
+    a write through a shared mapping, a FIFO (left out). A directory moved
+    breaks the journal: that snapshot walks, the next follows a new one."""
+    async with running_app(make_settings(tmp_path), engine) as app:
+        assert app.snapshots is not None
+        manager = app.snapshots
+        walks: list[str] = []
+        real_list = manager._list_in_place
+
+        async def spy_list(rec: Any, *a: Any, **kw: Any) -> Any:
+            walks.append(rec.sandbox_id)
+            return await real_list(rec, *a, **kw)
+
+        monkeypatch.setattr(manager, "_list_in_place", spy_list)
+        async with AsyncClient(app.address) as client:
+            await client.create_pool("j", image, min_ready=1, max_size=4)
+            async with client.acquire("j", timeout=60) as sb:
+                assert (await sb.exec(JOURNAL_SETUP)).ok
+                first = await sb.snapshot()
+            restored = await client.restore(first.id, timeout=60)
+            try:
+                target = restored[0]
+                for step in JOURNALED:
+                    if step:
+                        r = await target.exec(step)
+                        assert r.ok, (step, r)
+                    want = (await target.exec(JOURNAL_VIEW)).text
+                    snap = await target.snapshot()
+                    assert walks == [], f"{step!r} was looked at by a walk"
+                    if not step:
+                        assert snap.stored_bytes == 0
+                    check = await client.restore(snap.id, timeout=60)
+                    try:
+                        assert (await check[0].exec(JOURNAL_VIEW)).text == want, step
+                    finally:
+                        await check.release()
+                assert (await target.exec("mv nd moved")).ok
+                await target.snapshot()
+                assert walks == [target.id], "a moved directory: one walk"
+                assert (await target.exec("printf again > moved/again")).ok
+                last = await target.snapshot()
+                assert walks == [target.id], "then the journal again"
+                assert last.stored_bytes == len("again")
+            finally:
+                await restored.release()
