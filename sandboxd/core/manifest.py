@@ -19,9 +19,8 @@ import struct
 import tarfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sandboxd.backends.base import WORKSPACE
 from sandboxd.errors import FailedPrecondition
@@ -35,8 +34,10 @@ _DELTA_FORMAT = 2
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """One workspace entry (a tuple: thousands are made per snapshot, and a
+    frozen dataclass's __init__ costs several times a tuple's)."""
+
     path: str
     kind: str
     mode: int

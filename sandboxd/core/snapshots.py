@@ -49,6 +49,7 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from sandboxd.backends.base import (
     WORKSPACE,
@@ -128,8 +129,10 @@ Stamp = tuple[int, str, str]
 """(size, mtime, ctime) as find printed them."""
 
 
-@dataclass(frozen=True, slots=True)
-class Listed:
+class Listed(NamedTuple):
+    """An entry as a listing describes it (hostfs.Record's fields): a tuple,
+    as thousands are made per snapshot."""
+
     kind: str
     mode: int
     size: int
@@ -308,6 +311,7 @@ class SnapshotManager:
         self._snapshot_pins: Counter[str] = Counter()
         self._watcher = Watcher()
         self._watching = False
+        self._snapshot_locks: dict[str, asyncio.Lock] = {}
         self._baselines: dict[str, Baseline] = {}
         self._tars: OrderedDict[str, bytes] = OrderedDict()
         self._gc_task: asyncio.Task[None] | None = None
@@ -388,6 +392,10 @@ class SnapshotManager:
                 journal = self._baselines.pop(sid).journal
                 if journal is not None:
                     journal.close()
+        for sid in [
+            s for s, lock in self._snapshot_locks.items() if not lock.locked() and s not in self._baselines
+        ]:
+            del self._snapshot_locks[sid]
 
     async def snapshot(
         self,
@@ -414,6 +422,23 @@ class SnapshotManager:
                 "delete snapshots or let them expire"
             )
         self._prune_baselines()
+        # One snapshot of a sandbox at a time: each builds on the baseline the
+        # previous one leaves (and takes what its journal recorded since).
+        async with self._snapshot_locks.setdefault(rec.sandbox_id, asyncio.Lock()):
+            return await self._snapshot_locked(rec, session, labels, policy_version, turn, ttl, tenant, quota)
+
+    async def _snapshot_locked(
+        self,
+        rec: SandboxRecord,
+        session: str,
+        labels: dict[str, str],
+        policy_version: int | None,
+        turn: int,
+        ttl: float,
+        tenant: str,
+        quota: int,
+    ) -> SnapshotInfo:
+        sandbox_id = rec.sandbox_id
         ns = tenant_namespace(tenant)
         pinned: list[str] = []
         prefetch: _Prefetch | None = None
@@ -488,8 +513,11 @@ class SnapshotManager:
             info.chain = [*chain, info.ref()]
             await self._record(info, by_path, quota, baseline, delta)
         except BaseException:
-            if journal is not None and (baseline is None or journal is not baseline.journal):
+            if journal is not None:
+                # A new journal is dropped; a taken one has lost what it
+                # recorded, so the next snapshot walks.
                 journal.close()
+                journal.broken = True
             raise
         finally:
             if prefetch is not None:

@@ -349,8 +349,9 @@ async def test_snapshots_of_a_restored_workspace_follow_its_journal(
     the paths the workspace's change journal recorded (no walk), and every
     one restores to exactly what the sandbox held: edits, new trees and
     links, deletions, a mode change, a same-size rewrite with an old mtime,
-    a write through a shared mapping, a FIFO (left out). A directory moved
-    breaks the journal: that snapshot walks, the next follows a new one."""
+    a write through a shared mapping, a FIFO (left out). A directory moved,
+    or a snapshot that failed after taking the journal, makes the next one
+    walk; the one after follows a new journal."""
     async with running_app(make_settings(tmp_path), engine) as app:
         assert app.snapshots is not None
         manager = app.snapshots
@@ -384,12 +385,25 @@ async def test_snapshots_of_a_restored_workspace_follow_its_journal(
                         assert (await check[0].exec(JOURNAL_VIEW)).text == want, step
                     finally:
                         await check.release()
+                # A snapshot that fails after taking the journal loses nothing:
+                # the next one walks.
+                assert (await target.exec("printf lost > keep/lost && ln -s /etc bad")).ok
+                with pytest.raises(errors.FailedPrecondition, match="leaves the workspace"):
+                    await target.snapshot()
+                assert (await target.exec("rm bad")).ok
+                kept = await target.snapshot()
+                assert walks == [target.id]
+                check = await client.restore(kept.id, timeout=60)
+                try:
+                    assert (await check[0].read_files(["keep/lost"])) == {"keep/lost": b"lost"}
+                finally:
+                    await check.release()
                 assert (await target.exec("mv nd moved")).ok
                 await target.snapshot()
-                assert walks == [target.id], "a moved directory: one walk"
+                assert walks == [target.id] * 2, "a moved directory: one walk"
                 assert (await target.exec("printf again > moved/again")).ok
                 last = await target.snapshot()
-                assert walks == [target.id], "then the journal again"
+                assert walks == [target.id] * 2, "then the journal again"
                 assert last.stored_bytes == len("again")
             finally:
                 await restored.release()
