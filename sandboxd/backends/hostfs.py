@@ -23,10 +23,12 @@ from sandboxd.backends.base import WORKSPACE
 
 OnDir = Callable[[int, str], None]
 
-Record = tuple[str, int, int, str, str, str, str]
-"""(kind, mode, size, mtime, ctime, path, target) as the in-sandbox listing
-prints them: kind as find's %y, times as its %T@ (so either source's stamps
-compare equal), path relative to the workspace, target for links."""
+Record = tuple[str, int, int, str, str, str, str, int]
+"""(kind, mode, size, mtime, ctime, path, target, links) as the in-sandbox
+listing prints the first seven: kind as find's %y, times as its %T@ (so
+either source's stamps compare equal), path relative to the workspace,
+target for links; links is the inode's link count (a file with several
+names changes under all of them)."""
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -55,6 +57,7 @@ def record(st: os.stat_result, path: str, target: str = "") -> Record:
         find_time(st.st_ctime_ns),
         path,
         target,
+        st.st_nlink,
     )
 
 

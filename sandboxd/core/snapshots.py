@@ -140,6 +140,8 @@ class Listed(NamedTuple):
     ctime: str
     path: str
     target: str
+    links: int = 1
+    """Names of the inode (known where the workspace is read in place)."""
 
     @property
     def stamp(self) -> Stamp:
@@ -165,6 +167,9 @@ class Baseline:
     journal: Journal | None = None
     """Records what changed since (workspaces read in place): the next
     snapshot looks at those paths only."""
+    linked: frozenset[str] = frozenset()
+    """Files with more than one name (all of them): a write through one name
+    leaves no event for the others, so they are looked at every time."""
 
     def unchanged(self, item: Listed) -> Entry | None:
         """The recorded entry of ``item`` if the listing shows it untouched
@@ -457,15 +462,28 @@ class SnapshotManager:
                     carried: dict[str, Entry] = {}
                     listing: list[Listed] = []
                     changes = self._changes(baseline) if view is not None else None
+                    captured = None
                     if view is not None and changes is not None:
                         # A journal says what changed since the baseline: look at that only.
                         assert baseline is not None and baseline.journal is not None
                         journal, cutoff = baseline.journal, baseline.cutoff
-                        (cwd, env), captured = await asyncio.gather(
-                            self._session_state(rec, session),
-                            self._capture_changes(ns, view, baseline, changes, pinned),
+                        try:
+                            (cwd, env), captured = await asyncio.gather(
+                                self._session_state(rec, session),
+                                self._capture_changes(ns, view, baseline, changes, pinned),
+                            )
+                        except _Rewalk:
+                            journal, cutoff = None, 0.0
+                            baseline.journal.close()
+                            baseline.journal.broken = True
+                    if captured is not None:
+                        when, by_path, stored, stamps = (
+                            captured.when,
+                            captured.entries,
+                            captured.stored,
+                            captured.stamps,
                         )
-                        when, by_path, stored, stamps, delta = captured
+                        delta, linked = (captured.put, captured.deleted), captured.linked
                     else:
                         if view is not None:
                             journal = self._new_journal(baseline)
@@ -484,6 +502,10 @@ class SnapshotManager:
                             rec, ns, when, listing, baseline, pinned, session, prefetch, carried, view, scan
                         )
                         by_path = {e.path: e for e in entries}
+                        several = (
+                            scan.linked if scan is not None else (i.path for i in listing if i.links > 1)
+                        )
+                        linked = frozenset(p for p in several if p in by_path)
                 finally:
                     if scan is not None:
                         await scan.close()
@@ -532,6 +554,7 @@ class SnapshotManager:
             entries=by_path,
             since=when - _RACY_SECONDS - _DELTA_SLACK,
             journal=journal,
+            linked=linked,
         )
         rec.labels[LABEL_SNAPSHOT] = info.id
         log.info(
@@ -578,15 +601,22 @@ class SnapshotManager:
 
     async def _capture_changes(
         self, ns: str, view: HostWorkspace, baseline: Baseline, changes: Changes, pinned: list[str]
-    ) -> tuple[float, dict[str, Entry], int, dict[str, tuple[Stamp, str]], tuple[list[Entry], list[str]]]:
-        """(time, entries, bytes newly stored, stamps, (entries put, paths
-        deleted)) from what a journal recorded: only the touched paths are
-        looked at (directories made since, whole), only those of them that
-        changed are read. Everything else is the baseline's, carried."""
+    ) -> _Changed:
+        """The snapshot from what a journal recorded: only the touched paths
+        (and files with several names) are looked at, directories made since
+        whole, and only those that changed are read. Everything else is the
+        baseline's, carried. _Rewalk if a file got another name."""
         assert baseline.entries is not None and baseline.journal is not None
         base = baseline.entries
         when = time.time()
-        stats = await asyncio.to_thread(_stat_touched, view, changes, base, baseline.journal.watch)
+        stats = await asyncio.to_thread(
+            _stat_touched, view, changes, base, baseline.journal.watch, baseline.linked
+        )
+        linked = {p for p, r in stats.items() if r is not None and r[0] == "f" and r[7] > 1}
+        if not linked <= baseline.linked:
+            # A file got another name: which other paths share it, only a walk tells.
+            raise _Rewalk
+        linked |= {p for p in baseline.linked if p not in stats}
         entries = dict(base)
         stamps = dict(baseline.files)
         put: dict[str, Entry] = {}
@@ -658,7 +688,7 @@ class SnapshotManager:
         for path in list(put):
             if base.get(path) == put[path]:
                 del put[path]
-        return when, entries, stored, stamps, (list(put.values()), sorted(deleted))
+        return _Changed(when, entries, stored, stamps, list(put.values()), sorted(deleted), frozenset(linked))
 
     async def _list_in_place(
         self, rec: SandboxRecord, view: HostWorkspace, session: str, journal: Journal | None = None
@@ -1270,6 +1300,24 @@ def _remove_file(path: Path) -> None:
         path.unlink()
 
 
+@dataclass
+class _Changed:
+    """A snapshot captured from a journal: its entries, what it stored, the
+    new baseline's stamps, the delta on the old, files with several names."""
+
+    when: float
+    entries: dict[str, Entry]
+    stored: int
+    stamps: dict[str, tuple[Stamp, str]]
+    put: list[Entry]
+    deleted: list[str]
+    linked: frozenset[str]
+
+
+class _Rewalk(Exception):
+    """The journal cannot tell this change apart: walk the workspace."""
+
+
 class _Scan:
     """A host-side scan of a workspace (HostWorkspace.scan) in a worker
     thread that also hashes what it reads: batches of (file, content,
@@ -1281,6 +1329,7 @@ class _Scan:
     def __init__(self, view: HostWorkspace, on_dir: OnDir | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_dir = on_dir
+        self.linked: set[str] = set()
         self._queue: asyncio.Queue[list[tuple[Listed, bytes, str]] | None] = asyncio.Queue()
         self._gate = threading.Semaphore(self._AHEAD)
         self._stop = threading.Event()
@@ -1298,6 +1347,8 @@ class _Scan:
                 if content is None:
                     others.append(Listed(*rec))
                     continue
+                if rec[7] > 1:
+                    self.linked.add(rec[5])
                 batch.append((Listed(*rec), content, hashlib.sha256(content).hexdigest()))
                 size += len(content)
                 if size >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
@@ -1383,12 +1434,13 @@ def _batches(names: list[str], listed: dict[str, Listed]) -> Iterable[list[str]]
 
 
 def _stat_touched(
-    view: HostWorkspace, changes: Changes, base: dict[str, Entry], on_dir: OnDir
+    view: HostWorkspace, changes: Changes, base: dict[str, Entry], on_dir: OnDir, linked: frozenset[str]
 ) -> dict[str, Record | None]:
-    """The current record (None: gone) of every touched path; a directory
-    that is new (or was not one) is walked whole and watched."""
+    """The current record (None: gone) of every touched path and of every
+    file known to have several names; a directory that is new (or was not
+    one) is walked whole and watched."""
     out: dict[str, Record | None] = {}
-    for path in sorted(changes.touched | changes.fresh):
+    for path in sorted(changes.touched | changes.fresh | linked):
         if not path or path in out:
             continue  # the workspace itself, or inside a directory walked already
         record = view.stat(path)

@@ -349,7 +349,8 @@ async def test_snapshots_of_a_restored_workspace_follow_its_journal(
     the paths the workspace's change journal recorded (no walk), and every
     one restores to exactly what the sandbox held: edits, new trees and
     links, deletions, a mode change, a same-size rewrite with an old mtime,
-    a write through a shared mapping, a FIFO (left out). A directory moved,
+    a write through a shared mapping, a FIFO (left out), a write through one
+    name of a file with two. A directory moved, a file given a second name,
     or a snapshot that failed after taking the journal, makes the next one
     walk; the one after follows a new journal."""
     async with running_app(make_settings(tmp_path), engine) as app:
@@ -385,6 +386,20 @@ async def test_snapshots_of_a_restored_workspace_follow_its_journal(
                         assert (await check[0].exec(JOURNAL_VIEW)).text == want, step
                     finally:
                         await check.release()
+                # A file that gets a second name: that snapshot walks to learn
+                # all its names; later writes through one show under both.
+                assert (await target.exec("ln keep/a hard")).ok
+                await target.snapshot()
+                assert walks == [target.id]
+                assert (await target.exec("printf through-a > keep/a")).ok
+                linked = await target.snapshot()
+                assert walks == [target.id]
+                check = await client.restore(linked.id, timeout=60)
+                try:
+                    got = await check[0].read_files(["hard", "keep/a"])
+                    assert got == {"hard": b"through-a", "keep/a": b"through-a"}
+                finally:
+                    await check.release()
                 # A snapshot that fails after taking the journal loses nothing:
                 # the next one walks.
                 assert (await target.exec("printf lost > keep/lost && ln -s /etc bad")).ok
@@ -392,7 +407,7 @@ async def test_snapshots_of_a_restored_workspace_follow_its_journal(
                     await target.snapshot()
                 assert (await target.exec("rm bad")).ok
                 kept = await target.snapshot()
-                assert walks == [target.id]
+                assert walks == [target.id] * 2
                 check = await client.restore(kept.id, timeout=60)
                 try:
                     assert (await check[0].read_files(["keep/lost"])) == {"keep/lost": b"lost"}
@@ -400,10 +415,10 @@ async def test_snapshots_of_a_restored_workspace_follow_its_journal(
                     await check.release()
                 assert (await target.exec("mv nd moved")).ok
                 await target.snapshot()
-                assert walks == [target.id] * 2, "a moved directory: one walk"
+                assert walks == [target.id] * 3, "a moved directory: one walk"
                 assert (await target.exec("printf again > moved/again")).ok
                 last = await target.snapshot()
-                assert walks == [target.id] * 2, "then the journal again"
+                assert walks == [target.id] * 3, "then the journal again"
                 assert last.stored_bytes == len("again")
             finally:
                 await restored.release()

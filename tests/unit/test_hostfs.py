@@ -54,8 +54,8 @@ def find_listing(root: Path) -> set[tuple[str, ...]]:
     return rows
 
 
-def as_rows(records: list[tuple[str, int, int, str, str, str, str]]) -> set[tuple[str, ...]]:
-    return {(k, str(m), str(s), mt, ct, p, t) for k, m, s, mt, ct, p, t in records}
+def as_rows(records: list[tuple[str, int, int, str, str, str, str, int]]) -> set[tuple[str, ...]]:
+    return {(k, str(m), str(s), mt, ct, p, t) for k, m, s, mt, ct, p, t, _ in records}
 
 
 def test_walk_and_scan_describe_entries_as_find_does(tree: Path, view: HostWorkspace) -> None:
@@ -65,6 +65,13 @@ def test_walk_and_scan_describe_entries_as_find_does(tree: Path, view: HostWorks
     scanned = list(view.scan())
     assert as_rows([r for r, _ in scanned]) == want
     contents = {r[5]: c for r, c in scanned if c is not None}
+    os.link(tree / "big", tree / "again")
+    assert {r[5]: r[7] for r, _ in view.scan() if r[0] == "f"} == {
+        "d/f.txt": 1,
+        "big": 2,
+        "again": 2,
+        "empty": 1,
+    }
     assert contents == {"d/f.txt": b"hello", "big": (tree / "big").read_bytes(), "empty": b""}
     assert dict(view.read_files([("big", 200_000), ("d/f.txt", 1), ("pipe", 0), ("link", 1)])) == {
         "big": (tree / "big").read_bytes(),
