@@ -2,6 +2,12 @@
 
     python -m benchmarks.snapshot            # 50 MB / 5,000 files, 3 trials
     python -m benchmarks.snapshot --quick    # 5 MB / 500 files, 1 trial
+    python -m benchmarks.snapshot --through-sandbox   # never read in place
+
+By default the server reads Docker workspaces in place from the host (it runs
+here as root) and follows change journals; ``--through-sandbox`` measures the
+path a remote engine or Kubernetes takes (listing commands, tar streams) and
+writes benchmarks/results/snapshot-through-sandbox.json instead.
 
 Runs ``sandboxd serve`` as a separate process and measures, per trial, on a
 fresh sandbox whose workspace is filled with incompressible random files:
@@ -172,7 +178,7 @@ def docker_commit_run_ms(dk: docker.DockerClient, image: str, instance: str, fil
 
 
 class Server:
-    def __init__(self, instance: str, state_dir: Path) -> None:
+    def __init__(self, instance: str, state_dir: Path, config: str = "") -> None:
         self.port = free_port()
         self._log = (state_dir / "server.log").open("wb")
         cmd = [
@@ -180,6 +186,9 @@ class Server:
             "--host", "127.0.0.1", "--port", str(self.port), "--instance", instance,
             "--state-dir", str(state_dir),
         ]  # fmt: skip
+        if config:
+            (state_dir / "sandboxd.toml").write_text(config)
+            cmd += ["--config", str(state_dir / "sandboxd.toml")]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
@@ -249,7 +258,7 @@ async def trial(
     return out
 
 
-async def run(quick: bool) -> dict[str, Any]:
+async def run(quick: bool, through_sandbox: bool = False) -> dict[str, Any]:
     files, total, trials = (500, 5 << 20, 1) if quick else (5000, 50 << 20, 3)
     fork_n = 8
     image = await asyncio.to_thread(ensure_default_image, log=log)
@@ -257,7 +266,7 @@ async def run(quick: bool) -> dict[str, Any]:
     instance = "bench-snap-" + secrets.token_hex(3)
     load_before = os.getloadavg()[0]
     state = Path(tempfile.mkdtemp(prefix="sandboxd-bench-"))
-    server = Server(instance, state)
+    server = Server(instance, state, "[backend]\nhost_workspaces = false\n" if through_sandbox else "")
     results: list[dict[str, float]] = []
     commit_ms: list[float] = []
     docker_fork_ms: list[float] = []
@@ -301,6 +310,7 @@ async def run(quick: bool) -> dict[str, Any]:
         "raw_tar_bytes": int(med["raw_tar_bytes"]),
         "workspace": {"files": files, "bytes": total, "changed_files": files // 100},
         "trials": trials,
+        "read_path": "through-sandbox" if through_sandbox else "in-place",
         "per_trial": results,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         # 1-minute load averages around the run: on a shared 2-core machine, other
@@ -327,11 +337,17 @@ async def run(quick: bool) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="5 MB / 500 files, one trial")
+    parser.add_argument(
+        "--through-sandbox", action="store_true", help="read workspaces through the sandbox, never in place"
+    )
     args = parser.parse_args()
-    summary = asyncio.run(run(args.quick))
+    summary = asyncio.run(run(args.quick, args.through_sandbox))
     if not args.quick:
-        RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_PATH.write_text(json.dumps(summary, indent=2) + "\n")
+        path = (
+            RESULTS_PATH.with_name("snapshot-through-sandbox.json") if args.through_sandbox else RESULTS_PATH
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -209,6 +210,7 @@ def new_snapshot_id() -> str:
     return "sn-" + secrets.token_hex(12)
 
 
+@functools.lru_cache(maxsize=1024)
 def tenant_namespace(tenant: str) -> str:
     return hashlib.sha256(tenant.encode()).hexdigest()[:16]
 
@@ -498,10 +500,9 @@ class SnapshotManager:
                             cwd, env, when, listing, carried, prefetch = await self._list_through(
                                 rec, baseline, session
                             )
-                        entries, stored, _, stamps = await self._capture(
+                        by_path, stored, stamps = await self._capture(
                             rec, ns, when, listing, baseline, pinned, session, prefetch, carried, view, scan
                         )
-                        by_path = {e.path: e for e in entries}
                         several = (
                             scan.linked if scan is not None else (i.path for i in listing if i.links > 1)
                         )
@@ -761,11 +762,8 @@ class SnapshotManager:
                     await self._catalog.insert(info, manifest, added, quota, base=baseline.snapshot_id)
                     return
         ordered = sorted(by_path.values(), key=lambda e: e.path)
-        refs = {
-            blob_key(tenant_namespace(info.tenant), e.digest): e.size
-            for e in ordered
-            if e.kind == FILE and e.size
-        }
+        ns = tenant_namespace(info.tenant)
+        refs = {blob_key(ns, e.digest): e.size for e in ordered if e.kind == FILE and e.size}
         await self._catalog.insert(info, mf.encode(ordered), refs, quota)
 
     async def _pin_snapshot(self, snapshot_id: str) -> str:
@@ -834,8 +832,8 @@ class SnapshotManager:
         carried: dict[str, Entry] | None = None,
         view: HostWorkspace | None = None,
         scan: _Scan | None = None,
-    ) -> tuple[list[Entry], int, dict[str, int], dict[str, tuple[Stamp, str]]]:
-        """(entries, bytes newly stored, blob refs, new baseline files).
+    ) -> tuple[dict[str, Entry], int, dict[str, tuple[Stamp, str]]]:
+        """(entries by path, bytes newly stored, new baseline files).
         ``carried``: entries a delta listing showed unchanged; ``view``: read
         the files ``listing`` shows changed in place rather than as a tar
         from the sandbox; ``scan``: a host-side scan that lists and reads
@@ -981,9 +979,7 @@ class SnapshotManager:
         for p, item in reused.items():
             # Unchanged against a trusted stamp: as trustworthy as before.
             stamps[p] = (item.stamp, entries[p].digest)
-        ordered = sorted(entries.values(), key=lambda e: e.path)
-        refs = {blob_key(ns, e.digest): e.size for e in ordered if e.kind == FILE and e.size}
-        return ordered, stored, refs, stamps
+        return entries, stored, stamps
 
     async def _get_tar(self, rec: SandboxRecord, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
         stream = self._control.backend.get_tar(rec.handle, WORKSPACE, paths)
