@@ -116,6 +116,8 @@ class Journal:
             self.broken = True
 
     def close(self) -> None:
+        """Stops recording; a closed journal vouches for nothing any more."""
+        self.broken = True
         self._watcher.forget(self)
 
 

@@ -460,6 +460,8 @@ class SnapshotManager:
             with self._control.using(rec):
                 view = await self._host_view(rec)
                 scan: _Scan | None = None
+                # In place, the session's state is asked for beside the capture.
+                state = asyncio.ensure_future(self._session_state(rec, session)) if view is not None else None
                 try:
                     carried: dict[str, Entry] = {}
                     listing: list[Listed] = []
@@ -470,14 +472,10 @@ class SnapshotManager:
                         assert baseline is not None and baseline.journal is not None
                         journal, cutoff = baseline.journal, baseline.cutoff
                         try:
-                            (cwd, env), captured = await asyncio.gather(
-                                self._session_state(rec, session),
-                                self._capture_changes(ns, view, baseline, changes, pinned),
-                            )
+                            captured = await self._capture_changes(ns, view, baseline, changes, pinned)
                         except _Rewalk:
                             journal, cutoff = None, 0.0
                             baseline.journal.close()
-                            baseline.journal.broken = True
                     if captured is not None:
                         when, by_path, stored, stamps = (
                             captured.when,
@@ -493,9 +491,8 @@ class SnapshotManager:
                             # Everything will be read: list and read in one pass.
                             scan = _Scan(view, journal.watch if journal is not None else None)
                             when = scan.when
-                            cwd, env = await self._session_state(rec, session)
                         elif view is not None:
-                            cwd, env, when, listing = await self._list_in_place(rec, view, session, journal)
+                            when, listing = await self._list_in_place(view, journal)
                         else:
                             cwd, env, when, listing, carried, prefetch = await self._list_through(
                                 rec, baseline, session
@@ -507,7 +504,12 @@ class SnapshotManager:
                             scan.linked if scan is not None else (i.path for i in listing if i.links > 1)
                         )
                         linked = frozenset(p for p in several if p in by_path)
+                    if state is not None:
+                        cwd, env = await state
                 finally:
+                    if state is not None and not state.done():
+                        state.cancel()
+                        await asyncio.gather(state, return_exceptions=True)
                     if scan is not None:
                         await scan.close()
                     if view is not None:
@@ -538,9 +540,8 @@ class SnapshotManager:
         except BaseException:
             if journal is not None:
                 # A new journal is dropped; a taken one has lost what it
-                # recorded, so the next snapshot walks.
+                # recorded: closed, it makes the next snapshot walk.
                 journal.close()
-                journal.broken = True
             raise
         finally:
             if prefetch is not None:
@@ -692,20 +693,12 @@ class SnapshotManager:
         return _Changed(when, entries, stored, stamps, list(put.values()), sorted(deleted), frozenset(linked))
 
     async def _list_in_place(
-        self, rec: SandboxRecord, view: HostWorkspace, session: str, journal: Journal | None = None
-    ) -> tuple[str, dict[str, str], float, list[Listed]]:
-        """(cwd, environment, listing time, entries), the workspace walked from
-        the host while the session reports its state (and ``journal`` set to
-        watch every directory as it is walked)."""
-        walking = asyncio.ensure_future(asyncio.to_thread(view.walk, journal.watch if journal else None))
-        try:
-            cwd, env = await self._session_state(rec, session)
-            when, records = await walking
-        finally:
-            if not walking.done():
-                walking.cancel()
-                await asyncio.gather(walking, return_exceptions=True)
-        return cwd, env, when, [Listed(*r) for r in records]
+        self, view: HostWorkspace, journal: Journal | None = None
+    ) -> tuple[float, list[Listed]]:
+        """(listing time, entries): the workspace walked from the host (and
+        ``journal`` set to watch every directory as it is walked)."""
+        when, records = await asyncio.to_thread(view.walk, journal.watch if journal else None)
+        return when, [Listed(*r) for r in records]
 
     async def _list_through(
         self, rec: SandboxRecord, baseline: Baseline | None, session: str
