@@ -609,6 +609,10 @@ class SnapshotManager:
         whole, and only those that changed are read. Everything else is the
         baseline's, carried. _Rewalk if a file got another name."""
         assert baseline.entries is not None and baseline.journal is not None
+        if await self._catalog.depth(baseline.snapshot_id) is None:
+            # The baseline's snapshot is gone, and with it perhaps the blobs of
+            # what would be carried: a walk finds which to read again.
+            raise _Rewalk
         base = baseline.entries
         when = time.time()
         stats = await asyncio.to_thread(
