@@ -13,7 +13,8 @@ Runs ``sandboxd serve`` as a separate process and measures, per trial, on a
 fresh sandbox whose workspace is filled with incompressible random files:
 
 - ``raw_tar_ms``: ``tar -c`` of the workspace inside the container, streamed
-  out through the engine's exec API (the floor for any snapshot);
+  out through the engine's exec API (the floor for a snapshot read through the
+  sandbox; one read in place from the host need not stream anything);
 - ``snapshot_ms``: a full Snapshot RPC (cold blob store for that content);
 - ``restore_ms``: Restore of that snapshot into one warm sandbox;
 - ``incremental_snapshot_ms``: Snapshot of the restored sandbox after 1% of

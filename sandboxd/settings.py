@@ -127,8 +127,9 @@ class DockerBackendSettings:
     (unix socket) and off with a remote one; "" = off."""
     host_workspaces: bool = True
     """Snapshots read workspaces in place when the control plane can see the
-    containers' processes (same host and pid namespace, as root); they fall
-    back to reading through the sandbox otherwise. False = always through it."""
+    containers' processes (same host and pid namespace, as root, default
+    runtime); they fall back to reading through the sandbox otherwise.
+    False = always through it."""
 
 
 @dataclass

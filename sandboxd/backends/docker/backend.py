@@ -432,7 +432,9 @@ class DockerBackend:
         return self._probes[handle]
 
     async def host_workspace(self, handle: str) -> HostWorkspace | None:
-        if not self._options.host_workspaces:
+        # Under another runtime (gVisor, Kata) the container's files are not
+        # what the host sees below its init process's root.
+        if not self._options.host_workspaces or self._options.runtime not in (None, "", "runc"):
             return None
         probe = await self._probe(handle)
         if probe is None:
