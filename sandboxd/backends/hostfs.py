@@ -110,11 +110,9 @@ class HostWorkspace:
         ``on_dir(fd, path)`` is called for each directory before it is
         listed (the top one as "")."""
         when = time.time()
-        out: list[Record] = []
         if on_dir is not None:
             on_dir(self.fd, "")
-        self._walk(self.fd, "", out, on_dir)
-        return when, out
+        return when, [r for r, _ in self._entries(self.fd, "", on_dir, read=False)]
 
     def walk_dir(self, rel: str, on_dir: OnDir | None = None) -> list[Record]:
         """The entry ``rel`` and everything below it ([] if it is gone or no
@@ -126,44 +124,10 @@ class HostWorkspace:
         try:
             if on_dir is not None:
                 on_dir(fd, rel)
-            st = os.fstat(fd)
-            out = [record(st, rel)]
-            self._walk(fd, rel + "/", out, on_dir)
-            return out
+            top = record(os.fstat(fd), rel)
+            return [top, *(r for r, _ in self._entries(fd, rel + "/", on_dir, read=False))]
         finally:
             os.close(fd)
-
-    def _walk(self, dfd: int, prefix: str, out: list[Record], on_dir: OnDir | None = None) -> None:
-        with os.scandir(dfd) as it:
-            entries = list(it)
-        for entry in entries:
-            name = entry.name
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # gone since it was listed
-            path = prefix + name
-            kind = stat.S_IFMT(st.st_mode)
-            if kind == stat.S_IFLNK:
-                try:
-                    target = os.readlink(name, dir_fd=dfd)
-                except OSError:
-                    continue
-                out.append(record(st, path, target))
-            elif kind == stat.S_IFDIR:
-                out.append(record(st, path))
-                try:
-                    cfd = os.open(name, _DIR, dir_fd=dfd)
-                except OSError:
-                    continue  # replaced (by a link, say) since: not followed
-                try:
-                    if on_dir is not None:
-                        on_dir(cfd, path)
-                    self._walk(cfd, path + "/", out, on_dir)
-                finally:
-                    os.close(cfd)
-            else:
-                out.append(record(st, path))
 
     def scan(self, on_dir: OnDir | None = None) -> Iterator[tuple[Record, bytes | None]]:
         """Every entry below the root, as walk() lists them, each regular
@@ -173,16 +137,18 @@ class HostWorkspace:
         older than itself. ``on_dir`` as for walk()."""
         if on_dir is not None:
             on_dir(self.fd, "")
-        return self._scan(self.fd, "", on_dir)
+        return self._entries(self.fd, "", on_dir, read=True)
 
-    def _scan(self, dfd: int, prefix: str, on_dir: OnDir | None) -> Iterator[tuple[Record, bytes | None]]:
+    def _entries(
+        self, dfd: int, prefix: str, on_dir: OnDir | None, *, read: bool
+    ) -> Iterator[tuple[Record, bytes | None]]:
         with os.scandir(dfd) as it:
             entries = list(it)
         for entry in entries:
             name = entry.name
             path = prefix + name
             # The directory's type field tells files apart without a call.
-            if entry.is_file(follow_symlinks=False):
+            if read and entry.is_file(follow_symlinks=False):
                 got = _scan_file(dfd, name, path)
                 if got is not None:
                     yield got
@@ -190,7 +156,7 @@ class HostWorkspace:
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
-                continue
+                continue  # gone since it was listed
             kind = stat.S_IFMT(st.st_mode)
             if kind == stat.S_IFLNK:
                 try:
@@ -202,14 +168,14 @@ class HostWorkspace:
                 try:
                     cfd = os.open(name, _DIR, dir_fd=dfd)
                 except OSError:
-                    continue
+                    continue  # replaced (by a link, say) since: not followed
                 try:
                     if on_dir is not None:
                         on_dir(cfd, path)
-                    yield from self._scan(cfd, path + "/", on_dir)
+                    yield from self._entries(cfd, path + "/", on_dir, read=read)
                 finally:
                     os.close(cfd)
-            elif kind == stat.S_IFREG:  # became a file since it was listed
+            elif read and kind == stat.S_IFREG:  # became a file since it was listed
                 got = _scan_file(dfd, name, path)
                 if got is not None:
                     yield got

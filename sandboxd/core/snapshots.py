@@ -655,21 +655,13 @@ class SnapshotManager:
             if item.kind == "f":
                 need[path] = item
                 continue
-            if item.kind == "d":
-                entry = prev or Entry(path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
-            elif item.kind == "l":
-                if mf.link_escapes(path, item.target):
-                    raise FailedPrecondition(
-                        f"{WORKSPACE}/{path}: symlink to {item.target!r} leaves the workspace; "
-                        "snapshots carry only links that stay inside it"
-                    )
-                entry = prev or Entry(path, LINK, 0o777, target=item.target, mtime=float(item.mtime))
-            else:
+            described = _not_a_file(item, prev)
+            if described is None:
                 drop(path)  # not something a snapshot carries (a FIFO, a socket)
                 continue
             stamps.pop(path, None)
-            if base.get(path) != entry:
-                entries[path] = put[path] = entry
+            if base.get(path) != described:
+                entries[path] = put[path] = described
         stored = 0
         for run in _batches(sorted(need), need):
             got = await asyncio.to_thread(_read_hashed, view, [(n, need[n].size) for n in run])
@@ -842,30 +834,18 @@ class SnapshotManager:
 
         def classify(items: list[Listed]) -> None:
             for item in items:
-                if item.kind == "d":
-                    prev = baseline.unchanged(item) if baseline is not None else None
-                    entries[item.path] = prev or Entry(
-                        item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime)
-                    )
-                elif item.kind == "l":
-                    if mf.link_escapes(item.path, item.target):
-                        raise FailedPrecondition(
-                            f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
-                            "snapshots carry only links that stay inside it"
-                        )
-                    entries[item.path] = Entry(
-                        item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime)
-                    )
-                elif item.kind == "f":
+                prev = baseline.unchanged(item) if baseline is not None else None
+                if item.kind == "f":
                     known = baseline.digest_of(item) if baseline is not None else None
                     if known is not None:
                         reused[item.path] = item
-                        assert baseline is not None
-                        entries[item.path] = baseline.unchanged(item) or Entry(
+                        entries[item.path] = prev or Entry(
                             item.path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
                         )
                     else:
                         need[item.path] = item
+                elif (described := _not_a_file(item, prev)) is not None:
+                    entries[item.path] = described
                 else:
                     log.info("snapshot of %s skips %s (type %s)", rec.sandbox_id, item.path, item.kind)
 
@@ -1262,6 +1242,22 @@ class SnapshotManager:
 
     def forget_tar_cache(self) -> None:
         self._tars.clear()
+
+
+def _not_a_file(item: Listed, prev: Entry | None) -> Entry | None:
+    """The entry of a listed directory or symlink (``prev`` where it is
+    unchanged); None for what a snapshot does not carry (FIFOs, sockets).
+    FailedPrecondition for a link that leaves the workspace."""
+    if item.kind == "d":
+        return prev or Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
+    if item.kind == "l":
+        if mf.link_escapes(item.path, item.target):
+            raise FailedPrecondition(
+                f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
+                "snapshots carry only links that stay inside it"
+            )
+        return prev or Entry(item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime))
+    return None
 
 
 def _as_listed(e: Entry) -> Listed:
