@@ -1,6 +1,6 @@
 """Snapshot, restore and fork through sandboxd on Docker, beside the baselines.
 
-    python -m benchmarks.snapshot            # 50 MB / 5,000 files, 3 trials
+    python -m benchmarks.snapshot            # 50 MB / 5,000 files, 5 trials (medians: this machine is noisy)
     python -m benchmarks.snapshot --quick    # 5 MB / 500 files, 1 trial
     python -m benchmarks.snapshot --through-sandbox   # never read in place
 
@@ -260,7 +260,7 @@ async def trial(
 
 
 async def run(quick: bool, through_sandbox: bool = False) -> dict[str, Any]:
-    files, total, trials = (500, 5 << 20, 1) if quick else (5000, 50 << 20, 3)
+    files, total, trials = (500, 5 << 20, 1) if quick else (5000, 50 << 20, 5)
     fork_n = 8
     image = await asyncio.to_thread(ensure_default_image, log=log)
     dk = docker.from_env()
