@@ -198,19 +198,25 @@ class HostWorkspace:
 
     def stat(self, rel: str) -> Record | None:
         """The entry ``rel`` (a link is described, not followed); None if gone."""
-        parent, _, name = rel.rpartition("/")
-        try:
-            pfd = _open_dirs(self.fd, parent)
-        except OSError:
-            return None
-        try:
-            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-            target = os.readlink(name, dir_fd=pfd) if stat.S_ISLNK(st.st_mode) else ""
-            return record(st, rel, target)
-        except OSError:
-            return None
-        finally:
-            os.close(pfd)
+        return next(self.stat_many([rel]))[1]
+
+    def stat_many(self, rels: Iterable[str]) -> Iterator[tuple[str, Record | None]]:
+        """(path, record or None if gone) for each path; best sorted, so that
+        each directory is opened once for the paths in it."""
+        with _Parents(self.fd) as parents:
+            for rel in rels:
+                parent, _, name = rel.rpartition("/")
+                pfd = parents.open(parent)
+                if pfd < 0:
+                    yield rel, None
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                    target = os.readlink(name, dir_fd=pfd) if stat.S_ISLNK(st.st_mode) else ""
+                except OSError:
+                    yield rel, None
+                    continue
+                yield rel, record(st, rel, target)
 
     # -- reading --------------------------------------------------------------
 
@@ -218,22 +224,41 @@ class HostWorkspace:
         """(path, content) for each (path, expected size), None for one that
         is no longer a regular file. Paths of one directory are best passed
         together: its descriptor is opened once for them."""
-        parent_path: str | None = None
-        pfd = -1
-        try:
+        with _Parents(self.fd) as parents:
             for rel, size in paths:
                 parent, _, name = rel.rpartition("/")
-                if parent != parent_path:
-                    if pfd >= 0:
-                        os.close(pfd)
-                        pfd = -1
-                    parent_path = parent
-                    with contextlib.suppress(OSError):
-                        pfd = _open_dirs(self.fd, parent)
+                pfd = parents.open(parent)
                 yield rel, (_read_regular(pfd, name, size) if pfd >= 0 else None)
-        finally:
-            if pfd >= 0:
-                os.close(pfd)
+
+
+class _Parents:
+    """The directory a run of paths lies in, opened once for the run (sorted
+    paths keep a directory's entries together)."""
+
+    def __init__(self, root: int) -> None:
+        self._root = root
+        self._path: str | None = None
+        self._fd = -1
+
+    def open(self, rel: str) -> int:
+        """A descriptor of directory ``rel``; -1 if it cannot be opened."""
+        if rel != self._path:
+            self.close()
+            self._path = rel
+            with contextlib.suppress(OSError):
+                self._fd = _open_dirs(self._root, rel)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+
+    def __enter__(self) -> _Parents:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def _open_dirs(fd: int, rel: str) -> int:

@@ -18,6 +18,7 @@ from sandboxd import errors
 from sandboxd.app import App, build_app
 from sandboxd.client import AsyncClient, Sandbox
 from sandboxd.core import manifest as mf
+from sandboxd.core import snapshots
 from sandboxd.core.snapshots import LABEL_SNAPSHOT, blob_key, tenant_namespace
 from sandboxd.settings import DockerBackendSettings
 from tests.integration.conftest import make_settings, poll, running_app
@@ -443,3 +444,38 @@ async def test_a_snapshot_after_its_parent_was_deleted_and_collected_is_whole(
         assert got == {"d/one": b"one", "two": b"two", "three": b"three"}
     finally:
         await restored.release()
+
+
+async def test_a_journal_that_recorded_most_of_the_workspace_is_answered_by_a_walk(
+    tmp_path: Path, engine: docker.DockerClient, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite of most files costs less as one walk than as a look per
+    recorded path; the snapshot is the same either way."""
+    monkeypatch.setattr(snapshots, "_REWALK_TOUCHED", 2)
+    async with running_app(make_settings(tmp_path), engine) as app:
+        assert app.snapshots is not None
+        walks: list[str] = []
+        real_list = app.snapshots._list_in_place
+
+        async def spy_list(*a: Any, **kw: Any) -> Any:
+            walks.append("walk")
+            return await real_list(*a, **kw)
+
+        monkeypatch.setattr(app.snapshots, "_list_in_place", spy_list)
+        async with AsyncClient(app.address) as client:
+            await client.create_pool("w", image, min_ready=1, max_size=2)
+            async with client.acquire("w", timeout=60) as sb:
+                assert (await sb.exec("for f in a b c d; do printf $f > $f; done")).ok
+                await sb.snapshot()
+                assert (await sb.exec("printf x > d")).ok
+                await sb.snapshot()
+                assert walks == [], "a small change follows the journal"
+                assert (await sb.exec("for f in a b c; do printf $f$f > $f; done")).ok
+                snap = await sb.snapshot()
+                assert walks == ["walk"]
+            restored = await client.restore(snap.id, timeout=60)
+            try:
+                got = await restored[0].read_files(["a", "b", "c", "d"])
+                assert got == {"a": b"aa", "b": b"bb", "c": b"cc", "d": b"x"}
+            finally:
+                await restored.release()
