@@ -1,37 +1,37 @@
 """Environment snapshots: capture, restore, fork, lineage, retention and GC.
 
-Capture. One listing command (``find -printf``: type, mode, size, mtime,
-ctime, path, link target) runs in the sandbox; the session's cwd and exported
-environment are read by a command run in that session. A sandbox with a
-*baseline* (what it held when it was last restored or snapshotted) is listed
-as a delta: full records only of entries whose ctime is past the baseline's
-time (user space cannot set ctime) and the bare names of all, so deletions
-and moves show and everything else is carried over as it was. Regular files
-whose (size, mtime, ctime) equal the baseline's keep their known digest and
-are not read again; the rest come out through the backend's ``get_tar`` and are split,
-while the stream arrives, into per-file blobs keyed by their sha256 (under a
-per-tenant namespace) and written a batch at a time as one pack
-(sandboxd.core.packs). Only blobs the store does not hold are written, so
-unchanged files are stored once across snapshots and an incremental snapshot
-costs what changed. A snapshot whose baseline came from snapshot P records P
-as its parent and inherits P's chain.
+Capture. Where the control plane sees a workspace from the host
+(sandboxd.backends.hostfs) a first snapshot lists, reads and hashes it in
+one pass (sandboxd.core.capture); later ones look only at the paths the
+workspace's change journal recorded since (sandboxd.backends.hostwatch),
+or walk it when the journal cannot vouch for that. Elsewhere one listing
+command (``find -printf``) runs in the sandbox, against a baseline as a
+delta (full records only of entries whose ctime passed the baseline's time,
+bare names of the rest), and contents come out through the backend's
+``get_tar``. Either way files whose (size, mtime, ctime) equal the
+baseline's (sandboxd.core.listing) keep their known digest and are not read
+again; new contents become per-file blobs keyed by their sha256 under a
+per-tenant namespace, written a batch at a time as one pack
+(sandboxd.core.packs), so unchanged files are stored once. The session's cwd
+and exported environment come from a command run in that session. A snapshot
+on a baseline from snapshot P records P as its parent, inherits P's chain,
+and is recorded as a delta on P's manifest (sandboxd.core.snapshot_catalog).
 
-Restore. The manifest is checked (paths, kinds, modes, symlink targets) and
-sized against the target pool's limits; blobs are read and verified against
-their digests (sandboxd.core.packs: read by range from the packs they lie
-in) and a tar is built, all *before* any sandbox is touched. Then
-n warm sandboxes are leased through ``ControlPlane.acquire`` under one lease,
-the tar is extracted into each (handed over as a file where the backend can
-take one, so a fork of n does not push the archive n times through the
-engine), modes a non-root extraction would lose are
-re-applied, and the session's cwd and environment are set in a session of the
-same name. Any failure releases (destroys) every sandbox of the lease.
+Restore. The manifest is resolved and checked (paths, kinds, modes, symlink
+targets) and sized against the target pool's limits; blobs are read and
+verified against their digests and a tar is built, all *before* any sandbox
+is touched. Then n warm sandboxes are leased under one lease, and in each one
+command of the session extracts the tar (handed over as a file where the
+backend can, so a fork of n does not push it n times through the engine),
+re-applies modes a non-root extraction loses and sets cwd and environment.
+Any failure releases (destroys) every sandbox of the lease.
 
-GC. Mark and sweep under one lock: expired snapshots are dropped, the mark set
-is every key a remaining snapshot references plus every key *pinned* by a
-snapshot or restore in flight, and unmarked store keys are deleted. Capture
-pins a blob under the same lock before it checks whether the store holds it,
-so the sweep can never delete a blob a new snapshot is about to rely on.
+GC. Mark and sweep under one lock: expired snapshots are dropped (hidden
+while a delta needs them), the mark set is every key a remaining snapshot
+references plus every key *pinned* by a snapshot or restore in flight, and
+unmarked store keys are deleted. Capture pins a blob under the same lock
+before it checks whether the store holds it, so the sweep can never delete a
+blob a new snapshot is about to rely on.
 """
 
 from __future__ import annotations
@@ -44,13 +44,11 @@ import logging
 import os
 import secrets
 import tempfile
-import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from sandboxd.backends.base import (
     WORKSPACE,
@@ -61,14 +59,12 @@ from sandboxd.backends.base import (
     OutputChunk,
     StagedTars,
 )
-from sandboxd.backends.hostfs import HostWorkspace, OnDir, Record
+from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwatch import Changes, Journal, Watcher
-from sandboxd.backends.shell import is_env_name
 from sandboxd.backends.snapshot_shell import (
     LIST_SCRIPT,
     RECORDS_SCRIPT,
     SESSION_STATE_SCRIPT,
-    SHELL_OWNED,
     STATE_SCRIPT,
     TAR_SCRIPT,
     delta_script,
@@ -77,10 +73,33 @@ from sandboxd.backends.snapshot_shell import (
 from sandboxd.clock import Clock
 from sandboxd.core import manifest as mf
 from sandboxd.core import validation as v
+from sandboxd.core.capture import (
+    BATCH_BYTES,
+    BATCH_FILES,
+    Changed,
+    Prefetch,
+    Rewalk,
+    Scan,
+    batches,
+    once,
+    read_hashed,
+    sha256_all,
+    stat_touched,
+)
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
-from sandboxd.core.manifest import DIR, FILE, LINK, Entry, UnsafeSnapshot
+from sandboxd.core.listing import (
+    Baseline,
+    Listed,
+    Stamp,
+    as_listed,
+    not_a_file,
+    parse_delta,
+    parse_listing,
+    parse_session_state,
+)
+from sandboxd.core.manifest import DIR, FILE, Entry, UnsafeSnapshot
 from sandboxd.core.packs import PackedBlobs
 from sandboxd.core.snapshot_catalog import MAX_DEPTH, BaseGone, ChainRef, SnapshotCatalog, SnapshotInfo
 from sandboxd.core.tarstream import HARDLINK, read_members
@@ -115,10 +134,6 @@ _DELTA_SLACK = 0.01
 _MAX_PATH_ARGS = 256 << 10
 # Change sets up to this size are read through the session (no exec start).
 _SESSION_TAR_BYTES = 8 << 20
-# Each batch of new contents becomes one pack; small enough that hashing and
-# writing the last one adds little after the stream ends.
-_BATCH_BYTES = 16 << 20
-_BATCH_FILES = 4096
 _TAR_CACHE_BYTES = 256 << 20
 # A journal that recorded more paths than this, and more than half the
 # workspace, is answered by a walk instead (cheaper per entry).
@@ -126,80 +141,6 @@ _REWALK_TOUCHED = 1000
 # Archives above this are handed to a backend that can take files as a file;
 # smaller ones already travel cheaply through a sandbox shell's stdin.
 _STAGE_MIN_BYTES = 64 << 10
-
-_KIND = {"f": FILE, "d": DIR, "l": LINK}
-
-Stamp = tuple[int, str, str]
-"""(size, mtime, ctime) as find printed them."""
-
-
-class Listed(NamedTuple):
-    """An entry as a listing describes it (hostfs.Record's fields): a tuple,
-    as thousands are made per snapshot."""
-
-    kind: str
-    mode: int
-    size: int
-    mtime: str
-    ctime: str
-    path: str
-    target: str
-    links: int = 1
-    """Names of the inode (known where the workspace is read in place)."""
-
-    @property
-    def stamp(self) -> Stamp:
-        return (self.size, self.mtime, self.ctime)
-
-
-@dataclass
-class Baseline:
-    """What a live sandbox's workspace held when it was last restored or
-    snapshotted: stamps and digests of its regular files."""
-
-    snapshot_id: str
-    chain: list[ChainRef]
-    files: dict[str, tuple[Stamp, str]] = field(default_factory=dict)
-    """After a snapshot: (stamp, digest), unchanged while the stamp is."""
-    cutoff: float = 0.0
-    """After a restore: a file of ``entries`` is as restored while its ctime
-    is below this (0: not from a restore)."""
-    entries: dict[str, Entry] | None = None
-    """Every entry it held (shared, never mutated): the next snapshot lists
-    only what changed since ``since`` and carries the rest over."""
-    since: float = 0.0
-    journal: Journal | None = None
-    """Records what changed since (workspaces read in place): the next
-    snapshot looks at those paths only."""
-    linked: frozenset[str] = frozenset()
-    """Files with more than one name (all of them): a write through one name
-    leaves no event for the others, so they are looked at every time."""
-
-    def unchanged(self, item: Listed) -> Entry | None:
-        """The recorded entry of ``item`` if the listing shows it untouched
-        since that record: carried as recorded (a restore sets whole-second
-        mtimes, so a fresh record would differ from the snapshot's in the
-        fraction alone)."""
-        if self.entries is None:
-            return None
-        prev = self.entries.get(item.path)
-        if prev is None or prev.mode != item.mode & 0o1777 or prev.kind != _KIND.get(item.kind):
-            return None
-        if prev.kind == FILE:
-            return prev if self.digest_of(item) == prev.digest else None
-        # A directory: unchanged while its ctime is below the restore's cutoff
-        # (after a snapshot, a fresh record is equal anyway).
-        return prev if self.cutoff and float(item.ctime) < self.cutoff else None
-
-    def digest_of(self, item: Listed) -> str | None:
-        """The digest of ``item`` if it is known to be unchanged."""
-        known = self.files.get(item.path)
-        if known is not None:
-            return known[1] if known[0] == item.stamp else None
-        written = self.entries.get(item.path) if self.cutoff and self.entries is not None else None
-        if written is not None and written.kind == FILE and written.size == item.size:
-            return written.digest if float(item.ctime) < self.cutoff else None
-        return None
 
 
 @dataclass(frozen=True)
@@ -220,84 +161,6 @@ def tenant_namespace(tenant: str) -> str:
 
 def blob_key(namespace: str, digest: str) -> str:
     return f"{namespace}/{digest[:2]}/{digest}"
-
-
-def _fields(data: bytes) -> tuple[float, list[bytes]]:
-    fields = data.split(b"\x00")
-    if not fields or fields[-1] != b"":
-        raise BackendError("workspace listing is malformed (truncated?)")
-    try:
-        return float(fields[0]), fields[1:-1]
-    except ValueError as e:
-        raise BackendError(f"workspace listing is malformed: {fields[0][:80]!r}") from e
-
-
-def _records(body: list[bytes]) -> list[Listed]:
-    if len(body) % 3:
-        raise BackendError("workspace listing is malformed (odd record)")
-    out: list[Listed] = []
-    for i in range(0, len(body), 3):
-        head = body[i].split(b" ")
-        if len(head) != 5:
-            raise BackendError(f"workspace listing is malformed: {body[i][:80]!r}")
-        kind, mode, size, mtime, ctime = (h.decode() for h in head)
-        out.append(
-            Listed(
-                kind=kind,
-                mode=int(mode, 8),
-                size=int(size),
-                mtime=mtime,
-                ctime=ctime,
-                path=body[i + 1].decode("utf-8", "surrogateescape").removeprefix("./"),
-                target=body[i + 2].decode("utf-8", "surrogateescape"),
-            )
-        )
-    return out
-
-
-def parse_listing(data: bytes) -> tuple[float, list[Listed]]:
-    """(listing time, entries) from LIST_SCRIPT's (or RECORDS_SCRIPT's) output."""
-    when, body = _fields(data)
-    return when, _records(body)
-
-
-def parse_delta(data: bytes) -> tuple[float, list[Listed], list[str]]:
-    """(listing time, changed entries, names of all entries) from a
-    delta_script's output."""
-    when, body = _fields(data)
-    records: list[bytes] = []
-    names: list[str] = []
-    i = 0
-    while i < len(body):
-        field = body[i]
-        if field[:1] == b"R" and i + 2 < len(body):
-            records += (field[1:], body[i + 1], body[i + 2])
-            names.append(body[i + 1].decode("utf-8", "surrogateescape"))
-            i += 3
-        elif field[:1] == b"N":
-            names.append(field[1:].decode("utf-8", "surrogateescape"))
-            i += 1
-        else:
-            raise BackendError(f"delta listing is malformed: {field[:80]!r}")
-    return when, _records(records), names
-
-
-def parse_session_state(data: bytes) -> tuple[str, dict[str, str], bytes]:
-    """(cwd, exported environment, the listing that follows) from
-    STATE_SCRIPT's output; variables that belong to the shell or to sandboxd
-    are left out."""
-    end = data.find(b"\x00\x00")
-    first = data.find(b"\x00")
-    if first < 0 or end < 0:
-        raise BackendError("session state is malformed")
-    cwd = data[:first].decode("utf-8", "surrogateescape")
-    env: dict[str, str] = {}
-    for item in data[first + 1 : end + 1].split(b"\x00")[:-1]:
-        name, sep, value = item.decode("utf-8", "surrogateescape").partition("=")
-        if not sep or not is_env_name(name) or name.startswith("SANDBOXD_") or name in SHELL_OWNED:
-            continue
-        env[name] = value
-    return cwd, env, data[end + 2 :]
 
 
 class SnapshotManager:
@@ -452,7 +315,7 @@ class SnapshotManager:
         sandbox_id = rec.sandbox_id
         ns = tenant_namespace(tenant)
         pinned: list[str] = []
-        prefetch: _Prefetch | None = None
+        prefetch: Prefetch | None = None
         baseline = self._baselines.get(rec.sandbox_id)
         # The snapshot this one may be recorded as a delta on stays (hidden
         # at worst) until it is recorded.
@@ -463,7 +326,7 @@ class SnapshotManager:
         try:
             with self._control.using(rec):
                 view = await self._host_view(rec)
-                scan: _Scan | None = None
+                scan: Scan | None = None
                 # In place, the session's state is asked for beside the capture.
                 state = asyncio.ensure_future(self._session_state(rec, session)) if view is not None else None
                 try:
@@ -477,7 +340,7 @@ class SnapshotManager:
                         journal, cutoff = baseline.journal, baseline.cutoff
                         try:
                             captured = await self._capture_changes(ns, view, baseline, changes, pinned)
-                        except _Rewalk:
+                        except Rewalk:
                             journal, cutoff = None, 0.0
                             baseline.journal.close()
                     if captured is not None:
@@ -493,7 +356,7 @@ class SnapshotManager:
                             journal = self._new_journal(baseline)
                         if view is not None and baseline is None:
                             # Everything will be read: list and read in one pass.
-                            scan = _Scan(view, journal.watch if journal is not None else None)
+                            scan = Scan(view, journal.watch if journal is not None else None)
                             when = scan.when
                         elif view is not None:
                             when, listing = await self._list_in_place(view, journal)
@@ -608,27 +471,27 @@ class SnapshotManager:
 
     async def _capture_changes(
         self, ns: str, view: HostWorkspace, baseline: Baseline, changes: Changes, pinned: list[str]
-    ) -> _Changed:
+    ) -> Changed:
         """The snapshot from what a journal recorded: only the touched paths
         (and files with several names) are looked at, directories made since
         whole, and only those that changed are read. Everything else is the
-        baseline's, carried. _Rewalk if a file got another name."""
+        baseline's, carried. Rewalk if a file got another name."""
         assert baseline.entries is not None and baseline.journal is not None
         if await self._catalog.depth(baseline.snapshot_id) is None:
             # The baseline's snapshot is gone, and with it perhaps the blobs of
             # what would be carried: a walk finds which to read again.
-            raise _Rewalk
+            raise Rewalk
         if len(changes.touched) > max(_REWALK_TOUCHED, len(baseline.entries) // 2):
-            raise _Rewalk  # most of it changed: one walk costs less than a look per path
+            raise Rewalk  # most of it changed: one walk costs less than a look per path
         base = baseline.entries
         when = time.time()
         stats = await asyncio.to_thread(
-            _stat_touched, view, changes, base, baseline.journal.watch, baseline.linked
+            stat_touched, view, changes, base, baseline.journal.watch, baseline.linked
         )
         linked = {p for p, r in stats.items() if r is not None and r[0] == "f" and r[7] > 1}
         if not linked <= baseline.linked:
             # A file got another name: which other paths share it, only a walk tells.
-            raise _Rewalk
+            raise Rewalk
         linked |= {p for p in baseline.linked if p not in stats}
         entries = dict(base)
         stamps = dict(baseline.files)
@@ -662,7 +525,7 @@ class SnapshotManager:
             if item.kind == "f":
                 need[path] = item
                 continue
-            described = _not_a_file(item, prev)
+            described = not_a_file(item, prev)
             if described is None:
                 drop(path)  # not something a snapshot carries (a FIFO, a socket)
                 continue
@@ -670,8 +533,8 @@ class SnapshotManager:
             if base.get(path) != described:
                 entries[path] = put[path] = described
         stored = 0
-        for run in _batches(sorted(need), need):
-            got = await asyncio.to_thread(_read_hashed, view, [(n, need[n].size) for n in run])
+        for run in batches(sorted(need), need):
+            got = await asyncio.to_thread(read_hashed, view, [(n, need[n].size) for n in run])
             blobs: dict[str, bytes] = {}
             read = set()
             for name, content, digest in got:
@@ -693,7 +556,7 @@ class SnapshotManager:
         for path in list(put):
             if base.get(path) == put[path]:
                 del put[path]
-        return _Changed(when, entries, stored, stamps, list(put.values()), sorted(deleted), frozenset(linked))
+        return Changed(when, entries, stored, stamps, list(put.values()), sorted(deleted), frozenset(linked))
 
     async def _list_in_place(
         self, view: HostWorkspace, journal: Journal | None = None
@@ -705,13 +568,13 @@ class SnapshotManager:
 
     async def _list_through(
         self, rec: SandboxRecord, baseline: Baseline | None, session: str
-    ) -> tuple[str, dict[str, str], float, list[Listed], dict[str, Entry], _Prefetch | None]:
+    ) -> tuple[str, dict[str, str], float, list[Listed], dict[str, Entry], Prefetch | None]:
         """The same through commands in the sandbox: a delta listing against
         ``baseline`` where it has one; the first snapshot of a large workspace
         starts its tar stream (returned) while the listing runs."""
-        prefetch: _Prefetch | None = None
+        prefetch: Prefetch | None = None
         if baseline is None and await self._large(rec):
-            prefetch = _Prefetch(self._get_tar(rec, (".",)))
+            prefetch = Prefetch(self._get_tar(rec, (".",)))
         try:
             delta = baseline is not None and baseline.entries is not None
             script = STATE_SCRIPT if session else LIST_SCRIPT
@@ -824,10 +687,10 @@ class SnapshotManager:
         baseline: Baseline | None,
         pinned: list[str],
         session: str,
-        prefetch: _Prefetch | None = None,
+        prefetch: Prefetch | None = None,
         carried: dict[str, Entry] | None = None,
         view: HostWorkspace | None = None,
-        scan: _Scan | None = None,
+        scan: Scan | None = None,
     ) -> tuple[dict[str, Entry], int, dict[str, tuple[Stamp, str]]]:
         """(entries by path, bytes newly stored, new baseline files).
         ``carried``: entries a delta listing showed unchanged; ``view``: read
@@ -851,7 +714,7 @@ class SnapshotManager:
                         )
                     else:
                         need[item.path] = item
-                elif (described := _not_a_file(item, prev)) is not None:
+                elif (described := not_a_file(item, prev)) is not None:
                     entries[item.path] = described
                 else:
                     log.info("snapshot of %s skips %s (type %s)", rec.sandbox_id, item.path, item.kind)
@@ -867,7 +730,7 @@ class SnapshotManager:
             gone = await self.blobs.missing(sorted(keys))
             for p in list(kept):
                 if entries[p].size and blob_key(ns, entries[p].digest) in gone:
-                    need[p] = reused.pop(p) if p in reused else _as_listed(entries[p])
+                    need[p] = reused.pop(p) if p in reused else as_listed(entries[p])
                     kept.discard(p)
                     del entries[p]
         stored = 0
@@ -883,7 +746,7 @@ class SnapshotManager:
             try:
                 if hashed is None:
                     # sha256 releases the GIL: hashing overlaps with reading the stream.
-                    hashed = await asyncio.to_thread(_sha256_all, [content for _, _, content in files])
+                    hashed = await asyncio.to_thread(sha256_all, [content for _, _, content in files])
                 blobs: dict[str, bytes] = {}
                 for (name, item, content), digest in zip(files, hashed, strict=True):
                     digests[name] = digest
@@ -917,8 +780,8 @@ class SnapshotManager:
             elif need and view is not None:
                 # One reader thread: per-file work is short calls that drop
                 # the GIL, and two such threads measured slower than one.
-                for run in _batches(sorted(need), need):
-                    got = await asyncio.to_thread(_read_hashed, view, [(n, need[n].size) for n in run])
+                for run in batches(sorted(need), need):
+                    got = await asyncio.to_thread(read_hashed, view, [(n, need[n].size) for n in run])
                     await slots.acquire()
                     files = [(name, need[name], content) for name, content, _ in got]
                     writers.add(asyncio.create_task(write(files, [digest for _, _, digest in got])))
@@ -930,7 +793,7 @@ class SnapshotManager:
                     stream = prefetch.chunks()
                 elif session and sum(i.size + 1024 for i in need.values()) <= _SESSION_TAR_BYTES:
                     stdin = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in names)
-                    stream = _once(await self._run(rec, TAR_SCRIPT, session=session, stdin=stdin))
+                    stream = once(await self._run(rec, TAR_SCRIPT, session=session, stdin=stdin))
                 else:
                     stream = self._get_tar(rec, paths)
                 async for member, content in read_members(stream):
@@ -942,7 +805,7 @@ class SnapshotManager:
                     elif member.is_file:
                         batch.append((member.name, wanted, content))
                         batch_bytes += len(content)
-                        if batch_bytes >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
+                        if batch_bytes >= BATCH_BYTES or len(batch) >= BATCH_FILES:
                             await flush()
                 await flush()
             for size in await asyncio.gather(*writers):
@@ -1251,28 +1114,6 @@ class SnapshotManager:
         self._tars.clear()
 
 
-def _not_a_file(item: Listed, prev: Entry | None) -> Entry | None:
-    """The entry of a listed directory or symlink (``prev`` where it is
-    unchanged); None for what a snapshot does not carry (FIFOs, sockets).
-    FailedPrecondition for a link that leaves the workspace."""
-    if item.kind == "d":
-        return prev or Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
-    if item.kind == "l":
-        if mf.link_escapes(item.path, item.target):
-            raise FailedPrecondition(
-                f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
-                "snapshots carry only links that stay inside it"
-            )
-        return prev or Entry(item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime))
-    return None
-
-
-def _as_listed(e: Entry) -> Listed:
-    """A carried-over file as a listing record, should it have to be read
-    again; its ctime is unknown, so nothing trusts its stamp later."""
-    return Listed(FILE, e.mode, e.size, repr(e.mtime), "0", e.path, "")
-
-
 def _write_file(path: Path, data: bytes) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -1294,186 +1135,6 @@ def _read_file(path: Path | None) -> bytes:
 def _remove_file(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-
-
-@dataclass
-class _Changed:
-    """A snapshot captured from a journal: its entries, what it stored, the
-    new baseline's stamps, the delta on the old, files with several names."""
-
-    when: float
-    entries: dict[str, Entry]
-    stored: int
-    stamps: dict[str, tuple[Stamp, str]]
-    put: list[Entry]
-    deleted: list[str]
-    linked: frozenset[str]
-
-
-class _Rewalk(Exception):
-    """The journal cannot tell this change apart: walk the workspace."""
-
-
-class _Scan:
-    """A host-side scan of a workspace (HostWorkspace.scan) in a worker
-    thread that also hashes what it reads: batches of (file, content,
-    sha256) come out while it runs, at most a few ahead of the consumer (who
-    calls stored() for each it is done with); every other entry at the end."""
-
-    _AHEAD = 3
-
-    def __init__(self, view: HostWorkspace, on_dir: OnDir | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._on_dir = on_dir
-        self.linked: set[str] = set()
-        self._queue: asyncio.Queue[list[tuple[Listed, bytes, str]] | None] = asyncio.Queue()
-        self._gate = threading.Semaphore(self._AHEAD)
-        self._stop = threading.Event()
-        self.when = time.time()
-        self._future = asyncio.ensure_future(asyncio.to_thread(self._run, view))
-
-    def _run(self, view: HostWorkspace) -> list[Listed]:
-        others: list[Listed] = []
-        batch: list[tuple[Listed, bytes, str]] = []
-        size = 0
-        try:
-            for rec, content in view.scan(self._on_dir):
-                if self._stop.is_set():
-                    return others
-                if content is None:
-                    others.append(Listed(*rec))
-                    continue
-                if rec[7] > 1:
-                    self.linked.add(rec[5])
-                batch.append((Listed(*rec), content, hashlib.sha256(content).hexdigest()))
-                size += len(content)
-                if size >= _BATCH_BYTES or len(batch) >= _BATCH_FILES:
-                    self._hand(batch)
-                    batch, size = [], 0
-            if batch:
-                self._hand(batch)
-            return others
-        finally:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
-
-    def _hand(self, batch: list[tuple[Listed, bytes, str]]) -> None:
-        while not self._gate.acquire(timeout=0.1):
-            if self._stop.is_set():
-                return
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, batch)
-
-    async def batches(self) -> AsyncIterator[list[tuple[Listed, bytes, str]]]:
-        while (item := await self._queue.get()) is not None:
-            yield item
-
-    def stored(self, _: object = None) -> None:
-        self._gate.release()
-
-    async def others(self) -> list[Listed]:
-        return await self._future
-
-    async def close(self) -> None:
-        self._stop.set()
-        await asyncio.gather(self._future, return_exceptions=True)
-
-
-class _Prefetch:
-    """A stream started early and buffered (boundedly) until it is read."""
-
-    def __init__(self, stream: AsyncIterator[bytes]) -> None:
-        self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=256)
-        self._task = asyncio.create_task(self._pump(stream))
-
-    async def _pump(self, stream: AsyncIterator[bytes]) -> None:
-        try:
-            async for chunk in stream:
-                await self._queue.put(chunk)
-            await self._queue.put(None)
-        except Exception as e:  # handed to the reader, which raises it
-            await self._queue.put(e)
-        finally:
-            with contextlib.suppress(Exception):
-                await stream.aclose()  # type: ignore[attr-defined]
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-
-
-async def _once(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-def _batches(names: list[str], listed: dict[str, Listed]) -> Iterable[list[str]]:
-    """``names`` (sorted: a directory's files together) in runs of about a
-    pack's worth of bytes by their listed sizes."""
-    run: list[str] = []
-    size = 0
-    for name in names:
-        run.append(name)
-        size += listed[name].size
-        if size >= _BATCH_BYTES or len(run) >= _BATCH_FILES:
-            yield run
-            run, size = [], 0
-    if run:
-        yield run
-
-
-def _stat_touched(
-    view: HostWorkspace, changes: Changes, base: dict[str, Entry], on_dir: OnDir, linked: frozenset[str]
-) -> dict[str, Record | None]:
-    """The current record (None: gone) of every touched path and of every
-    file known to have several names; a directory that is new (or was not
-    one) is walked whole and watched."""
-    out: dict[str, Record | None] = {}
-    walked: set[str] = set()
-    for path, record in view.stat_many(sorted(changes.touched | changes.fresh | linked)):
-        if not path or _below(path, walked):
-            continue  # the workspace itself, or inside a directory walked already
-        if record is not None and record[0] == "d":
-            prev = base.get(path)
-            if path in changes.fresh or prev is None or prev.kind != DIR:
-                walked.add(path)
-                for r in view.walk_dir(path, on_dir) or [record]:
-                    out[r[5]] = r
-                continue
-        out[path] = record
-    return out
-
-
-def _below(path: str, dirs: set[str]) -> bool:
-    """Whether ``path`` lies below one of ``dirs``."""
-    while dirs and "/" in path:
-        path = path.rpartition("/")[0]
-        if path in dirs:
-            return True
-    return False
-
-
-def _read_hashed(view: HostWorkspace, files: list[tuple[str, int]]) -> list[tuple[str, bytes, str]]:
-    """(path, content, sha256) of the files still regular; one vanished or
-    replaced since the walk is left out, as if it had been deleted first."""
-    out: list[tuple[str, bytes, str]] = []
-    for name, content in view.read_files(files):
-        if content is None:
-            log.info("snapshot: %s vanished while it was read", name)
-            continue
-        out.append((name, content, hashlib.sha256(content).hexdigest()))
-    return out
-
-
-def _sha256_all(contents: list[bytes]) -> list[str]:
-    return [hashlib.sha256(c).hexdigest() for c in contents]
 
 
 def _mismatches(contents: dict[str, bytes]) -> list[str]:
