@@ -196,13 +196,10 @@ class HostWorkspace:
                 os.close(fd)
         return True
 
-    def stat(self, rel: str) -> Record | None:
-        """The entry ``rel`` (a link is described, not followed); None if gone."""
-        return next(self.stat_many([rel]))[1]
-
     def stat_many(self, rels: Iterable[str]) -> Iterator[tuple[str, Record | None]]:
-        """(path, record or None if gone) for each path; best sorted, so that
-        each directory is opened once for the paths in it."""
+        """(path, record or None if gone) for each path, a link described,
+        never followed; best sorted, so that each directory is opened once for
+        the paths in it."""
         with _Parents(self.fd) as parents:
             for rel in rels:
                 parent, _, name = rel.rpartition("/")

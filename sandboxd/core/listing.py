@@ -65,20 +65,21 @@ class Baseline:
     """Files with more than one name (all of them): a write through one name
     leaves no event for the others, so they are looked at every time."""
 
-    def unchanged(self, item: Listed) -> Entry | None:
+    def unchanged(self, item: Listed, digest: str | None = None) -> Entry | None:
         """The recorded entry of ``item`` if the listing shows it untouched
         since that record: carried as recorded (a restore sets whole-second
         mtimes, so a fresh record would differ from the snapshot's in the
-        fraction alone)."""
+        fraction alone). ``digest``: a file's digest_of, if the caller has it."""
         if self.entries is None:
             return None
         prev = self.entries.get(item.path)
         if prev is None or prev.mode != item.mode & 0o1777 or prev.kind != KINDS.get(item.kind):
             return None
         if prev.kind == FILE:
-            return prev if self.digest_of(item) == prev.digest else None
-        # A directory: unchanged while its ctime is below the restore's cutoff
-        # (after a snapshot, a fresh record is equal anyway).
+            known = digest if digest is not None else self.digest_of(item)
+            return prev if known == prev.digest else None
+        # A directory or link: unchanged while its ctime is below the
+        # restore's cutoff (after a snapshot, a fresh record is equal anyway).
         return prev if self.cutoff and float(item.ctime) < self.cutoff else None
 
     def digest_of(self, item: Listed) -> str | None:

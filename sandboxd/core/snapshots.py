@@ -510,22 +510,20 @@ class SnapshotManager:
                 drop(path)
                 continue
             item = Listed(*record)
-            prev = baseline.unchanged(item)
-            if item.kind == "f" and path not in changes.written:
-                known = baseline.digest_of(item)
-                if known is not None:
-                    entry = prev or Entry(
-                        path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
-                    )
-                    if float(item.ctime) < when - _RACY_SECONDS:
-                        stamps[path] = (item.stamp, known)
-                    if base.get(path) != entry:
-                        entries[path] = put[path] = entry
-                    continue
             if item.kind == "f":
-                need[path] = item
+                known = None if path in changes.written else baseline.digest_of(item)
+                if known is None:
+                    need[path] = item
+                    continue
+                entry = baseline.unchanged(item, known) or Entry(
+                    path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
+                )
+                if float(item.ctime) < when - _RACY_SECONDS:
+                    stamps[path] = (item.stamp, known)
+                if base.get(path) != entry:
+                    entries[path] = put[path] = entry
                 continue
-            described = not_a_file(item, prev)
+            described = not_a_file(item, baseline.unchanged(item))
             if described is None:
                 drop(path)  # not something a snapshot carries (a FIFO, a socket)
                 continue
@@ -704,17 +702,19 @@ class SnapshotManager:
 
         def classify(items: list[Listed]) -> None:
             for item in items:
-                prev = baseline.unchanged(item) if baseline is not None else None
                 if item.kind == "f":
                     known = baseline.digest_of(item) if baseline is not None else None
                     if known is not None:
+                        assert baseline is not None
                         reused[item.path] = item
-                        entries[item.path] = prev or Entry(
+                        entries[item.path] = baseline.unchanged(item, known) or Entry(
                             item.path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
                         )
                     else:
                         need[item.path] = item
-                elif (described := not_a_file(item, prev)) is not None:
+                elif (
+                    described := not_a_file(item, baseline.unchanged(item) if baseline is not None else None)
+                ) is not None:
                     entries[item.path] = described
                 else:
                     log.info("snapshot of %s skips %s (type %s)", rec.sandbox_id, item.path, item.kind)

@@ -3,14 +3,14 @@ typed outcome, leaves the control plane responsive, and leaks nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 
 import pytest
 
-from sandboxd.client import AsyncClient, ExecResult, Sandbox
+from sandboxd.client import AsyncClient, Sandbox
+from tests.probing import while_probing
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
@@ -28,28 +28,6 @@ async def hostile_pool(client: AsyncClient, image: str) -> AsyncIterator[str]:
     await client.create_pool("hostile", image, min_ready=2, max_size=4, limits=LIMITS)
     yield "hostile"
     await client.delete_pool("hostile", force=True)
-
-
-async def while_probing(bystander: Sandbox, attack: Awaitable[ExecResult]) -> tuple[ExecResult, list[float]]:
-    """Runs the attack while another sandbox keeps executing a trivial
-    command; returns the attack's result and the bystander's latencies."""
-    latencies: list[float] = []
-    done = asyncio.Event()
-
-    async def probe() -> None:
-        while not done.is_set():
-            t0 = time.perf_counter()
-            r = await bystander.exec("true", session="probe", timeout=30)
-            assert r.ok, r
-            latencies.append(time.perf_counter() - t0)
-
-    prober = asyncio.create_task(probe())
-    try:
-        result = await attack
-    finally:
-        done.set()
-        await prober
-    return result, latencies
 
 
 def assert_responsive(latencies: list[float]) -> None:

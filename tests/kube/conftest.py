@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from sandboxd.app import App, build_app
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, load_configuration
 from sandboxd.settings import Settings, load_settings
 
@@ -167,3 +168,18 @@ def kube_settings(tmp_path: Path, kubeconfig: str, namespace: str, **overrides: 
     base["backend"].update(backend)
     base.update(overrides)
     return load_settings(None, base)
+
+
+@contextlib.asynccontextmanager
+async def real_node_app(
+    tmp_path: Path, kubeconfig: str, namespace: str, **overrides: Any
+) -> AsyncIterator[App]:
+    """A started server whose Pods run on the real kubelet node (the test is
+    skipped without one); stopped at the end."""
+    require_real_node()
+    app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=REAL_NODE_BACKEND, **overrides))
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop(grace=1)

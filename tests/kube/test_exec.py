@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.app import build_app
 from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec, Limits, OutputChunk, SandboxSpec
 from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, PodOptions
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
@@ -30,10 +29,9 @@ from sandboxd.client import AsyncClient
 from sandboxd.errors import NotFound
 from tests.kube.conftest import (
     IMAGE,
-    REAL_NODE_BACKEND,
     REAL_NODE_NAME,
-    kube_settings,
     poll,
+    real_node_app,
     require_real_node,
 )
 
@@ -234,33 +232,24 @@ async def test_control_plane_on_the_real_node_files_sessions_snapshot_restore(
     """The whole server on Kubernetes with real containers: a pool, files,
     a persistent session, and a snapshot restored into a fresh Pod (through
     the same snapshot store and exec path as the Docker backend)."""
-    require_real_node()
-    settings = kube_settings(
-        tmp_path,
-        kubeconfig,
-        namespace,
-        backend=REAL_NODE_BACKEND,
-        **{"limits.memory_bytes": 256 << 20, "limits.cpu_millis": 500},
-    )
-    app = build_app(settings)
-    await app.start()
-    try:
-        async with AsyncClient(app.address) as client:
-            await client.create_pool("rn", _real_image(), min_ready=1, max_size=3)
-            async with client.acquire("rn", timeout=120) as sb:
-                await sb.write_files({"src/main.py": "print(6 * 7)\n"})
-                assert (await sb.exec(["python3", "src/main.py"])).stdout == b"42\n"
-                await sb.exec("cd src && export STAGE=two", session="agent")
-                snap = await sb.snapshot(session="agent")
-            lease = await client.restore(snap.id, timeout=120)
-            try:
-                restored = lease.sandboxes[0]
-                files = await client.read_files(restored.id, ["src/main.py"])
-                assert files["src/main.py"] == b"print(6 * 7)\n"
-                result = await restored.exec("pwd; echo $STAGE", session="agent")
-                assert result.stdout == b"/workspace/src\ntwo\n"
-            finally:
-                await client.release(lease.id)
-            await client.delete_pool("rn")
-    finally:
-        await app.stop(grace=1)
+    limits = {"limits.memory_bytes": 256 << 20, "limits.cpu_millis": 500}
+    async with (
+        real_node_app(tmp_path, kubeconfig, namespace, **limits) as app,
+        AsyncClient(app.address) as client,
+    ):
+        await client.create_pool("rn", _real_image(), min_ready=1, max_size=3)
+        async with client.acquire("rn", timeout=120) as sb:
+            await sb.write_files({"src/main.py": "print(6 * 7)\n"})
+            assert (await sb.exec(["python3", "src/main.py"])).stdout == b"42\n"
+            await sb.exec("cd src && export STAGE=two", session="agent")
+            snap = await sb.snapshot(session="agent")
+        lease = await client.restore(snap.id, timeout=120)
+        try:
+            restored = lease.sandboxes[0]
+            files = await client.read_files(restored.id, ["src/main.py"])
+            assert files["src/main.py"] == b"print(6 * 7)\n"
+            result = await restored.exec("pwd; echo $STAGE", session="agent")
+            assert result.stdout == b"/workspace/src\ntwo\n"
+        finally:
+            await client.release(lease.id)
+        await client.delete_pool("rn")

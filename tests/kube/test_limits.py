@@ -13,17 +13,17 @@ victim Pod's pids.max on the node itself, as that setting would."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from sandboxd.app import build_app
 from sandboxd.backends.kubernetes.client import KubeClient
 from sandboxd.backends.kubernetes.podspec import pod_name
-from sandboxd.client import AsyncClient, ExecResult, Sandbox
-from tests.kube.conftest import REAL_NODE_BACKEND, kube_settings, require_real_node
+from sandboxd.client import AsyncClient, Sandbox
+from tests.kube.conftest import real_node_app
 from tests.kube.test_exec import _real_image
+from tests.probing import while_probing
 
 pytestmark = [pytest.mark.kube, pytest.mark.kube_node, pytest.mark.timeout(300)]
 
@@ -35,25 +35,16 @@ LIMITS = {"memory_bytes": 128 << 20, "cpu_millis": 500}
 async def pair(
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
 ) -> AsyncIterator[tuple[Sandbox, Sandbox]]:
-    require_real_node()
-    settings = kube_settings(
-        tmp_path,
-        kubeconfig,
-        namespace,
-        backend=REAL_NODE_BACKEND,
-    )
-    app = build_app(settings)
-    await app.start()
-    try:
-        async with AsyncClient(app.address) as client:
-            await client.create_pool("lim", _real_image(), min_ready=2, max_size=3, limits=LIMITS)
-            async with client.acquire_group("lim", n=2, timeout=120) as group:
-                victim, bystander = group[0], group[1]
-                await _limit_pids(kube, namespace, victim.id, POD_PIDS_LIMIT)
-                assert (await bystander.exec("true", session="probe")).ok
-                yield victim, bystander
-    finally:
-        await app.stop(grace=1)
+    async with (
+        real_node_app(tmp_path, kubeconfig, namespace) as app,
+        AsyncClient(app.address) as client,
+    ):
+        await client.create_pool("lim", _real_image(), min_ready=2, max_size=3, limits=LIMITS)
+        async with client.acquire_group("lim", n=2, timeout=120) as group:
+            victim, bystander = group[0], group[1]
+            await _limit_pids(kube, namespace, victim.id, POD_PIDS_LIMIT)
+            assert (await bystander.exec("true", session="probe")).ok
+            yield victim, bystander
 
 
 async def _limit_pids(kube: KubeClient, namespace: str, sandbox_id: str, limit: int) -> None:
@@ -72,28 +63,6 @@ async def _limit_pids(kube: KubeClient, namespace: str, sandbox_id: str, limit: 
             pytest.skip(f"cannot set the Pod's pids limit as podPidsLimit would: {e}")
 
     await asyncio.to_thread(write)
-
-
-async def while_probing(bystander: Sandbox, attack: Awaitable[ExecResult]) -> tuple[ExecResult, int]:
-    """Runs the attack while the bystander keeps executing ``true``; returns
-    the attack's result and how many bystander commands were answered."""
-    answered = 0
-    done = asyncio.Event()
-
-    async def probe() -> None:
-        nonlocal answered
-        while not done.is_set():
-            r = await bystander.exec("true", session="probe", timeout=30)
-            assert r.ok, r
-            answered += 1
-
-    prober = asyncio.create_task(probe())
-    try:
-        result = await attack
-    finally:
-        done.set()
-        await prober
-    return result, answered
 
 
 async def test_memory_hog_is_oom_killed(pair: tuple[Sandbox, Sandbox]) -> None:
