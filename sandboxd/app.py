@@ -7,7 +7,8 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -30,13 +31,16 @@ from sandboxd.api.tracing import TracingInterceptor
 from sandboxd.backends.base import Backend, Ledger
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
-from sandboxd.core.ledger_store import LedgerStore
+from sandboxd.core.ledger_state import LedgerStateStore
 from sandboxd.core.rollouts.meters import register_rollout_gauges
 from sandboxd.core.rollouts.service import RolloutManager
 from sandboxd.core.rollouts.store import RolloutStore
-from sandboxd.core.snapshots import SnapshotManager, make_snapshot_manager
-from sandboxd.core.store import StateStore, Store
+from sandboxd.core.snapshots import SnapshotCatalog, SnapshotManager
+from sandboxd.core.state import SqliteStateStore, StateStore
 from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, KubernetesBackendSettings, Settings
+from sandboxd.stores.base import BlobStore
+from sandboxd.stores.local import LocalBlobStore
+from sandboxd.stores.s3 import S3BlobStore, S3Config
 from sandboxd.telemetry import Telemetry
 from sandboxd.v1 import (
     demand_pb2,
@@ -59,6 +63,9 @@ from sandboxd.v1 import (
 
 log = logging.getLogger(__name__)
 
+ENGINE_SERVICE = "sandboxd.engine"
+"""Health service that is NOT_SERVING while the engine is degraded (its calls
+time out); the server itself still answers, with typed refusals."""
 SERVICE_NAMES = [
     pools_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name,
     sandboxes_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name,
@@ -80,6 +87,7 @@ def _inbox_dir(settings: Settings, cfg: DockerBackendSettings) -> Path | None:
 
 
 def make_backend(settings: Settings) -> Backend:
+    """The backend [backend] selects (Docker, Kubernetes or fake); only its own module is imported."""
     cfg = settings.backend
     if isinstance(cfg, DockerBackendSettings):
         from sandboxd.backends.docker import DockerBackend, DockerOptions
@@ -91,6 +99,7 @@ def make_backend(settings: Settings) -> Backend:
                 user=cfg.user,
                 threads=cfg.threads,
                 runtime=cfg.runtime,
+                gvisor_runtime=cfg.gvisor_runtime,
                 inbox_dir=_inbox_dir(settings, cfg),
                 host_workspaces=cfg.host_workspaces,
             )
@@ -116,6 +125,7 @@ def make_backend(settings: Settings) -> Backend:
                     gid=cfg.uid,
                     command=tuple(cfg.command),
                     runtime_class=cfg.runtime_class,
+                    gvisor_runtime_class=cfg.gvisor_runtime_class,
                     node_selector=dict(cfg.node_selector),
                     tolerations=tuple(cfg.tolerations),
                     priority_class=cfg.priority_class,
@@ -136,21 +146,22 @@ def make_backend(settings: Settings) -> Backend:
     raise TypeError(f"unknown backend settings {cfg!r}")
 
 
-def make_store(settings: Settings, backend: Backend, persist: bool) -> Store:
+def make_state_store(settings: Settings, backend: Backend, persist: bool) -> StateStore:
     """Pools and leases in the API server for a Kubernetes backend (several
     replicas, each with its own disk, must see the same leases); in SQLite
     under ``state_dir`` otherwise (one replica per engine)."""
     cfg = settings.backend
     cluster = isinstance(cfg, KubernetesBackendSettings) and cfg.state == "cluster"
     if cluster and persist and isinstance(backend, Ledger) and isinstance(cfg, KubernetesBackendSettings):
-        return LedgerStore(backend, slack=cfg.lease_record_slack)
-    return StateStore(settings.state_dir / f"{settings.instance_id}.sqlite3" if persist else None)
+        return LedgerStateStore(backend, slack=cfg.lease_record_slack)
+    return SqliteStateStore(settings.state_dir / f"{settings.instance_id}.sqlite3" if persist else None)
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials (mutual TLS with a client CA), or None for plaintext; ValueError for half a pair."""
     s = settings.server
     if not s.tls_cert_file and not s.tls_key_file:
         if s.tls_client_ca_file:
@@ -166,6 +177,8 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
 
 
 def make_authenticator(settings: Settings) -> Authenticator:
+    """Tenant tokens and call rates; unless set, auth is required off loopback or once any token exists.
+    ValueError when auth is required but no tenant has a token."""
     tokens = {t.token: name for name, t in settings.tenants.items() if t.token}
     required = settings.server.require_auth
     if required is None:
@@ -183,6 +196,8 @@ def make_authenticator(settings: Settings) -> Authenticator:
 
 @dataclass
 class App:
+    """A built server and what it runs; ``start`` and ``stop`` bring them up and down in order."""
+
     settings: Settings
     server: grpc.aio.Server
     control: ControlPlane
@@ -195,12 +210,15 @@ class App:
     leader: LeaderGate | None = None
     """Set when several replicas share a backend: pools run only while it leads."""
     _step_down: asyncio.Task[None] | None = None
+    _health_updates: set[asyncio.Future[None]] = field(default_factory=set)
 
     @property
     def address(self) -> str:
+        """``host:port`` as bound (the real port when the settings asked for 0)."""
         return f"{self.settings.server.host}:{self.port}"
 
     async def start(self) -> None:
+        """Starts pools and managers, then serves with all services SERVING; a standby first waits to lead."""
         if self.leader is not None:
             await self._wait_for_leadership()
         await self.control.start()
@@ -214,6 +232,8 @@ class App:
             await self.server.start()
         for name in ["", LIVENESS_SERVICE, *SERVICE_NAMES]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._engine_health(self.control.reconciler.health.degraded)
+        self.control.reconciler.health.on_change = self._on_engine_change
         log.info("sandboxd listening on %s (instance %s)", self.address, self.settings.instance_id)
 
     async def stop(self, grace: float | None = None) -> None:
@@ -233,6 +253,20 @@ class App:
         if self.leader is not None:
             await self.leader.stop()  # releases the Lease: a standby takes over at once
         await self.backend.close()
+
+    async def _engine_health(self, degraded: bool) -> None:
+        status = health_pb2.HealthCheckResponse
+        await self.health.set(ENGINE_SERVICE, status.NOT_SERVING if degraded else status.SERVING)
+
+    def _on_engine_change(self, degraded: bool) -> None:
+        # Called from pool code that cannot await; health.set only takes a lock.
+        task = asyncio.ensure_future(self._engine_health(degraded))
+        self._health_updates.add(task)
+        task.add_done_callback(self._health_updates.discard)
+        if degraded:
+            log.warning("%s", self.control.reconciler.health.describe())
+        else:
+            log.info("engine recovered: its calls are fast again")
 
     async def _wait_for_leadership(self) -> None:
         """A standby answers health checks (NOT_SERVING overall, so Services
@@ -263,11 +297,51 @@ LIVENESS_SERVICE = "sandboxd.liveness"
 
 
 class LeaderGate(Protocol):
+    """Leader election among replicas sharing a backend: only the leader runs pools."""
+
     lost: asyncio.Event
 
-    async def wait_leading(self, timeout: float | None = None) -> None: ...
+    async def wait_leading(self, timeout: float | None = None) -> None:
+        """Returns once this replica leads; TimeoutError after ``timeout`` seconds."""
 
-    async def stop(self, release: bool = True) -> None: ...
+    async def stop(self, release: bool = True) -> None:
+        """Stops campaigning; with ``release`` a leader gives up the lease so a standby takes over."""
+
+
+def make_blob_store(settings: Settings, *, persist: bool = True) -> BlobStore:
+    """The snapshot blob store the settings choose: S3 when [snapshots.s3]
+    names an endpoint, else a local directory (state_dir/blobs by default; a
+    throw-away temporary directory when not persisting and none is set)."""
+    cfg = settings.snapshots
+    if cfg.s3.endpoint:
+        return S3BlobStore(
+            S3Config(
+                endpoint=cfg.s3.endpoint,
+                bucket=cfg.s3.bucket,
+                access_key=cfg.s3.access_key,
+                secret_key=cfg.s3.secret_key,
+                region=cfg.s3.region,
+                prefix=cfg.s3.prefix,
+                concurrency=cfg.s3.concurrency,
+            )
+        )
+    if cfg.blob_dir is not None:
+        return LocalBlobStore(Path(cfg.blob_dir).expanduser())
+    if persist:
+        return LocalBlobStore(settings.state_dir / "blobs")
+    return LocalBlobStore(Path(tempfile.mkdtemp(prefix="sandboxd-blobs-")), remove_on_close=True)
+
+
+def make_snapshot_manager(
+    settings: Settings, control: ControlPlane, clock: Clock, *, persist: bool = True
+) -> SnapshotManager:
+    """The snapshot manager for a server: catalog under state_dir (in memory
+    when not persisting), blobs where make_blob_store puts them."""
+    catalog = SnapshotCatalog(
+        settings.state_dir / f"{settings.instance_id}-snapshots.sqlite3" if persist else None
+    )
+    blobs = make_blob_store(settings, persist=persist)
+    return SnapshotManager(control, catalog, blobs, settings.snapshots, clock)
 
 
 def build_app(
@@ -278,10 +352,11 @@ def build_app(
     persist: bool = True,
     telemetry: Telemetry | None = None,
 ) -> App:
+    """The whole server, bound but not started; OSError when its address cannot be bound."""
     backend = backend or make_backend(settings)
-    store = make_store(settings, backend, persist)
+    state = make_state_store(settings, backend, persist)
     telemetry = telemetry or Telemetry(settings.telemetry)
-    control = ControlPlane(settings, backend, store, clock or SystemClock(), meter=telemetry.meter)
+    control = ControlPlane(settings, backend, state, clock or SystemClock(), meter=telemetry.meter)
     limit = settings.server.max_message_bytes
     server = grpc.aio.server(
         # Outermost first: errors from authentication are mapped like any other.

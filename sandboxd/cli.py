@@ -1,5 +1,5 @@
-"""The ``sandboxd`` command: serve, example, image. Settings come from a TOML
-file and flags here, and nowhere else."""
+"""The ``sandboxd`` command: serve, example, loop, image. Settings come from a
+TOML file, flags and the environment (DOCKER_HOST) here, and nowhere else."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -31,7 +32,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         value = getattr(args, flag, None)
         if value is not None:
             overrides[key] = str(value) if flag == "state_dir" else value
-    return load_settings(args.config, overrides)
+    # Settings see the environment only here, at the entry point.
+    return load_settings(args.config, overrides, os.environ)
 
 
 async def _serve(settings: Settings) -> None:
@@ -51,6 +53,26 @@ async def _serve(settings: Settings) -> None:
     await stop.wait()
     print("sandboxd: shutting down (leased sandboxes are kept for the next start)", flush=True)
     await app.stop()
+
+
+async def _loop(args: argparse.Namespace, settings: Settings) -> int:
+    """``sandboxd loop``: against --target, or an embedded server started here
+    (the loop itself only speaks the client API)."""
+    from sandboxd.loop.cli import main as loop_main
+
+    if args.target:
+        return await loop_main(args, args.target, token=args.token)
+    from sandboxd.app import build_app
+    from sandboxd.images.build import ensure_default_image
+
+    image = ensure_default_image()
+    settings.server.port = 0
+    app = build_app(settings)
+    await app.start()
+    try:
+        return await loop_main(args, app.address, image=image)
+    finally:
+        await app.stop(grace=5)
 
 
 def _bench(argv: list[str]) -> int:
@@ -78,6 +100,7 @@ async def _preflight(args: argparse.Namespace) -> int:
         5: "backend unhealthy",
         6: "pool too small",
         7: "lifetime too short",
+        8: "runtime unavailable",
     }
     limits = {k: v for k, v in [("memory_bytes", args.memory), ("cpu_millis", args.cpu)] if v}
     async with AsyncClient(args.target, token=args.token) as client:
@@ -87,6 +110,7 @@ async def _preflight(args: argparse.Namespace) -> int:
             image=args.image or "",
             limits=limits,
             duration=args.duration,
+            runtime=args.runtime or "",
         )
     cap = report.capacity
     print(
@@ -109,6 +133,7 @@ async def _preflight(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``sandboxd`` command line (``argv`` None: the process's own); returns the exit status."""
     parser = argparse.ArgumentParser(prog="sandboxd", description="Sandbox orchestration for RL rollouts.")
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,6 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     rc.add_argument("--pool", required=True)
     rc.add_argument("--host", default="127.0.0.1")
     rc.add_argument("--port", type=int, default=8080)
+    rc.add_argument("--acquire-timeout", type=float, default=8.0, help="wait for a sandbox, then 504")
+    rc.add_argument("--max-uses", type=int, default=50, help="requests per sandbox, then destroyed")
+    pa = sub.add_parser("prime-api", help="serve the Prime sandbox API (prime-sandboxes SDK) over pools")
+    pa.add_argument("--target", default="127.0.0.1:50051")
+    pa.add_argument("--token", help="tenant bearer token")
+    pa.add_argument("--host", default="127.0.0.1")
+    pa.add_argument("--port", type=int, default=8000)
+    pa.add_argument("--image-pool", action="append", default=[], metavar="IMAGE=POOL", help="IMAGE's pool")
+    pa.add_argument("--api-key", action="append", default=[], help="an accepted PRIME_API_KEY (repeatable)")
+    pa.add_argument("--min-ready", type=int, default=0, help="warm sandboxes of each pool made on first use")
+    pa.add_argument("--max-ready", type=int, default=0, help="such pools follow demand up to this many warm")
+    pa.add_argument("--max-size", type=int, default=64, help="sandboxes of each pool made on first use")
+    pa.add_argument("--public-url", default="", help="the URL clients reach this server at")
     pf = sub.add_parser("preflight", help="check a planned run against a server before spending compute")
     pf.add_argument("--target", default="127.0.0.1:50051")
     pf.add_argument("--token", help="tenant bearer token")
@@ -152,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     pf.add_argument("--image", help="or: the image of a pool to be created")
     pf.add_argument("--memory", type=int, help="memory bytes per sandbox (with --image)")
     pf.add_argument("--cpu", type=int, help="CPU millicores per sandbox (with --image)")
+    pf.add_argument("--runtime", choices=["runc", "gvisor"], help="isolation runtime (with --image)")
     st = sub.add_parser("status", help="show a server's pools live (WatchPool)")
     st.add_argument("--target", default="127.0.0.1:50051")
     st.add_argument("--token", help="tenant bearer token")
@@ -180,14 +219,28 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     if args.command == "loop":
-        from sandboxd.loop.cli import main as loop_main
-
-        return asyncio.run(loop_main(args, _settings(args)))
+        return asyncio.run(_loop(args, _settings(args)))
     if args.command == "run-code":
         from sandboxd.adapters.sandboxfusion import serve
 
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve(args.target, args.pool, args.host, args.port, args.token))
+            asyncio.run(
+                serve(
+                    args.target,
+                    args.pool,
+                    args.host,
+                    args.port,
+                    args.token,
+                    acquire_timeout=args.acquire_timeout,
+                    max_uses=args.max_uses,
+                )
+            )
+        return 0
+    if args.command == "prime-api":
+        from sandboxd.adapters.prime import run_cli
+
+        with contextlib.suppress(KeyboardInterrupt):
+            return run_cli(args)
         return 0
     if args.command == "preflight":
         return asyncio.run(_preflight(args))

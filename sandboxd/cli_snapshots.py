@@ -12,6 +12,7 @@ from sandboxd.client import AsyncClient
 
 
 def add_parser(sub: Any) -> None:
+    """Adds ``sandboxd snapshot`` and its flags to the CLI's subcommands."""
     sp = sub.add_parser("snapshot", help="list, inspect or delete environment snapshots")
     sp.add_argument("action", choices=["list", "get", "delete"])
     sp.add_argument("snapshot_id", nargs="?", help="for get and delete")
@@ -23,6 +24,7 @@ def add_parser(sub: Any) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    """Runs one snapshot action on the server; returns the exit status (2 when the id is missing)."""
     async with AsyncClient(args.target, token=args.token) as client:
         if args.action == "list":
             labels = dict(item.split("=", 1) for item in args.label)

@@ -28,51 +28,55 @@ class SandboxdError(Exception):
 
 
 class InvalidArgument(SandboxdError):
+    """The request itself is wrong; ``field`` names the part to fix, so retrying as-is never helps."""
+
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
 
 
 class NotFound(SandboxdError):
-    pass
+    """The named pool, sandbox, lease or path does not exist (or no longer does)."""
 
 
 class AlreadyExists(SandboxdError):
-    pass
+    """The name is taken; nothing was created or changed."""
 
 
 class FailedPrecondition(SandboxdError):
-    pass
+    """The request can never succeed in the current state; retry only after that state changes."""
 
 
 class ResourceExhausted(SandboxdError):
+    """Over a limit or quota for now; ``retry_after`` (seconds), when set, says when to try again."""
+
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
 
 class DeadlineExceeded(SandboxdError):
-    pass
+    """Waited as long as the caller or the server allows, and the thing waited for never came."""
 
 
 class Unauthenticated(SandboxdError):
-    pass
+    """Credentials are missing or wrong; the request was refused before doing anything."""
 
 
 class BackendError(SandboxdError):
-    pass
+    """The engine (Docker, Kubernetes) failed; the subclasses say whether retrying can help."""
 
 
 class TransientBackendError(BackendError):
-    pass
+    """The engine is busy or timed out; the same request is worth retrying."""
 
 
 class PermanentBackendError(BackendError):
-    pass
+    """The engine refused for good (image missing, bad spec); retrying the same request never helps."""
 
 
 class SandboxLost(BackendError):
-    pass
+    """The sandbox died or vanished under the call; its state is gone, so only a new sandbox helps."""
 
 
 __all__ = [

@@ -30,6 +30,7 @@ print(f"{passed}/{len(cases)}")
 
 
 async def rollout(sb: Sandbox, candidate: str) -> tuple[float, str]:
+    """One rollout in ``sb``: the share of tests ``candidate`` passes (0 if it breaks), and why."""
     await sb.write_files({"task/solution.py": candidate, "task/test_add.py": TESTS})
     # A persistent session: cd and export carry over to the next command.
     await sb.exec("cd task && export PYTHONDONTWRITEBYTECODE=1", session="agent")
@@ -47,6 +48,7 @@ async def rollout(sb: Sandbox, candidate: str) -> tuple[float, str]:
 
 
 async def run_example(settings: Settings, *, groups: int = 2, group_size: int = 4) -> int:
+    """Runs the workload on a server of its own, always stopped at the end; returns the exit status."""
     from sandboxd.images.build import ensure_default_image
 
     image = ensure_default_image() if isinstance(settings.backend, DockerBackendSettings) else "fake"

@@ -1,18 +1,24 @@
-"""Typed settings, grouped by concern. Read from a TOML file and/or CLI flags
+"""Typed settings, grouped by concern. Read from a TOML file, CLI flags and
+the few environment variables every tool of their kind honours (DOCKER_HOST)
 at the entry point only (sandboxd.cli); everything else receives a Settings."""
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
+from sandboxd.backends.base import Limits
 from sandboxd.errors import InvalidArgument
 
 
 @dataclass
 class ServerSettings:
+    """The ``[server]`` section: where gRPC listens, TLS, message size, shutdown grace, auth."""
+
     host: str = "127.0.0.1"
     """Address the gRPC server binds to."""
     port: int = 50051
@@ -34,6 +40,8 @@ class ServerSettings:
 
 @dataclass
 class LeaseSettings:
+    """The ``[leases]`` section: lease TTLs and how often expired leases and orphans are swept."""
+
     default_ttl_seconds: float = 60.0
     """TTL of a lease whose acquire did not ask for one."""
     max_ttl_seconds: float = 24 * 3600.0
@@ -46,6 +54,8 @@ class LeaseSettings:
 
 @dataclass
 class PoolSettings:
+    """The ``[pools]`` section: server-wide bounds and pacing of sandbox creation and scaling."""
+
     max_starting: int = 8
     """Sandboxes a pool may have in CREATING at once (bounds start-up storms)."""
     create_timeout_seconds: float = 60.0
@@ -80,23 +90,33 @@ class PoolSettings:
     """Longest time between two scaling passes."""
     liveness_interval_seconds: float = 5.0
     """Seconds between checks that warm sandboxes still run; 0 = never."""
+    engine_slow_seconds: float = 10.0
+    """An engine call slower than this (or than 4x the usual) halves the start
+    window; calls that time out (create_timeout_seconds) mark the engine degraded."""
+    memory_overcommit: float = 4.0
+    """How many ways a sandbox's memory and pids limits are assumed shared when
+    the host's capacity is estimated (limits are ceilings, not reservations);
+    the estimate is the ceiling while max_total_sandboxes is 0."""
 
 
-@dataclass
-class LimitSettings:
-    """Defaults for pools that do not set a limit."""
-
-    memory_bytes: int = 512 << 20
-    cpu_millis: int = 1000
-    pids: int = 256
-    disk_bytes: int = 256 << 20
-    max_files: int = 20_000
-    output_bytes: int = 1 << 20
-    lifetime_seconds: int = 0
+# The ``[limits]`` section: what a pool that does not set a limit gets. The
+# fields (and what each means) are those of Limits; a section that names only
+# some keeps these values for the rest (_build starts from the default).
+DEFAULT_LIMITS = Limits(
+    memory_bytes=512 << 20,
+    cpu_millis=1000,
+    pids=256,
+    disk_bytes=256 << 20,
+    max_files=20_000,
+    output_bytes=1 << 20,
+    lifetime_seconds=0,
+)
 
 
 @dataclass
 class ExecSettings:
+    """The ``[exec]`` section: default and largest exec timeouts, and caps on output, stdin and files."""
+
     default_timeout_seconds: float = 60.0
     """Timeout of an exec that does not set one."""
     max_timeout_seconds: float = 6 * 3600.0
@@ -111,15 +131,22 @@ class ExecSettings:
 
 @dataclass
 class DockerBackendSettings:
+    """Sandboxes as containers on a Docker engine (sandboxd.backends.docker); the default backend."""
+
     kind: Literal["docker"] = "docker"
     base_url: str | None = None
-    """Engine address (unix:// or tcp://); None = the local socket."""
+    """Engine address (unix:// or tcp://); None = $DOCKER_HOST as the
+    entry point found it, else the local socket (unix:///var/run/docker.sock)."""
     user: str = "1000:1000"
     """uid:gid commands run as inside sandboxes."""
     threads: int = 16
     """Threads for blocking engine calls."""
     runtime: str | None = None
-    """OCI runtime name (e.g. runsc for gVisor); None = the engine default."""
+    """OCI runtime of runc pools' sandboxes (the engine's name for it); None =
+    the engine default."""
+    gvisor_runtime: str = "runsc"
+    """The engine's name for gVisor's OCI runtime (daemon.json "runtimes"),
+    which pools of runtime "gvisor" run under."""
     inbox_dir: str | None = None
     """Host directory of the sandboxes' read-only inboxes, through which large
     archives (restores, forks) are handed over by hard link instead of being
@@ -134,6 +161,8 @@ class DockerBackendSettings:
 
 @dataclass
 class FakeBackendSettings:
+    """The in-memory backend with a small simulated shell (sandboxd.backends.fake), for fast tests."""
+
     kind: Literal["fake"] = "fake"
     start_delay_seconds: float = 0.0
     """Simulated create latency."""
@@ -159,7 +188,10 @@ class KubernetesBackendSettings:
     """What the sandbox container runs (keeps it alive; commands come by exec);
     empty = a shell loop that also reaps orphaned processes (podspec.KEEPALIVE)."""
     runtime_class: str | None = None
-    """RuntimeClass for sandbox Pods (e.g. gvisor, kata); None = the node default."""
+    """RuntimeClass of runc pools' Pods (e.g. kata); None = the node default."""
+    gvisor_runtime_class: str = "gvisor"
+    """RuntimeClass of pools of runtime "gvisor" (its handler: gVisor's
+    containerd shim, runsc); "" = such pools are refused."""
     node_selector: dict[str, str] = field(default_factory=dict)
     """Node labels sandbox Pods must land on (also scopes capacity())."""
     tolerations: list[dict[str, Any]] = field(default_factory=list)
@@ -217,19 +249,6 @@ BackendSettings = DockerBackendSettings | FakeBackendSettings | KubernetesBacken
 
 
 @dataclass
-class LimitCeiling:
-    """Largest limits a tenant may ask for; 0 = no ceiling beyond the server's bounds."""
-
-    memory_bytes: int = 0
-    cpu_millis: int = 0
-    pids: int = 0
-    disk_bytes: int = 0
-    max_files: int = 0
-    output_bytes: int = 0
-    lifetime_seconds: int = 0
-
-
-@dataclass
 class TenantSettings:
     """One tenant: its bearer token and quotas (0 = unlimited)."""
 
@@ -241,8 +260,9 @@ class TenantSettings:
     """Total memory limit of the tenant's leased sandboxes."""
     creates_per_minute: int = 0
     """Fresh sandboxes the tenant may lease per minute (every lease consumes one)."""
-    ceiling: LimitCeiling = field(default_factory=LimitCeiling)
-    """Largest limits the tenant's pools and acquires may set."""
+    ceiling: Limits = field(default_factory=Limits)
+    """Largest limits the tenant's pools and acquires may set; 0 = no ceiling
+    beyond the server's bounds."""
     requests_per_second: float = 0.0
     """Calls per second the tenant may make (bursts up to twice that)."""
 
@@ -266,6 +286,8 @@ class S3StoreSettings:
 
 @dataclass
 class SnapshotSettings:
+    """The ``[snapshots]`` section: where blobs are stored, TTLs, per-tenant quotas, GC."""
+
     blob_dir: Path | None = None
     """Local blob directory; None = state_dir/blobs. Unused with [snapshots.s3]."""
     s3: S3StoreSettings = field(default_factory=S3StoreSettings)
@@ -284,6 +306,8 @@ class SnapshotSettings:
 
 @dataclass
 class TelemetrySettings:
+    """The ``[telemetry]`` section: the Prometheus endpoint and OTLP export (both off by default)."""
+
     metrics_host: str = "127.0.0.1"
     """Address of the Prometheus scrape endpoint."""
     metrics_port: int = 0
@@ -305,10 +329,14 @@ class PoolPreset:
     image: str
     min_ready: int = 0
     max_size: int = 64
+    runtime: str = "runc"
+    """Isolation runtime: runc or gvisor (sandboxd.backends.base.RUNTIMES)."""
 
 
 @dataclass
 class Settings:
+    """Everything a server is built from, as load_settings reads it: each TOML section is its field."""
+
     instance_id: str = "default"
     """Names this control plane's sandboxes on the backend; two servers on one
     engine need different ids."""
@@ -317,7 +345,8 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     pools: PoolSettings = field(default_factory=PoolSettings)
-    limits: LimitSettings = field(default_factory=LimitSettings)
+    limits: Limits = DEFAULT_LIMITS
+    """Defaults for pools that do not set a limit (DEFAULT_LIMITS)."""
     exec: ExecSettings = field(default_factory=ExecSettings)
     backend: BackendSettings = field(default_factory=DockerBackendSettings)
     presets: list[PoolPreset] = field(default_factory=list)
@@ -328,9 +357,15 @@ class Settings:
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
 
-def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+def load_settings(
+    path: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
     """Settings from a TOML file (sections named like the fields above) plus
-    dotted overrides such as {"server.port": 0}."""
+    dotted overrides such as {"server.port": 0}, then ``environ`` (the process
+    environment, passed by the entry point; None = none) for what both left
+    unset: DOCKER_HOST is the Docker engine's address."""
     data: dict[str, Any] = {}
     if path is not None:
         with path.open("rb") as fh:
@@ -341,7 +376,30 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
         for p in parents:
             node = node.setdefault(p, {})
         node[leaf] = value
-    return _build_settings(data)
+    settings = _build_settings(data)
+    _apply_environment(settings, environ or {})
+    return settings
+
+
+def _apply_environment(settings: Settings, environ: Mapping[str, str]) -> None:
+    backend = settings.backend
+    if not isinstance(backend, DockerBackendSettings):
+        return
+    field_name = "backend.base_url"
+    if backend.base_url is None and environ.get("DOCKER_HOST"):
+        # Every Docker tool talks to the engine DOCKER_HOST names; so does a
+        # server started beside them, unless its settings say otherwise.
+        backend.base_url, field_name = environ["DOCKER_HOST"], "DOCKER_HOST"
+    if backend.base_url:
+        url = urlparse(backend.base_url)
+        local = url.scheme == "unix" and url.path
+        remote = url.scheme in ("tcp", "http") and url.hostname
+        if not (local or remote):
+            raise InvalidArgument(
+                field_name,
+                f"unsupported Docker engine address {backend.base_url!r} "
+                "(use unix:///path/to/docker.sock or tcp://host:port)",
+            )
 
 
 def _build_settings(data: dict[str, Any]) -> Settings:
@@ -370,7 +428,7 @@ def _build_settings(data: dict[str, Any]) -> Settings:
     return settings
 
 
-def _build(cls: type[Any], data: dict[str, Any], prefix: str) -> Any:
+def _build(cls: type[Any], data: dict[str, Any], prefix: str, base: Any = None) -> Any:
     known = {f.name: f for f in fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
@@ -379,8 +437,10 @@ def _build(cls: type[Any], data: dict[str, Any], prefix: str) -> Any:
             raise InvalidArgument(name, "unknown setting")
         f = known[key]
         default = f.default_factory() if f.default_factory is not MISSING else f.default
-        if isinstance(value, dict) and is_dataclass(default):
-            kwargs[key] = _build(type(default), value, name)
+        if isinstance(value, dict) and is_dataclass(default) and not isinstance(default, type):
+            kwargs[key] = _build(type(default), value, name, default)
         else:
             kwargs[key] = value
-    return cls(**kwargs)
+    # A nested section overrides its default field by field: [limits] keeps
+    # DEFAULT_LIMITS for the keys it does not name.
+    return replace(base, **kwargs) if base is not None else cls(**kwargs)

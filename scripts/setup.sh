@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# One-shot, idempotent set-up of a fresh Debian bookworm host (run as root):
-# docker + debootstrap, the sandboxd package, and the default rollout image.
+# One-shot, idempotent set-up of a fresh Debian bookworm host (run as root).
+#
+#   setup.sh example   what `sandboxd example` needs: docker.io + debootstrap,
+#                      a running dockerd, the sandboxd package (no extras) and
+#                      the default rollout image
+#   setup.sh test      all of that, plus the dev extras (linters, pytest), the
+#                      reference loop's PyTorch extra, the versitygw S3
+#                      gateway the snapshot-store tests use and gVisor's
+#                      runsc (registered with dockerd) for the gvisor runtime
+#
+# Without an argument it does the full `test` set-up.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 say() { printf '[setup] %s\n' "$*"; }
+
+mode=${1:-test}
+case "$mode" in
+    example | test) ;;
+    *)
+        echo "[setup] usage: $0 [example|test]" >&2
+        exit 2
+        ;;
+esac
 
 if [[ $EUID -ne 0 ]]; then
     echo "[setup] must run as root (apt, dockerd, debootstrap)" >&2
@@ -30,39 +48,72 @@ fi
 say "starting docker"
 scripts/start-docker.sh
 
-if [[ -f pyproject.toml ]]; then
+# Debian's python3 is marked externally managed (PEP 668); this host is
+# dedicated to sandboxd, so installing into it is intended.
+pip_install() { PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q "$@"; }
+
+if [[ ! -f pyproject.toml ]]; then
+    say "no pyproject.toml; skipping pip install"
+elif [[ $mode == example ]]; then
+    say "installing sandboxd (editable)"
+    pip_install -e .
+else
     say "installing sandboxd (editable, with dev extras)"
-    # Debian's python3 is marked externally managed (PEP 668); this host is
-    # dedicated to sandboxd, so installing into it is intended.
-    PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[dev]'
+    pip_install -e '.[dev]'
     # The reference loop's PyTorch policy (~4 GB of wheels with CUDA; ~2 min the
     # first time, cached after). SANDBOXD_SKIP_TORCH=1 skips it: the loop then
     # uses its numpy implementation of the same policy.
     if [[ "${SANDBOXD_SKIP_TORCH:-0}" != 1 ]]; then
-        PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -e '.[loop]' \
-            || say "torch did not install; the loop will use numpy"
+        pip_install -e '.[loop]' || say "torch did not install; the loop will use numpy"
     fi
-else
-    say "no pyproject.toml; skipping pip install"
 fi
 
-# An S3-compatible server for the snapshot store's tests: the Versity S3
-# Gateway, built from the Go module proxy (about 2.5 min the first time on two
-# cores; the binary is kept in GOPATH/bin and linked into /usr/local/bin).
-VERSITYGW_VERSION=v1.8.0
-gobin="$(command -v go >/dev/null && go env GOPATH || echo "$HOME/go")/bin"
-if [[ -x "$gobin/versitygw" && "$(cat "$gobin/.versitygw-version" 2>/dev/null)" == "$VERSITYGW_VERSION" ]]; then
-    say "versitygw ${VERSITYGW_VERSION} present"
-elif command -v go >/dev/null; then
-    say "building versitygw ${VERSITYGW_VERSION} (go install)"
-    GOFLAGS=-buildvcs=false go install "github.com/versity/versitygw/cmd/versitygw@${VERSITYGW_VERSION}"
-    echo "$VERSITYGW_VERSION" > "$gobin/.versitygw-version"
-else
-    echo "[setup] Go is needed to build versitygw (the S3 server the snapshot tests use)" >&2
-    exit 1
+if [[ $mode == test ]]; then
+    # An S3-compatible server for the snapshot store's tests: the Versity S3
+    # Gateway, built from the Go module proxy (about 2.5 min the first time on
+    # two cores; the binary is kept in GOPATH/bin and linked into /usr/local/bin).
+    VERSITYGW_VERSION=v1.8.0
+    gobin="$(command -v go >/dev/null && go env GOPATH || echo "$HOME/go")/bin"
+    if [[ -x "$gobin/versitygw" && "$(cat "$gobin/.versitygw-version" 2>/dev/null)" == "$VERSITYGW_VERSION" ]]; then
+        say "versitygw ${VERSITYGW_VERSION} present"
+    elif command -v go >/dev/null; then
+        say "building versitygw ${VERSITYGW_VERSION} (go install)"
+        GOFLAGS=-buildvcs=false go install "github.com/versity/versitygw/cmd/versitygw@${VERSITYGW_VERSION}"
+        echo "$VERSITYGW_VERSION" >"$gobin/.versitygw-version"
+    else
+        echo "[setup] Go is needed to build versitygw (the S3 server the snapshot tests use)" >&2
+        exit 1
+    fi
+    ln -sf "$gobin/versitygw" /usr/local/bin/versitygw
+
+    # gVisor's runsc, for the pools of runtime "gvisor" the integration
+    # suites also run under: built the same way (about 2.5 min the first
+    # time, an 80 MB binary kept in GOPATH/bin), static (CGO_ENABLED=0: a
+    # dynamically linked runsc fails every sandbox when it re-executes itself)
+    # and registered with dockerd as "runsc" by start-docker.sh. The version
+    # is a pseudo-version of gVisor's `go` branch (it publishes no tags there).
+    RUNSC_VERSION=v0.0.0-20260701204157-69c2d17aea96
+    if [[ -x "$gobin/runsc" && "$(cat "$gobin/.runsc-version" 2>/dev/null)" == "$RUNSC_VERSION" ]]; then
+        say "runsc ${RUNSC_VERSION} present"
+    else
+        say "building runsc ${RUNSC_VERSION} (go install)"
+        CGO_ENABLED=0 GOFLAGS=-mod=mod go install -ldflags "-s -w" "gvisor.dev/gvisor/runsc@${RUNSC_VERSION}"
+        echo "$RUNSC_VERSION" >"$gobin/.runsc-version"
+    fi
+    ln -sf "$gobin/runsc" /usr/local/bin/runsc
+    scripts/start-docker.sh
 fi
-ln -sf "$gobin/versitygw" /usr/local/bin/versitygw
 
 say "ensuring the default rollout image (first run: ~1 min of debootstrap)"
 tag=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.build)
-say "ready: $tag"
+if [[ $mode == test ]]; then
+    # The image behind `sandboxd run-code` and its tests: the toolchains of
+    # SandboxFusion's languages (first run: ~3 min and ~3 GB; then cached).
+    say "ensuring the code-judge image"
+    if judge=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.codejudge); then
+        say "code-judge image: $judge"
+    else
+        say "the code-judge image did not build; run-code tests skip the languages it would add"
+    fi
+fi
+say "ready ($mode): $tag"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian machine: installs what it needs
-# (docker.io, the package, the default sandbox image), then lints, type-checks
-# and runs every test tier against the real engine.
+# (setup.sh test: docker.io, debootstrap, the package with its dev and loop
+# extras, the versitygw S3 gateway, the default sandbox image), then lints,
+# type-checks and runs every test tier against the real engine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh test
 echo "[test] ruff"
 python3 -m ruff check .
 echo "[test] mypy"

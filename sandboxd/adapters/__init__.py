@@ -1,3 +1,7 @@
 """Thin adapters that let RL frameworks use sandboxd with the interfaces they
-already speak: a slime-style async Sandbox, a SandboxFusion-compatible
-``/run_code`` HTTP endpoint (verl, PipelineRL), and a verifiers-style runtime."""
+already speak, names and meanings kept: slime's ``Sandbox`` Protocol
+(``slime``), Prime Intellect's sandbox API for the ``prime-sandboxes`` SDK
+(``prime``), a mini-swe-agent environment (``miniswe``), rLLM's ``Sandbox``
+(``rllm``), a SandboxFusion-compatible ``/run_code`` endpoint
+(``sandboxfusion``: verl, PipelineRL) and a verifiers-style runtime
+(``verifiers``). They use only the public client API."""

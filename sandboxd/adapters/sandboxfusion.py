@@ -1,115 +1,357 @@
-"""A SandboxFusion-compatible ``POST /run_code`` endpoint (aiohttp), so the
-tools of verl and PipelineRL that speak SandboxFusion run unchanged against
-sandboxd. Each request runs in a fresh warm sandbox that is released after.
+"""A SandboxFusion-compatible HTTP server (aiohttp): ``POST /run_code`` and
+``GET /v1/ping``, so verl, SkyRL and PipelineRL code that speaks SandboxFusion
+runs unchanged against sandboxd.
 
-    sandboxd run-code --target 127.0.0.1:50051 --pool default --port 8080
+Statuses mean what SandboxFusion's ``parse_run_status`` makes them mean:
+``SandboxError`` only for the service's own failures (a sandbox lost under a
+command, an acquire that cannot be served), ``Failed`` for a compile error, a
+non-zero exit or a time-out, ``Success`` otherwise. A wait for a sandbox past
+``acquire_timeout`` answers HTTP 504, the one status verl retries. Sandboxes
+are reused between requests under the rules of
+sandboxd.adapters.sandboxfusion_warm.
+
+    sandboxd run-code --target 127.0.0.1:50051 --pool code-judge --port 8080
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import binascii
-import posixpath
+import json
+import logging
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from sandboxd import errors
-from sandboxd.client import AsyncClient
+from sandboxd.adapters.sandboxfusion_langs import LANGUAGE_NAMES, Runner, prepare_source, runner_for
+from sandboxd.adapters.sandboxfusion_warm import (
+    CLEAN_OUTCOMES,
+    Slot,
+    WarmSandboxes,
+    setup_command,
+    teardown_command,
+)
+from sandboxd.client import AsyncClient, ExecResult
 
-# language -> (file name, command). Only what the default image can run.
-LANGUAGES: dict[str, tuple[str, str]] = {
-    "python": ("main.py", "python3 main.py"),
-    "python3": ("main.py", "python3 main.py"),
-    "pytest": ("test_main.py", "python3 -m pytest -q test_main.py"),
-    "bash": ("main.sh", "bash main.sh"),
-}
+__all__ = ["WARM", "RunCodeArgs", "command_result", "make_app", "parse_request", "run_status", "serve"]
+
+log = logging.getLogger(__name__)
+
+# Seconds the service's own steps (set-up, clean-up) may take in a sandbox.
+_STEP_TIMEOUT = 30.0
+# Fetched files come back in the clean-up step's stdout, base64-encoded (the
+# server caps one exec's output at 32 MiB).
+_FETCH_LIMIT = 32 << 20
 
 
-def _bad(message: str) -> web.Response:
-    return web.json_response({"status": "SandboxError", "message": message}, status=400)
+@dataclass
+class RunCodeArgs:
+    """A validated ``/run_code`` body, with SandboxFusion's defaults."""
+
+    code: str
+    language: str
+    compile_timeout: float = 10.0
+    run_timeout: float = 10.0
+    memory_limit_MB: int = -1
+    stdin: str | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    fetch_files: list[str] = field(default_factory=list)
 
 
-def make_app(client: AsyncClient, pool: str, *, acquire_timeout: float = 120.0) -> web.Application:
+def _error(loc: str, msg: str, kind: str) -> dict[str, Any]:
+    return {"loc": ["body", loc], "msg": msg, "type": kind}
+
+
+def _number(value: Any) -> float | None:
+    # pydantic's lax mode: numbers and numeric strings, never booleans.
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def parse_request(body: Any) -> RunCodeArgs | list[dict[str, Any]]:
+    """The request, or the pydantic-style error list that FastAPI would answer 422 with."""
+    if not isinstance(body, dict):
+        return [{"loc": ["body"], "msg": "Input should be a valid dictionary", "type": "dict_type"}]
+    problems: list[dict[str, Any]] = []
+    code, language = body.get("code"), body.get("language")
+    if not isinstance(code, str):
+        problems.append(
+            _error(
+                "code",
+                "Field required" if code is None else "Input should be a valid string",
+                "missing" if code is None else "string_type",
+            )
+        )
+    if language not in LANGUAGE_NAMES:
+        problems.append(
+            _error("language", f"Input should be one of {', '.join(LANGUAGE_NAMES)}", "literal_error")
+        )
+    args = RunCodeArgs(code=code if isinstance(code, str) else "", language=str(language))
+    for name in ("compile_timeout", "run_timeout"):
+        if name in body:
+            number = _number(body[name])
+            if number is None or not math.isfinite(number):
+                problems.append(_error(name, "Input should be a valid number", "float_parsing"))
+            else:
+                setattr(args, name, number)
+    if "memory_limit_MB" in body:
+        mem = _number(body["memory_limit_MB"])
+        if mem is None or not mem.is_integer():
+            problems.append(_error("memory_limit_MB", "Input should be a valid integer", "int_parsing"))
+        else:
+            args.memory_limit_MB = int(mem)
+    stdin = body.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        problems.append(_error("stdin", "Input should be a valid string", "string_type"))
+    args.stdin = stdin if isinstance(stdin, str) else None
+    files = body.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(v, str | None) for v in files.values()):
+        problems.append(_error("files", "Input should map names to base64 strings or null", "dict_type"))
+    else:
+        # A null entry is skipped, as SandboxFusion's restore_files does.
+        args.files = {k: v for k, v in files.items() if isinstance(v, str)}
+    fetch = body.get("fetch_files", [])
+    if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch):
+        problems.append(_error("fetch_files", "Input should be a valid list of strings", "list_type"))
+    else:
+        args.fetch_files = fetch
+    return problems or args
+
+
+def command_result(result: ExecResult) -> dict[str, Any]:
+    """A SandboxFusion ``CommandRunResult`` for one command's outcome."""
+    text = {
+        "stdout": result.stdout.decode(errors="replace"),
+        "stderr": result.stderr.decode(errors="replace"),
+    }
+    if result.outcome == "TIMED_OUT":
+        # SandboxFusion kills the command and reports no return code.
+        return {"status": "TimeLimitExceeded", "execution_time": result.duration, "return_code": None, **text}
+    if result.outcome in ("SANDBOX_LOST", "KILLED"):
+        return {
+            "status": "Error",
+            "execution_time": None,
+            "return_code": None,
+            "stdout": text["stdout"],
+            "stderr": result.detail or f"sandbox failure: {result.outcome}",
+        }
+    # Exits, output caps and memory, pid, file or disk limits are the
+    # program's doing: it finished, with the status its end gave it.
+    code = result.exit_code if result.outcome == "EXITED" or result.exit_code else 137
+    return {"status": "Finished", "execution_time": result.duration, "return_code": code, **text}
+
+
+def run_status(compile_result: dict[str, Any] | None, run_result: dict[str, Any] | None) -> tuple[str, str]:
+    """SandboxFusion's ``parse_run_status``: (status, message)."""
+    results = [r for r in (compile_result, run_result) if r is not None]
+    for r in results:
+        if r["status"] == "Error":
+            return "SandboxError", r.get("stderr") or ""
+    if any(r["status"] == "TimeLimitExceeded" for r in results):
+        return "Failed", ""
+    if any(r.get("return_code") not in (None, 0) for r in results):
+        return "Failed", ""
+    return "Success", ""
+
+
+def _response(
+    status: str,
+    message: str,
+    compile_result: Any = None,
+    run_result: Any = None,
+    files: dict[str, str] | None = None,
+) -> web.Response:
+    return web.json_response(
+        {
+            "status": status,
+            "message": message,
+            "compile_result": compile_result,
+            "run_result": run_result,
+            "executor_pod_name": None,
+            "files": files or {},
+        }
+    )
+
+
+WARM = web.AppKey("warm", WarmSandboxes)
+
+
+class _Lost(Exception):
+    """A service step in the sandbox failed: the request answers SandboxError."""
+
+
+class RunCode:
+    """Serves one ``/run_code`` request at a time per sandbox, over ``WarmSandboxes``."""
+
+    def __init__(self, warm: WarmSandboxes, *, acquire_timeout: float, output_limit: int = 0) -> None:
+        self.warm = warm
+        self.acquire_timeout = acquire_timeout
+        self.output_limit = output_limit
+
+    async def _step(self, slot: Slot, argv: list[str], stdin: str = "") -> dict[str, Any]:
+        result = await slot.sandbox.exec(argv, timeout=_STEP_TIMEOUT, stdin=stdin, output_limit=_FETCH_LIMIT)
+        if result.outcome != "EXITED" or result.exit_code != 0:
+            raise _Lost(
+                result.detail
+                or f"sandbox step ended {result.outcome} {result.exit_code}: "
+                f"{result.stderr.decode(errors='replace')[-500:]}"
+            )
+        try:
+            out: dict[str, Any] = json.loads(result.stdout)
+        except ValueError as e:
+            raise _Lost("sandbox step answered no JSON") from e
+        return out
+
+    async def _user(
+        self, slot: Slot, command: str, top: str, timeout: float, stdin: str | None
+    ) -> ExecResult:
+        return await slot.sandbox.exec(
+            command,
+            cwd=f"{top}/w",
+            env={"HOME": f"{top}/h"},
+            # sandboxd reads 0 as "no time-out"; SandboxFusion's 0 expires at once.
+            timeout=max(timeout, 0.001),
+            stdin=stdin or "",
+            output_limit=self.output_limit,
+        )
+
+    async def handle(self, args: RunCodeArgs) -> web.Response:
+        """Runs one validated request and answers SandboxFusion's response."""
+        runner = runner_for(args.language, args.code)
+        if isinstance(runner, str):
+            if args.language == "scala":
+                compile_error = {
+                    "status": "Error",
+                    "execution_time": None,
+                    "return_code": 1,
+                    "stdout": None,
+                    "stderr": runner,
+                }
+                return _response("SandboxError", runner, compile_result=compile_error)
+            return _response("SandboxError", runner)
+        memory = args.memory_limit_MB << 20 if args.memory_limit_MB > 0 else 0
+        try:
+            try:
+                slot = await self.warm.take(memory, self.acquire_timeout)
+            except errors.InvalidArgument:
+                if not memory:
+                    raise
+                # Above the pool's own limit: the pool's limit is the most there is.
+                slot = await self.warm.take(0, self.acquire_timeout)
+        except errors.DeadlineExceeded as e:
+            # verl retries exactly this status; the body says why.
+            return web.json_response(
+                {"detail": f"no sandbox within {self.acquire_timeout:g}s: {e.message}"}, status=504
+            )
+        except errors.SandboxdError as e:
+            return _response("SandboxError", f"could not acquire a sandbox: {e.message}")
+        clean = False
+        try:
+            response, clean = await self._run(slot, runner, args)
+            return response
+        except (errors.SandboxdError, _Lost) as e:
+            message = e.message if isinstance(e, errors.SandboxdError) else str(e)
+            return _response("SandboxError", f"sandbox failure: {message}")
+        finally:
+            await asyncio.shield(self.warm.give_back(slot, clean=clean))
+
+    async def _run(self, slot: Slot, runner: Runner, args: RunCodeArgs) -> tuple[web.Response, bool]:
+        top = slot.new_top()
+        files = {**args.files}
+        for name, content in ((runner.source, prepare_source(args.language, args.code)), *runner.extra):
+            files[name] = base64.b64encode(content.encode()).decode()
+        fresh = not slot.baseline
+        setup = await self._step(slot, setup_command(top, fresh=fresh), json.dumps(files))
+        if fresh:
+            slot.baseline, slot.infra = setup["digest"], list(setup["infra"])
+        outcomes: list[str] = []
+        compile_result: dict[str, Any] | None = None
+        run_result: dict[str, Any] | None = None
+        if runner.compile is not None:
+            compiled = await self._user(slot, runner.compile, top, args.compile_timeout, None)
+            outcomes.append(compiled.outcome)
+            compile_result = command_result(compiled)
+        if compile_result is None or (
+            compile_result["status"] == "Finished" and compile_result["return_code"] == 0
+        ):
+            ran = await self._user(slot, runner.run, top, args.run_timeout, args.stdin)
+            outcomes.append(ran.outcome)
+            run_result = command_result(ran)
+        status, message = run_status(compile_result, run_result)
+        if status == "SandboxError":
+            return _response(status, message, compile_result, run_result), False
+        after = await self._step(slot, teardown_command(top, args.fetch_files, slot.infra))
+        clean = (
+            all(o in CLEAN_OUTCOMES for o in outcomes)
+            and after.get("survivors") == 0
+            and after.get("digest") == slot.baseline
+        )
+        return _response(status, message, compile_result, run_result, after.get("files") or {}), clean
+
+
+def make_app(
+    client: AsyncClient,
+    pool: str,
+    *,
+    acquire_timeout: float = 8.0,
+    max_uses: int = 50,
+    output_limit: int = 0,
+) -> web.Application:
+    """The aiohttp app serving ``POST /run_code`` and ``GET /v1/ping`` over sandboxes of ``pool``."""
+    warm = WarmSandboxes(client, pool, max_uses=max_uses)
+    service = RunCode(warm, acquire_timeout=acquire_timeout, output_limit=output_limit)
+
     async def run_code(request: web.Request) -> web.Response:
         try:
-            body: dict[str, Any] = await request.json()
+            body = await request.json()
         except ValueError:
-            return _bad("request body is not JSON")
-        code, language = body.get("code"), body.get("language", "python")
-        if not isinstance(code, str):
-            return _bad("'code' must be a string")
-        if language not in LANGUAGES:
-            return _bad(f"unsupported language {language!r}; supported: {', '.join(sorted(LANGUAGES))}")
-        try:
-            run_timeout = float(body.get("run_timeout") or 10)
-        except (TypeError, ValueError):
-            return _bad("'run_timeout' must be a number")
-        files: dict[str, bytes] = {}
-        for name, data in (body.get("files") or {}).items():
-            if not isinstance(name, str) or not isinstance(data, str):
-                return _bad("'files' maps names to base64 strings")
-            try:
-                files[name] = base64.b64decode(data, validate=True)
-            except (binascii.Error, ValueError):
-                return _bad(f"file {name!r} is not valid base64")
-        fetch = body.get("fetch_files") or []
-        if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch):
-            return _bad("'fetch_files' must be a list of paths")
-        stdin = body.get("stdin") or ""
-        main, command = LANGUAGES[language]
-        try:
-            async with client.acquire(pool, timeout=acquire_timeout) as sb:
-                await sb.write_files({**files, main: code})
-                result = await sb.exec(command, timeout=run_timeout, stdin=stdin)
-                fetched: dict[str, str] = {}
-                wanted = [f for f in fetch if not posixpath.isabs(f) or f.startswith("/workspace/")]
-                if wanted:
-                    try:
-                        got = await sb.read_files(wanted)
-                        fetched = {k: base64.b64encode(v).decode() for k, v in got.items()}
-                    except errors.NotFound:
-                        for f in wanted:
-                            try:
-                                fetched[f] = base64.b64encode(await sb.read_file(f)).decode()
-                            except errors.NotFound:
-                                continue
-        except errors.InvalidArgument as e:
-            return _bad(e.message)
-        except errors.SandboxdError as e:
-            return web.json_response({"status": "SandboxError", "message": e.message}, status=500)
-        if result.outcome == "TIMED_OUT":
-            run_status = "TimeLimitExceeded"
-        elif result.outcome in ("EXITED",):
-            run_status = "Finished"
-        else:
-            run_status = "Error"
-        return web.json_response(
-            {
-                "status": "Success" if run_status == "Finished" and result.exit_code == 0 else "Failed",
-                "message": result.detail,
-                "compile_result": None,
-                "run_result": {
-                    "status": run_status,
-                    "execution_time": result.duration,
-                    "return_code": result.exit_code if result.outcome == "EXITED" else None,
-                    "stdout": result.stdout.decode(errors="replace"),
-                    "stderr": result.stderr.decode(errors="replace"),
-                },
-                "files": fetched,
-            }
-        )
+            return web.json_response(
+                {"detail": [{"loc": ["body"], "msg": "JSON decode error", "type": "json_invalid"}]},
+                status=422,
+            )
+        parsed = parse_request(body)
+        if isinstance(parsed, list):
+            return web.json_response({"detail": parsed}, status=422)
+        return await service.handle(parsed)
+
+    async def ping(_: web.Request) -> web.Response:
+        return web.json_response("pong")
+
+    async def close(_: web.Application) -> None:
+        await warm.close()
 
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/run_code", run_code)
+    app.router.add_get("/v1/ping", ping)
+    app.on_cleanup.append(close)
+    app[WARM] = warm
     return app
 
 
-async def serve(target: str, pool: str, host: str, port: int, token: str | None = None) -> None:
-    import asyncio
-
+async def serve(
+    target: str,
+    pool: str,
+    host: str,
+    port: int,
+    token: str | None = None,
+    *,
+    acquire_timeout: float = 8.0,
+    max_uses: int = 50,
+) -> None:
+    """Serves the SandboxFusion API on ``host:port`` against sandboxd at ``target`` until cancelled."""
     async with AsyncClient(target, token=token) as client:
-        runner = web.AppRunner(make_app(client, pool))
+        runner = web.AppRunner(make_app(client, pool, acquire_timeout=acquire_timeout, max_uses=max_uses))
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()

@@ -20,6 +20,8 @@ OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 class Authenticator:
+    """Maps bearer tokens to tenants (compared in constant time) and holds each tenant to its call rate."""
+
     def __init__(self, tokens: dict[str, str], required: bool, rates: dict[str, float] | None = None) -> None:
         """``tokens`` maps token -> tenant; ``rates`` tenant -> calls per second."""
         self._tokens = tokens
@@ -43,11 +45,13 @@ class Authenticator:
         self._buckets[tenant] = (tokens - 1, now)
 
     def tenant_for_call(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:
+        """The caller's tenant, charged one call; raises Unauthenticated or ResourceExhausted."""
         tenant = self.tenant_for(metadata)
         self.admit(tenant)
         return tenant
 
     def tenant_for(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:
+        """The tenant the metadata's token names, or the default tenant when none is sent nor required."""
         header = ""
         for key, value in metadata or ():
             if key == "authorization":
@@ -66,6 +70,8 @@ class Authenticator:
 
 
 class AuthInterceptor(MethodCachingInterceptor):
+    """Runs every call, health and reflection aside, as the tenant its bearer token names."""
+
     def __init__(self, authenticator: Authenticator) -> None:
         super().__init__()
         self._auth = authenticator
@@ -75,6 +81,7 @@ class AuthInterceptor(MethodCachingInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        """The handler, resolving the tenant afresh on each call; open services pass through as they are."""
         handler = await continuation(details)
         if handler is None or details.method.startswith(OPEN_SERVICES):
             return handler

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from sandboxd.backends.base import ExecResult, Limits
+from sandboxd.backends.base import RUNC, ExecResult, Limits
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.pools import PoolConfig, WarmPool
@@ -13,6 +13,7 @@ from sandboxd.v1 import common_pb2, exec_pb2, pools_pb2, sandboxes_pb2
 
 
 def ts(seconds: float) -> Timestamp:
+    """A Timestamp of epoch ``seconds``; 0 stays the unset (zero) Timestamp."""
     t = Timestamp()
     if seconds:
         t.FromNanoseconds(int(seconds * 1e9))
@@ -20,6 +21,7 @@ def ts(seconds: float) -> Timestamp:
 
 
 def limits_from(msg: common_pb2.Limits) -> Limits:
+    """Limits as sent, unresolved: a 0 field stays 0 for the core to fill in."""
     return Limits(
         memory_bytes=msg.memory_bytes,
         cpu_millis=msg.cpu_millis,
@@ -32,6 +34,7 @@ def limits_from(msg: common_pb2.Limits) -> Limits:
 
 
 def limits_to(limits: Limits) -> common_pb2.Limits:
+    """The wire form of ``limits``, field for field; the inverse of ``limits_from``."""
     return common_pb2.Limits(
         memory_bytes=limits.memory_bytes,
         cpu_millis=limits.cpu_millis,
@@ -44,6 +47,7 @@ def limits_to(limits: Limits) -> common_pb2.Limits:
 
 
 def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
+    """A PoolConfig as the spec says, unvalidated and under the bare (not tenant-keyed) name."""
     return PoolConfig(
         name=spec.name,
         image=spec.image,
@@ -54,10 +58,12 @@ def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
         labels=dict(spec.labels),
         max_ready=spec.max_ready,
         idle_seconds=spec.idle_seconds,
+        runtime=spec.runtime or RUNC,
     )
 
 
 def pool_to(pool: WarmPool) -> pools_pb2.Pool:
+    """A pool's spec and live counts, named as its tenant knows it (without the tenant prefix)."""
     c = pool.config
     return pools_pb2.Pool(
         spec=pools_pb2.PoolSpec(
@@ -70,6 +76,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             labels=c.labels,
             max_ready=c.max_ready,
             idle_seconds=c.idle_seconds,
+            runtime=c.runtime,
         ),
         status=pools_pb2.PoolStatus(
             ready=pool.ready,
@@ -86,6 +93,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
 
 
 def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
+    """A sandbox's wire form; the lease id and expiry are shown only while it is LEASED."""
     return common_pb2.Sandbox(
         id=rec.sandbox_id,
         pool=split_pool_key(rec.pool)[1],
@@ -103,6 +111,7 @@ def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
 
 
 def lease_to(lease: Lease) -> sandboxes_pb2.Lease:
+    """A lease's wire form, its expiry in wall-clock time."""
     return sandboxes_pb2.Lease(
         id=lease.lease_id,
         sandbox_ids=lease.sandbox_ids,
@@ -112,6 +121,7 @@ def lease_to(lease: Lease) -> sandboxes_pb2.Lease:
 
 
 def exec_result_to(result: ExecResult, stdout: bytes = b"", stderr: bytes = b"") -> exec_pb2.ExecResult:
+    """An exec's result on the wire; output rides along only when the caller passes it (unary Exec)."""
     return exec_pb2.ExecResult(
         outcome=int(result.outcome),  # type: ignore[arg-type]
         exit_code=result.exit_code,

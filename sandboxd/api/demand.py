@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sandboxd.api.convert import ts
+from sandboxd.core import validation as v
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.core.pools import WarmPool
@@ -18,6 +19,7 @@ _MIN_INTERVAL, _MAX_INTERVAL = 0.05, 60.0
 
 
 def scaling_to(pool: WarmPool) -> demand_pb2.PoolScaling:
+    """A pool's scaling state now (counts, targets, estimates), named as its tenant knows it."""
     c = pool.config
     gauges = pool.gauges()
     return demand_pb2.PoolScaling(
@@ -39,29 +41,40 @@ def scaling_to(pool: WarmPool) -> demand_pb2.PoolScaling:
         failed_total=pool.failed_total,
         last_error=pool.permanent_error or pool.last_error,
         created_total=pool.created_total,
+        oldest_wait_seconds=gauges["oldest_wait_seconds"],
+        in_doubt=int(gauges["in_doubt"]),
+        engine_degraded=pool.engine_degraded,
+        start_window=int(gauges["start_window"]),
     )
 
 
 class DemandServicer(demand_pb2_grpc.DemandServiceServicer):
+    """DemandService over the control plane: announcements move warm targets and lease nothing."""
+
     def __init__(self, control: ControlPlane) -> None:
         self._control = control
 
     async def SetDemand(
         self, request: demand_pb2.SetDemandRequest, context: Any
     ) -> demand_pb2.SetDemandResponse:
+        """NOT_FOUND (no such pool), INVALID_ARGUMENT (bad count, times or source), FAILED_PRECONDITION
+        (the pool does not follow demand)."""
         pool = self._control.get_pool(request.pool, "pool")
-        pool.announce(request.source or "default", request.count, request.in_seconds, request.ttl_seconds)
+        source = v.name_text("source", request.source) or "default"
+        pool.announce(source, request.count, request.in_seconds, request.ttl_seconds)
         return demand_pb2.SetDemandResponse(pool=scaling_to(pool))
 
     async def Prewarm(self, request: demand_pb2.PrewarmRequest, context: Any) -> demand_pb2.PrewarmResponse:
+        """As SetDemand; with ``wait``, FAILED_PRECONDITION when the pool cannot create sandboxes or is
+        being deleted, DEADLINE_EXCEEDED when the wait (capped by the call's deadline) runs out."""
         pool = self._control.get_pool(request.pool, "pool")
-        if request.timeout_seconds < 0:
-            raise InvalidArgument("timeout_seconds", f"must be >= 0, got {request.timeout_seconds}")
-        source = request.source or "prewarm"
+        # NaN or infinity would make the wait below endless.
+        timeout = v.non_negative("timeout_seconds", request.timeout_seconds)
+        source = v.name_text("source", request.source) or "prewarm"
         pool.announce(source, request.count, 0.0, request.ttl_seconds)
         if request.wait:
             loop = asyncio.get_running_loop()
-            wait = request.timeout_seconds or self._control.settings.pools.max_acquire_wait_seconds
+            wait = timeout or self._control.settings.pools.max_acquire_wait_seconds
             remaining = context.time_remaining() if context is not None else None
             if remaining is not None:
                 wait = min(wait, max(0.0, remaining - 0.05))
@@ -89,6 +102,8 @@ class DemandServicer(demand_pb2_grpc.DemandServiceServicer):
     async def WatchPool(
         self, request: demand_pb2.WatchPoolRequest, context: Any
     ) -> AsyncIterator[demand_pb2.WatchPoolResponse]:
+        """NOT_FOUND for an unknown pool, INVALID_ARGUMENT for an interval outside [0.05, 60];
+        it streams until cancelled."""
         interval = request.interval_seconds or 1.0
         if not _MIN_INTERVAL <= interval <= _MAX_INTERVAL:
             raise InvalidArgument(

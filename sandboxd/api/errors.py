@@ -49,6 +49,7 @@ RETRY_AFTER_KEY = "retry-after-seconds"
 
 
 def status_for(error: SandboxdError) -> grpc.StatusCode:
+    """The status code an error answers with: the first match in STATUS_OF, else INTERNAL."""
     for cls, code in STATUS_OF:
         if isinstance(error, cls):
             return code
@@ -106,11 +107,14 @@ def _wrap_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIt
 
 
 class ErrorInterceptor(MethodCachingInterceptor):
+    """Turns every exception an RPC raises into a status; unexpected ones become INTERNAL with a log ref."""
+
     async def wrap(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        """The handler with its errors mapped through STATUS_OF; aborts already raised pass through."""
         handler = await continuation(handler_call_details)
         if handler is None:
             return None

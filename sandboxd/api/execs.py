@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from sandboxd.api.convert import exec_result_to
@@ -12,18 +11,16 @@ from sandboxd.core.control import ControlPlane, ExecRequest
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.v1 import exec_pb2, exec_pb2_grpc
 
-# Leave this much of the caller's deadline for the answer: a command cut by
-# the deadline is killed by us (tree and all) and reported as TIMED_OUT.
-_ANSWER_MARGIN = 0.1
-
 
 class ExecServicer(exec_pb2_grpc.ExecServiceServicer):
+    """ExecService on the control plane; the caller's deadline goes to the core as it came."""
+
     def __init__(self, control: ControlPlane) -> None:
         self._control = control
 
     def _prepare(self, request: exec_pb2.ExecRequest, context: Any) -> tuple[SandboxRecord, ExecSpec]:
         which = request.WhichOneof("command")
-        rec, spec = self._control.prepare_exec(
+        return self._control.prepare_exec(
             ExecRequest(
                 sandbox_id=request.sandbox_id,
                 argv=list(request.argv.args) if which == "argv" else None,
@@ -34,14 +31,13 @@ class ExecServicer(exec_pb2_grpc.ExecServiceServicer):
                 stdin=request.stdin,
                 output_limit=request.output_limit_bytes,
                 session=request.session,
+                user=request.user,
+                call_remaining=context.time_remaining(),
             )
         )
-        remaining = context.time_remaining()
-        if remaining is not None and remaining - _ANSWER_MARGIN < spec.timeout:
-            spec = replace(spec, timeout=max(0.01, remaining - _ANSWER_MARGIN))
-        return rec, spec
 
     async def Exec(self, request: exec_pb2.ExecRequest, context: Any) -> exec_pb2.ExecResponse:
+        """Runs a command to its end; the answer carries all output and the result."""
         rec, spec = self._prepare(request, context)
         out: dict[int, list[bytes]] = {1: [], 2: []}
         result: ExecResult | None = None
@@ -56,6 +52,7 @@ class ExecServicer(exec_pb2_grpc.ExecServiceServicer):
     async def ExecStream(
         self, request: exec_pb2.ExecRequest, context: Any
     ) -> AsyncIterator[exec_pb2.ExecEvent]:
+        """Runs a command, streaming output as it comes and the result last."""
         rec, spec = self._prepare(request, context)
         async for event in self._control.exec(rec, spec):
             if isinstance(event, OutputChunk):

@@ -34,12 +34,15 @@ def rewrap(handler: grpc.RpcMethodHandler, unary: UnaryWrap, stream: StreamWrap)
 
 
 class MethodCachingInterceptor(grpc.aio.ServerInterceptor, abc.ABC):
+    """Wraps a method's handler on its first call and reuses that wrapper for every later one."""
+
     def __init__(self) -> None:
         self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}
 
     async def intercept_service(
         self, continuation: Continuation, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
+        """The cached wrapped handler for ``details.method``; ``wrap`` runs once per method."""
         method = str(details.method)
         if method not in self._wrapped:
             self._wrapped[method] = await self.wrap(continuation, details)

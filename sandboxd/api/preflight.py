@@ -11,18 +11,22 @@ from sandboxd.v1 import preflight_pb2, preflight_pb2_grpc
 
 
 class PreflightServicer(preflight_pb2_grpc.PreflightServiceServicer):
+    """PreflightService over the control plane: reads its pools and backend, creates nothing."""
+
     def __init__(self, control: ControlPlane) -> None:
         self._control = control
 
     async def Preflight(
         self, request: preflight_pb2.PreflightRequest, context: Any
     ) -> preflight_pb2.PreflightResponse:
+        """INVALID_ARGUMENT (malformed request), NOT_FOUND (unknown pool); the plan's problems are answers."""
         which = request.WhichOneof("target")
         report = await preflight(
             self._control,
             pool=request.pool if which == "pool" else None,
             image=request.template.image if which == "template" else None,
             limits=limits_from(request.template.limits) if which == "template" else None,
+            runtime=request.template.runtime if which == "template" else "",
             concurrent=request.concurrent,
             duration=request.expected_duration_seconds,
         )

@@ -37,6 +37,7 @@ def _enum(cls: type[E], value: int, field: str, default: E) -> E:
 
 
 def config_from(c: pb.RunConfig) -> RunConfig:
+    """The core config with the proto's unset defaults filled in; INVALID_ARGUMENT for an unknown mode."""
     return RunConfig(
         batch_groups=c.batch_groups,
         group_size=c.group_size or 8,
@@ -60,6 +61,7 @@ def config_from(c: pb.RunConfig) -> RunConfig:
 
 
 def config_to(c: RunConfig) -> pb.RunConfig:
+    """The wire form of a run's config as the queue holds it (zero timeouts already defaulted)."""
     return pb.RunConfig(
         batch_groups=c.batch_groups,
         group_size=c.group_size,
@@ -83,6 +85,7 @@ def config_to(c: RunConfig) -> pb.RunConfig:
 
 
 def trajectory_from(t: pb.Trajectory) -> tuple[Trajectory, VerifierSpec | None]:
+    """A trajectory and its verifier (None without a command); a 0 reward with steps means their sum."""
     steps = [StepReward(s.step, s.reward, dict(s.components)) for s in t.steps]
     verifier = None
     if t.HasField("verifier") and t.verifier.command:
@@ -112,6 +115,7 @@ def _segments(t: Trajectory) -> list[pb.Segment]:
 
 
 def scored_to(t: Trajectory, default_version: int) -> pb.ScoredTrajectory:
+    """The wire form of a scored trajectory; no reward (masked failure) is sent as 0 with ``masked``."""
     return pb.ScoredTrajectory(
         trajectory_id=t.trajectory_id,
         payload=t.payload,
@@ -130,6 +134,7 @@ def scored_to(t: Trajectory, default_version: int) -> pb.ScoredTrajectory:
 
 
 def group_to(g: Group) -> pb.ScoredGroup:
+    """The wire form of a scored group; env versions default to the group's start version."""
     return pb.ScoredGroup(
         group_id=g.group_id,
         prompt_id=g.prompt_id,
@@ -143,6 +148,7 @@ def group_to(g: Group) -> pb.ScoredGroup:
 
 
 def slot_to(g: Group) -> pb.Slot:
+    """A granted slot; a resumed group carries its parked trajectories' token state and snapshots."""
     return pb.Slot(
         group_id=g.group_id,
         policy_version=g.start_version,
@@ -161,6 +167,7 @@ def slot_to(g: Group) -> pb.Slot:
 
 
 def batch_to(b: Batch) -> pb.Batch:
+    """The wire form of a batch, with its delivery count (1 on first delivery)."""
     return pb.Batch(
         batch_id=b.batch_id,
         groups=[group_to(g) for g in b.groups],
@@ -170,12 +177,14 @@ def batch_to(b: Batch) -> pb.Batch:
 
 
 def stats_to(s: StalenessStats) -> pb.StalenessStats:
+    """The wire form of one staleness distribution (mean, max, stale share, histogram)."""
     return pb.StalenessStats(
         mean=s.mean, max=s.max, share_stale=s.share_stale, over_budget=s.over_budget, histogram=s.histogram
     )
 
 
 def figures_to(f: Figures) -> pb.Figures:
+    """The wire form of a run's throughput-matching figures, field for field."""
     return pb.Figures(
         production_rate=f.production_rate,
         keep_rate=f.keep_rate,
@@ -202,20 +211,27 @@ def figures_to(f: Figures) -> pb.Figures:
 
 
 class RolloutServicer(rollouts_pb2_grpc.RolloutServiceServicer):
+    """RolloutService over the rollout manager; every RPC answers INVALID_ARGUMENT for a bad run name."""
+
     def __init__(self, manager: RolloutManager) -> None:
         self._m = manager
 
     async def ConfigureRun(self, request: pb.ConfigureRunRequest, context: Any) -> pb.ConfigureRunResponse:
+        """INVALID_ARGUMENT (a bad field, named), NOT_FOUND (the pool named does not exist)."""
         queue = await self._m.configure(request.run, config_from(request.config))
         return pb.ConfigureRunResponse(config=config_to(queue.config), policy_version=queue.version)
 
     async def RequestSlots(self, request: pb.RequestSlotsRequest, context: Any) -> pb.RequestSlotsResponse:
-        slots, version = await self._m.request_slots(request.run, request.count or 1)
+        """NOT_FOUND (unknown run), INVALID_ARGUMENT (count < 1), RESOURCE_EXHAUSTED (no capacity now,
+        with retry-after)."""
+        slots, version = await self._m.request_slots(request.run, request.count)
         return pb.RequestSlotsResponse(slots=[slot_to(g) for g in slots], policy_version=version)
 
     async def ReportProgress(
         self, request: pb.ReportProgressRequest, context: Any
     ) -> pb.ReportProgressResponse:
+        """NOT_FOUND (unknown run, group or new lease), INVALID_ARGUMENT (a bad field, a sandbox not
+        under the group's leases)."""
         trajectories = [trajectory_from(t)[0] for t in request.trajectories]
         g = await self._m.report_progress(
             request.run, request.group_id, list(request.lease_ids), trajectories
@@ -227,6 +243,8 @@ class RolloutServicer(rollouts_pb2_grpc.RolloutServiceServicer):
         )
 
     async def SubmitGroup(self, request: pb.SubmitGroupRequest, context: Any) -> pb.SubmitGroupResponse:
+        """NOT_FOUND (unknown run or group), INVALID_ARGUMENT (a bad field, named), FAILED_PRECONDITION
+        (already submitted or cancelled)."""
         pairs = [trajectory_from(t) for t in request.trajectories]
         g = await self._m.submit(
             request.run, request.group_id, request.prompt_id, [t for t, _ in pairs], [v for _, v in pairs]
@@ -236,23 +254,28 @@ class RolloutServicer(rollouts_pb2_grpc.RolloutServiceServicer):
     async def PullBatch(
         self, request: pb.PullBatchRequest, context: Any
     ) -> AsyncIterator[pb.PullBatchResponse]:
+        """Streams batches until cancelled; NOT_FOUND (unknown run), INVALID_ARGUMENT (max_batches < 0)."""
         async for batch in self._m.pull(request.run, request.max_batches):
             yield pb.PullBatchResponse(batch=batch_to(batch))
 
     async def AckBatch(self, request: pb.AckBatchRequest, context: Any) -> pb.AckBatchResponse:
+        """Idempotent; NOT_FOUND for an unknown run or batch."""
         await self._m.ack(request.run, request.batch_id)
         return pb.AckBatchResponse()
 
     async def PublishPolicyVersion(
         self, request: pb.PublishPolicyVersionRequest, context: Any
     ) -> pb.PublishPolicyVersionResponse:
+        """NOT_FOUND (unknown run), FAILED_PRECONDITION (a version below the current one)."""
         return pb.PublishPolicyVersionResponse(version=await self._m.publish(request.run, request.version))
 
     async def WatchPolicyVersion(
         self, request: pb.WatchPolicyVersionRequest, context: Any
     ) -> AsyncIterator[pb.WatchPolicyVersionResponse]:
+        """The current version at once, then every change; NOT_FOUND for an unknown run."""
         async for version in self._m.watch_version(request.run):
             yield pb.WatchPolicyVersionResponse(version=version)
 
     async def GetFigures(self, request: pb.GetFiguresRequest, context: Any) -> pb.GetFiguresResponse:
+        """NOT_FOUND for an unknown run."""
         return pb.GetFiguresResponse(figures=figures_to(await self._m.figures(request.run)))

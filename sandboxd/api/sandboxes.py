@@ -5,28 +5,33 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.api.convert import lease_to, limits_from, sandbox_to
-from sandboxd.core.control import ControlPlane
+from sandboxd.core.control import AcquireRequest, ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.errors import InvalidArgument
 from sandboxd.v1 import sandboxes_pb2, sandboxes_pb2_grpc
 
 
 class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
+    """SandboxService on the control plane; the caller's deadline goes to the core as it came."""
+
     def __init__(self, control: ControlPlane) -> None:
         self._control = control
 
     async def Acquire(
         self, request: sandboxes_pb2.AcquireRequest, context: Any
     ) -> sandboxes_pb2.AcquireResponse:
+        """Leases sandboxes of a pool."""
         lease, records = await self._control.acquire(
-            request.pool,
-            request.n,
-            request.min_n,
-            dict(request.labels),
-            request.lease_ttl_seconds,
-            request.timeout_seconds,
-            context.time_remaining(),
-            limits_from(request.limits) if request.HasField("limits") else None,
+            AcquireRequest(
+                pool=request.pool,
+                n=request.n,
+                min_n=request.min_n,
+                labels=dict(request.labels),
+                ttl=request.lease_ttl_seconds,
+                timeout=request.timeout_seconds,
+                call_remaining=context.time_remaining(),
+                limits=limits_from(request.limits) if request.HasField("limits") else None,
+            )
         )
         return sandboxes_pb2.AcquireResponse(
             lease=lease_to(lease), sandboxes=[sandbox_to(r, lease) for r in records]
@@ -35,18 +40,21 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
     async def Heartbeat(
         self, request: sandboxes_pb2.HeartbeatRequest, context: Any
     ) -> sandboxes_pb2.HeartbeatResponse:
+        """Extends a lease."""
         lease = await self._control.heartbeat(request.lease_id, request.ttl_seconds)
         return sandboxes_pb2.HeartbeatResponse(lease=lease_to(lease))
 
     async def Release(
         self, request: sandboxes_pb2.ReleaseRequest, context: Any
     ) -> sandboxes_pb2.ReleaseResponse:
+        """Releases a lease's sandboxes, or some of them."""
         released = await self._control.release(request.lease_id, list(request.sandbox_ids))
         return sandboxes_pb2.ReleaseResponse(released=released)
 
     async def GetSandbox(
         self, request: sandboxes_pb2.GetSandboxRequest, context: Any
     ) -> sandboxes_pb2.GetSandboxResponse:
+        """One sandbox of the caller's tenant."""
         rec = self._control.get_sandbox(request.sandbox_id)
         return sandboxes_pb2.GetSandboxResponse(
             sandbox=sandbox_to(rec, self._control.leases.find(rec.lease_id))
@@ -55,6 +63,7 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
     async def GetUsage(
         self, request: sandboxes_pb2.GetUsageRequest, context: Any
     ) -> sandboxes_pb2.GetUsageResponse:
+        """What a leased sandbox uses now."""
         u = await self._control.usage_of(request.sandbox_id)
         return sandboxes_pb2.GetUsageResponse(
             usage=sandboxes_pb2.Usage(
@@ -72,6 +81,7 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
     async def ListSandboxes(
         self, request: sandboxes_pb2.ListSandboxesRequest, context: Any
     ) -> sandboxes_pb2.ListSandboxesResponse:
+        """The tenant's sandboxes, filtered."""
         state = None
         if request.state:
             try:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.api.convert import lease_to, sandbox_to, ts
-from sandboxd.core.snapshot_catalog import SnapshotInfo
-from sandboxd.core.snapshots import SnapshotManager
+from sandboxd.core.snapshots import SnapshotInfo, SnapshotManager
 from sandboxd.v1 import snapshots_pb2, snapshots_pb2_grpc
 
 
 def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
+    """A snapshot's wire form with its ancestry; ``policy_version`` is set only where one was recorded."""
     msg = snapshots_pb2.Snapshot(
         id=info.id,
         pool=info.pool,
@@ -38,12 +38,16 @@ def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
 
 
 class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
+    """SnapshotService over the snapshot manager; a call only ever sees the caller's tenant's snapshots."""
+
     def __init__(self, snapshots: SnapshotManager) -> None:
         self._snapshots = snapshots
 
     async def Snapshot(
         self, request: snapshots_pb2.SnapshotRequest, context: Any
     ) -> snapshots_pb2.SnapshotResponse:
+        """INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not leased, uncarriable workspace),
+        RESOURCE_EXHAUSTED (over quota or never restorable); nothing is stored on failure."""
         info = await self._snapshots.snapshot(
             request.sandbox_id,
             session=request.session,
@@ -57,6 +61,8 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
     async def Restore(
         self, request: snapshots_pb2.RestoreRequest, context: Any
     ) -> snapshots_pb2.RestoreResponse:
+        """INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (does not fit the pool, or corrupt),
+        DEADLINE_EXCEEDED (too few warm sandboxes in time); nothing stays leased on failure."""
         lease, records, info = await self._snapshots.restore(
             request.snapshot_id,
             n=request.n,
@@ -75,17 +81,21 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
     async def GetSnapshot(
         self, request: snapshots_pb2.GetSnapshotRequest, context: Any
     ) -> snapshots_pb2.GetSnapshotResponse:
+        """NOT_FOUND for an unknown or expired snapshot."""
         info = await self._snapshots.get(request.snapshot_id)
         return snapshots_pb2.GetSnapshotResponse(snapshot=snapshot_to(info))
 
     async def ListSnapshots(
         self, request: snapshots_pb2.ListSnapshotsRequest, context: Any
     ) -> snapshots_pb2.ListSnapshotsResponse:
+        """The caller's live snapshots matching all labels (and pool, parent when set);
+        INVALID_ARGUMENT for bad labels."""
         infos = await self._snapshots.list_snapshots(dict(request.labels), request.pool, request.parent_id)
         return snapshots_pb2.ListSnapshotsResponse(snapshots=[snapshot_to(i) for i in infos])
 
     async def DeleteSnapshot(
         self, request: snapshots_pb2.DeleteSnapshotRequest, context: Any
     ) -> snapshots_pb2.DeleteSnapshotResponse:
+        """NOT_FOUND for an unknown or expired snapshot; its children keep working."""
         await self._snapshots.delete(request.snapshot_id)
         return snapshots_pb2.DeleteSnapshotResponse()

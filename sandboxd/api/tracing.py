@@ -47,6 +47,8 @@ def _finish(span: Span, error: BaseException | None) -> None:
 
 
 class TracingInterceptor(MethodCachingInterceptor):
+    """Opens a server span per RPC; only server faults mark the span as an error."""
+
     def __init__(self, tracer: Tracer | None = None) -> None:
         super().__init__()
         self._tracer = tracer or NoOpTracer()
@@ -56,6 +58,7 @@ class TracingInterceptor(MethodCachingInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        """The handler inside a span named for the method, tagged with the status code it ends with."""
         handler = await continuation(details)
         if handler is None:
             return None

@@ -12,10 +12,10 @@ import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from sandboxd.backends.hostfs import HostWorkspace
+from sandboxd.backends.hostfs import HostWorkspace
+from sandboxd.backends.layout import WORKSPACE as WORKSPACE
 
 # Labels every backend puts on what it creates, so a restarted control plane
 # can find (and adopt or destroy) everything that belongs to it.
@@ -24,30 +24,52 @@ LABEL_INSTANCE = "sandboxd.instance"
 LABEL_POOL = "sandboxd.pool"
 LABEL_SANDBOX = "sandboxd.sandbox"
 
-WORKSPACE = "/workspace"
+RUNC = "runc"
+"""The default isolation runtime: a container on the host's kernel."""
+GVISOR = "gvisor"
+"""gVisor: a user-space kernel between the sandbox and the host's kernel."""
+RUNTIMES = (RUNC, GVISOR)
+"""Every isolation runtime a pool may name."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-sandbox resource limits; 0 means unlimited/unset at this level."""
+    """Per-sandbox resource limits, declared once for every role they play.
+
+    A sandbox's or pool's limits (0 = unset: the server default fills it in),
+    an acquire's (0 = the pool's value), a tenant's ceiling (``[tenants.NAME.ceiling]``,
+    0 = no ceiling beyond the server's bounds) and the server defaults
+    (``[limits]``, sandboxd.settings.DEFAULT_LIMITS) are all this one type.
+    """
 
     memory_bytes: int = 0
+    """Memory limit in bytes, swap included (cgroup memory.max); an OOM inside is contained."""
     cpu_millis: int = 0
+    """CPU limit in millicores (1000 = one core)."""
     pids: int = 0
+    """Processes and threads at once (cgroup pids.max)."""
     disk_bytes: int = 0
+    """Size of the writable workspace in bytes (kernel-enforced tmpfs size)."""
     max_files: int = 0
+    """Files and directories the workspace may hold (tmpfs nr_inodes)."""
     output_bytes: int = 0
+    """Default cap on the stdout+stderr bytes captured per exec."""
     lifetime_seconds: int = 0
+    """Wall-clock lifetime of a sandbox once leased, in seconds (0 once resolved = unlimited)."""
 
 
 @dataclass(frozen=True)
 class SandboxSpec:
+    """What to create: one sandbox of a pool, its limits already resolved by the core."""
+
     sandbox_id: str
     pool: str
     image: str
     limits: Limits
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    runtime: str = RUNC
+    """Isolation runtime (one of RUNTIMES), already checked against the backend's."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,8 @@ class BackendSandbox:
 
 
 class ExecOutcome(enum.IntEnum):
+    """How an exec ended; every way, the sandbox's loss included, is an outcome rather than an error."""
+
     # Values match sandboxd.v1.ExecOutcome.
     EXITED = 1
     TIMED_OUT = 2
@@ -86,16 +110,26 @@ class ExecSpec:
     stdin: bytes = b""
     output_limit: int = 1 << 20
     session: str = ""
+    user: str = ""
+    """Empty: the sandbox's own user; ROOT_USER only on a RootUser backend, never with a session."""
+
+
+ROOT_USER = "root"
+"""uid 0 inside the sandbox's own namespaces, with no capabilities beyond the sandbox's."""
 
 
 @dataclass(frozen=True)
 class OutputChunk:
+    """A piece of a running exec's output, as it comes: ``stream`` 1 is stdout, 2 stderr."""
+
     stream: int  # 1 = stdout, 2 = stderr
     data: bytes
 
 
 @dataclass(frozen=True)
 class ExecResult:
+    """How an exec ended; always the last event of its stream, and there is exactly one."""
+
     outcome: ExecOutcome
     exit_code: int
     duration: float
@@ -124,6 +158,8 @@ class SandboxUsage:
 
 
 class Deployment(Protocol):
+    """Where sandboxes run: their creation, destruction and inventory on the engine."""
+
     async def create(self, spec: SandboxSpec) -> str:
         """Creates, starts and health-checks a sandbox; returns its handle.
         Raises TransientBackendError / PermanentBackendError. Leaves nothing
@@ -138,7 +174,10 @@ class Deployment(Protocol):
         """Everything this control-plane instance owns on the backend."""
         ...
 
-    async def image_exists(self, image: str) -> bool: ...
+    async def image_exists(self, image: str) -> bool:
+        """Whether the backend has ``image`` (or assumes so where it cannot tell); sandboxd never
+        pulls, so a pool of a missing image is refused."""
+        ...
 
     async def capacity(self) -> tuple[int, int]:
         """Memory bytes and CPUs the backend has for sandboxes (0 = unknown)."""
@@ -152,10 +191,14 @@ class Deployment(Protocol):
         """Raises BackendError when the backend cannot be reached."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Lets go of the engine's connections and sessions; destroys no sandbox (a restart finds them)."""
+        ...
 
 
 class Runtime(Protocol):
+    """What is done inside a running sandbox: exec, tar in, tar out, usage."""
+
     def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
         """Runs a command; yields output chunks as they come and an
         ExecResult last. Never raises for what the command does (timeouts,
@@ -199,16 +242,20 @@ class Ledger(Protocol):
     """Optional for a backend: it keeps the control plane's durable state
     itself (pool specs, and each leased sandbox's lease on the sandbox), so
     any replica that reaches the backend can take over from another
-    (sandboxd.core.ledger_store). Writes are idempotent, so retrying one is
+    (sandboxd.core.ledger_state). Writes are idempotent, so retrying one is
     safe."""
 
     async def load_pool_specs(self) -> dict[str, str]:
         """Pool specs (JSON text) by pool key."""
         ...
 
-    async def save_pool_spec(self, key: str, spec: str) -> None: ...
+    async def save_pool_spec(self, key: str, spec: str) -> None:
+        """Stores ``spec`` under pool key ``key``, replacing any there."""
+        ...
 
-    async def delete_pool_spec(self, key: str) -> None: ...
+    async def delete_pool_spec(self, key: str) -> None:
+        """Removes the spec under ``key``; a missing one is not an error."""
+        ...
 
     async def mark_leased(self, handle: str, mark: LeaseMark) -> None:
         """Records ``mark`` on the sandbox. Raises SandboxLost when it is gone."""
@@ -239,7 +286,54 @@ class TenantQuotas(Protocol):
         tenant may have on the backend; 0 = no limit on that resource."""
         ...
 
-    async def quota_headroom(self, tenant: str) -> QuotaHeadroom: ...
+    async def quota_headroom(self, tenant: str) -> QuotaHeadroom:
+        """What the backend's quotas (the tenant's and any namespace-wide one) still leave the tenant."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What limits how many sandboxes one host (or node) holds; 0 = unknown."""
+
+    memory_bytes: int = 0
+    cpus: int = 0
+    threads_max: int = 0
+    """Processes and threads the kernel allows at once (threads-max, pid_max)."""
+    threads_in_use: int = 0
+    overhead_memory_bytes: int = 0
+    """Memory one sandbox costs beyond what runs inside (engine shim, init), measured or assumed."""
+    overhead_threads: int = 0
+    """Threads one sandbox costs beyond its own processes (engine shim, init, shells)."""
+    measured: bool = False
+    """Whether the overheads were measured on live sandboxes (else defaults)."""
+    engine_max: int = 0
+    """Sandboxes the engine itself handles before its calls slow down (0 = no known limit)."""
+    engine_starts_per_second: float = 0.0
+    """Starts per second the engine sustains (0 = unknown)."""
+    nodes: int = 1
+    """Hosts the figures add up over (Kubernetes: schedulable nodes)."""
+
+
+@runtime_checkable
+class HostCapacity(Protocol):
+    """Optional for a backend: it reports the facts that bound how many
+    sandboxes its host (or its nodes) hold (sandboxd.core.capacity turns
+    them into a ceiling)."""
+
+    async def host_facts(self) -> HostFacts:
+        """The facts as of now; a figure the backend cannot tell stays 0 (unknown)."""
+        ...
+
+
+@runtime_checkable
+class IsolationRuntimes(Protocol):
+    """Optional for a backend: it can run sandboxes under more than the
+    default runtime (RUNC); a backend without it runs RUNC only."""
+
+    async def runtimes(self) -> frozenset[str]:
+        """The RUNTIMES the backend can start sandboxes under now. Raises
+        BackendError when it cannot tell."""
+        ...
 
 
 @runtime_checkable
@@ -250,6 +344,22 @@ class LivenessProbe(Protocol):
     async def alive(self, handles: list[str]) -> set[str]:
         """The subset of ``handles`` whose sandboxes are running. Raises
         BackendError when it cannot tell (the sweep is then skipped)."""
+        ...
+
+
+@runtime_checkable
+class RootUser(Protocol):
+    """Optional for a backend: it runs one-shot commands (``ExecSpec.user ==
+    ROOT_USER``) and file transfers as uid 0 inside the sandbox's own
+    namespaces, with the sandbox's (empty) capability set, read-only root,
+    limits and network, so root owns what it creates and nothing more."""
+
+    async def put_tar_as(self, handle: str, dest: str, chunks: AsyncIterator[bytes], user: str) -> None:
+        """``put_tar`` run as ``user`` ("" or ROOT_USER)."""
+        ...
+
+    def get_tar_as(self, handle: str, base: str, paths: tuple[str, ...], user: str) -> AsyncIterator[bytes]:
+        """``get_tar`` run as ``user`` ("" or ROOT_USER)."""
         ...
 
 

@@ -1,6 +1,8 @@
 """Pieces of the exec-stream protocol shared by every exec-capable backend:
 capping captured output, finding the end marker a session prints after each
-command, and wording why a command was stopped."""
+command (with the sandbox's clock after the exit status, where asked),
+taking a stream's first line (its root's pid), and wording why a command was
+stopped."""
 
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ class MarkerSplitter:
         self._tail = b""
         self.done = False
         self.exit_code: int | None = None
+        self.extra = b""
+        """What followed the exit status on the marker's line."""
 
     def feed(self, data: bytes) -> bytes:
         if self.done:
@@ -62,14 +66,36 @@ class MarkerSplitter:
         self._tail += data
         if b"\n" not in self._tail:
             return
-        text = self._tail.split(b"\n", 1)[0].strip()
-        if text:
+        code, _, self.extra = self._tail.split(b"\n", 1)[0].strip().partition(b" ")
+        if code:
             try:
-                self.exit_code = int(text)
+                self.exit_code = int(code)
             except ValueError:
                 self.exit_code = -1
         else:
             self.exit_code = 0
+
+
+class FirstLine:
+    """Takes a stream's first line off it (``value``, without the newline)
+    and passes the rest through."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.value: bytes | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """The bytes of ``data`` after the first line."""
+        if self.value is not None:
+            return data
+        buf = self._pending + data
+        end = buf.find(b"\n")
+        if end < 0:
+            self._pending = buf
+            return b""
+        self._pending = b""
+        self.value = buf[:end]
+        return buf[end + 1 :]
 
 
 def stop_detail(outcome: ExecOutcome, spec: ExecSpec) -> str:

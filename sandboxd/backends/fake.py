@@ -1,9 +1,11 @@
 """An in-memory backend: a real adapter for fast tests of everything above
-the engine. Sandboxes are dictionaries of files; exec understands a small
-shell (echo, cat, pwd, cd, export, env, true, false, exit N, sleep S, and
-``;``-separated lists), keeps session state, and honours timeouts and output
-caps. Failures can be injected: transient create errors, missing images,
-slow starts, sandboxes that die.
+the engine. Sandboxes are dictionaries of files (under /workspace and /tmp);
+exec understands a small shell (echo, cat, pwd, cd, export, env, true, false,
+exit N, sleep S, id -u, whoami, and ``;``-separated lists), keeps session
+state, runs commands and file transfers as the sandbox's user or root, and
+honours timeouts and output caps. Failures can be injected: transient create errors, missing images,
+slow starts, sandboxes that die, and a wedged engine (``wedge``: create, destroy and list hang until
+``unwedge``; a hung create has made its sandbox, as a real engine does).
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from dataclasses import dataclass, field
 
 from sandboxd.backends import fake_snapshot
 from sandboxd.backends.base import (
+    ROOT_USER,
+    RUNTIMES,
     WORKSPACE,
     BackendSandbox,
     ExecEvent,
     ExecOutcome,
     ExecResult,
     ExecSpec,
+    HostFacts,
     Limits,
     OutputChunk,
     SandboxSpec,
@@ -48,10 +53,12 @@ class _Shell:
 
 @dataclass
 class FakeSandbox:
+    """One fake sandbox's whole state: files, directories, sessions, and whether it still runs."""
+
     spec: SandboxSpec
     handle: str
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
-    dirs: set[str] = field(default_factory=lambda: {WORKSPACE})
+    dirs: set[str] = field(default_factory=lambda: {WORKSPACE, _TMP})
     sessions: dict[str, _Shell] = field(default_factory=dict)
     running: bool = True
     limits: Limits | None = None
@@ -62,16 +69,40 @@ class FakeSandbox:
     stamps: dict[str, float] = field(default_factory=dict)
 
 
+_TMP = "/tmp"
+_ROOTS = (WORKSPACE, _TMP)
+
+
+def _in_roots(path: str) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in _ROOTS)
+
+
+def _refuse_links(box: FakeSandbox, path: str, *, last: bool = True) -> None:
+    """As the real backends' tar scripts: a link on the way to ``path`` (or
+    ``path`` itself, with ``last``) is refused, never followed."""
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts) + (1 if last else 0)):
+        prefix = "/" + "/".join(parts[:i])
+        if prefix in box.links:
+            raise InvalidArgument(
+                "path", f"{prefix} is a symbolic link to {box.links[prefix]!r}: not followed"
+            )
+
+
 class _Exit(Exception):
     def __init__(self, code: int) -> None:
         self.code = code
 
 
 class FakeBackend:
+    """A whole Backend in memory, with failures to inject; the module docstring lists them."""
+
     def __init__(self, *, start_delay: float = 0.0, images: set[str] | None = None) -> None:
         self.start_delay = start_delay
         self.images: set[str] | None = images
         """Images that exist; None = every image exists."""
+        self.runtimes_available: frozenset[str] = frozenset(RUNTIMES)
+        """What runtimes() answers: every runtime unless a test takes some away."""
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.memory_bytes = 64 << 30
         self.cpus = 16
@@ -83,16 +114,44 @@ class FakeBackend:
         self.max_concurrent_creates = 0
         self._creating = 0
         self._counter = 0
+        self.host_facts_value: HostFacts | None = None
+        """What ``host_facts`` reports; None = nothing known (no host ceiling)."""
+        self._unwedged = asyncio.Event()
+        self._unwedged.set()
+
+    # -- a wedged engine ----------------------------------------------------
+
+    def wedge(self) -> None:
+        """From now on create, destroy and list hang (the engine accepts, never answers)."""
+        self._unwedged = asyncio.Event()
+
+    def unwedge(self) -> None:
+        """The engine answers again: hung calls finish."""
+        self._unwedged.set()
+
+    async def _answer(self) -> None:
+        await self._unwedged.wait()
+
+    async def host_facts(self) -> HostFacts:
+        """The facts set in ``host_facts_value`` (the fake's host)."""
+        return self.host_facts_value or HostFacts()
 
     # -- Deployment ---------------------------------------------------------
 
     async def ping(self) -> None:
+        """Always answers: the fake is never unreachable."""
         return None
 
     async def image_exists(self, image: str) -> bool:
+        """Whether ``image`` is in ``images``; with ``images`` None, every image exists."""
         return self.images is None or image in self.images
 
+    async def runtimes(self) -> frozenset[str]:
+        """``runtimes_available``."""
+        return self.runtimes_available
+
     async def create(self, spec: SandboxSpec) -> str:
+        """A new sandbox after ``start_delay``; fails for a missing image or an injected transient error."""
         self.creates += 1
         self._creating += 1
         self.max_concurrent_creates = max(self.max_concurrent_creates, self._creating)
@@ -107,31 +166,40 @@ class FakeBackend:
             self._counter += 1
             handle = f"fake-{self._counter}"
             self.sandboxes[handle] = FakeSandbox(spec, handle)
+            await self._answer()
             return handle
         finally:
             self._creating -= 1
 
     async def capacity(self) -> tuple[int, int]:
+        """The ``memory_bytes`` and ``cpus`` set on the fake."""
         return self.memory_bytes, self.cpus
 
     async def update_limits(self, handle: str, limits: Limits) -> None:
+        """Records the limits on the sandbox (nothing enforces them); NotFound for an unknown handle."""
         box = self._get(handle)
         box.limits = limits
 
     async def destroy(self, handle: str) -> None:
+        """Forgets the sandbox; a missing one is not an error. Hangs while wedged."""
+        await self._answer()
         if self.sandboxes.pop(handle, None) is not None:
             self.destroys += 1
 
     async def list(self) -> builtins.list[BackendSandbox]:
+        """Every sandbox the fake holds, dead ones included. Hangs while wedged."""
+        await self._answer()
         return [
             BackendSandbox(s.spec.sandbox_id, s.spec.pool, h, s.running, dict(s.spec.labels))
             for h, s in self.sandboxes.items()
         ]
 
     async def close(self) -> None:
+        """Nothing to let go of; the sandboxes stay, as on a real engine."""
         return None
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
+        """Those of ``handles`` whose sandbox exists and still runs."""
         return {h for h in handles if h in self.sandboxes and self.sandboxes[h].running}
 
     def kill(self, handle: str) -> None:
@@ -147,6 +215,7 @@ class FakeBackend:
         return box
 
     async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
+        """Runs the command in the fake shell; timeouts, output caps and a dead sandbox are outcomes."""
         started = time.monotonic()
         box = self.sandboxes.get(handle)
         if box is None or not box.running:
@@ -182,9 +251,8 @@ class FakeBackend:
         code = 0
         outcome = ExecOutcome.EXITED
         try:
-            code = await asyncio.wait_for(
-                self._run(box, shell, command, dict(spec.env), spec.stdin, emit), spec.timeout
-            )
+            env = {**dict(spec.env), "_FAKE_USER": spec.user}
+            code = await asyncio.wait_for(self._run(box, shell, command, env, spec.stdin, emit), spec.timeout)
         except TimeoutError:
             outcome = ExecOutcome.TIMED_OUT
         except _Truncated:
@@ -259,7 +327,13 @@ class FakeBackend:
                 shell.env[k] = val
             return 0
         if name == "env":
-            emit(1, "".join(f"{k}={val}\n" for k, val in env.items()).encode())
+            shown = {k: val for k, val in env.items() if k != "_FAKE_USER"}
+            emit(1, "".join(f"{k}={val}\n" for k, val in shown.items()).encode())
+            return 0
+        if name in ("id", "whoami"):
+            root = env.get("_FAKE_USER") == ROOT_USER
+            as_root, as_sandbox = {"id": ("0", "1000"), "whoami": ("root", "sandbox")}[name]
+            emit(1, f"{as_root if root else as_sandbox}\n".encode())
             return 0
         if name == "cat":
             if not args:
@@ -285,6 +359,7 @@ class FakeBackend:
         return 127
 
     async def usage(self, handle: str) -> SandboxUsage:
+        """Workspace bytes and entries against the limits; the fake reports no memory, pids or CPU."""
         box = self._get(handle)
         return SandboxUsage(
             disk_bytes=sum(len(c) for c, _ in box.files.values()),
@@ -294,15 +369,19 @@ class FakeBackend:
         )
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
+        """Extracts into the sandbox's files; InvalidArgument for a corrupt or escaping archive,
+        ResourceExhausted once the files pass the disk limit (checked after extracting)."""
         box = self._get(handle)
         data = b"".join([c async for c in chunks])
         limit = box.spec.limits.disk_bytes
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+                _refuse_links(box, dest)
                 for member in tar:
                     path = posixpath.normpath(posixpath.join(dest, member.name))
-                    if not path.startswith(WORKSPACE):
+                    if not _in_roots(path):
                         raise InvalidArgument("tar", f"member {member.name} escapes")
+                    _refuse_links(box, path, last=member.isdir())
                     self._mkdirs(box, posixpath.dirname(path))
                     box.stamps[path] = time.time()
                     if member.isdir():
@@ -323,18 +402,29 @@ class FakeBackend:
 
     @staticmethod
     def _mkdirs(box: FakeSandbox, path: str) -> None:
-        while path.startswith(WORKSPACE) and path not in box.dirs:
+        while _in_roots(path) and path not in box.dirs:
             box.dirs.add(path)
             path = posixpath.dirname(path)
 
+    async def put_tar_as(self, handle: str, dest: str, chunks: AsyncIterator[bytes], user: str) -> None:
+        """As put_tar (the fake keeps no owners)."""
+        await self.put_tar(handle, dest, chunks)
+
+    def get_tar_as(self, handle: str, base: str, paths: tuple[str, ...], user: str) -> AsyncIterator[bytes]:
+        """As get_tar."""
+        return self.get_tar(handle, base, paths)
+
     async def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
+        """A tar of ``paths`` under ``base`` in one chunk; NotFound names the missing base or first path."""
         box = self._get(handle)
+        _refuse_links(box, base)
         if base not in box.dirs:  # as the Docker backend: name the missing base itself
             raise NotFound(f"no such file or directory in the sandbox: {base}")
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for rel in paths:
                 root = posixpath.normpath(posixpath.join(base, rel))
+                _refuse_links(box, root, last=False)
                 if root not in box.files and root not in box.dirs and root not in box.links:
                     raise NotFound(f"no such file or directory in the sandbox: {rel}")
                 for path in sorted(box.dirs):  # directory entries, as real tar writes them

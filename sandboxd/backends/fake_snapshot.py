@@ -64,10 +64,11 @@ def _unquote(body: str) -> str:
 def _entries(box: _Box) -> list[tuple[str, str, int, int, str]]:
     records: list[tuple[str, str, int, int, str]] = []
     for d in box.dirs:
-        if d != WORKSPACE:
+        if d.startswith(WORKSPACE + "/"):  # a snapshot is the workspace: not /tmp
             records.append((d, "d", box.dir_modes.get(d, 0o755), 4096, ""))
     for p, (content, mode) in box.files.items():
-        records.append((p, "f", mode, len(content), ""))
+        if p.startswith(WORKSPACE + "/"):
+            records.append((p, "f", mode, len(content), ""))
     for p, target in box.links.items():
         records.append((p, "l", 0o777, len(target), target))
     return sorted(records)
@@ -84,6 +85,7 @@ def _now() -> bytes:
 
 
 def listing(box: _Box) -> bytes:
+    """LIST_SCRIPT's output: the clock now, then a record per entry of the workspace (never /tmp)."""
     return _now() + b"".join(_record(box, *r) for r in _entries(box))
 
 
@@ -100,6 +102,7 @@ def delta_listing(box: _Box, since: float) -> bytes:
 
 
 def records_of(box: _Box, rels: list[str]) -> bytes:
+    """RECORDS_SCRIPT's output: the clock now, then a record for each of ``rels`` that exists."""
     by_path = {r[0]: r for r in _entries(box)}
     found = [by_path[p] for p in (posixpath.join(WORKSPACE, r) for r in rels) if p in by_path]
     return _now() + b"".join(_record(box, *r) for r in found)

@@ -9,19 +9,31 @@ parent's descriptor with O_NOFOLLOW, every file with O_NOFOLLOW and
 O_NONBLOCK (a FIFO swapped in cannot block us) and checked to be a regular
 file on the descriptor that is read. A symlink, however placed, is read as a
 link and never followed, so nothing outside the workspace can be reached.
+A path below the root is opened with one openat2 call (RESOLVE_BENEATH, no
+links) where the kernel has it, else one component at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
+import platform
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from sandboxd.backends.base import WORKSPACE
+from sandboxd.backends.layout import WORKSPACE
+from sandboxd.errors import BackendError, FailedPrecondition
 
 OnDir = Callable[[int, str], None]
+
+CHUNK_BYTES = 1 << 20
+"""What one streamed read takes at most (HostFile.chunks)."""
+# One read(2) returns at most this on Linux, whatever was asked: a short
+# read of a file above it is not its end.
+_MAX_READ = 0x7FFFF000
 
 Record = tuple[str, int, int, str, str, str, str, int]
 """(kind, mode, size, mtime, ctime, path, target, links) as the in-sandbox
@@ -49,6 +61,7 @@ def find_time(ns: int) -> str:
 
 
 def record(st: os.stat_result, path: str, target: str = "") -> Record:
+    """The Record of an entry's stat, its stamps equal to what the in-sandbox listing prints."""
     return (
         _KINDS.get(stat.S_IFMT(st.st_mode), "?"),
         st.st_mode & 0o7777,
@@ -59,6 +72,16 @@ def record(st: os.stat_result, path: str, target: str = "") -> Record:
         target,
         st.st_nlink,
     )
+
+
+class Large:
+    """Stands for the content of a regular file above the caller's
+    ``inline_max``, left unread: stream it with HostWorkspace.open_file."""
+
+    __slots__ = ()
+
+
+LARGE = Large()
 
 
 class HostWorkspace:
@@ -94,6 +117,7 @@ class HostWorkspace:
             os.close(proc)
 
     def close(self) -> None:
+        """Closes the root descriptor; errors (already closed) are ignored."""
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -129,19 +153,22 @@ class HostWorkspace:
         finally:
             os.close(fd)
 
-    def scan(self, on_dir: OnDir | None = None) -> Iterator[tuple[Record, bytes | None]]:
+    def scan(
+        self, on_dir: OnDir | None = None, inline_max: int = 0
+    ) -> Iterator[tuple[Record, bytes | Large | None]]:
         """Every entry below the root, as walk() lists them, each regular
-        file with its content (None for everything else). A file is described
+        file with its content (None for everything else; LARGE for a file
+        above ``inline_max`` bytes, 0: no limit). A file is described
         by the descriptor it is read through, stat before read: a change
         after the stat moves its ctime, so a stamp never vouches for content
         older than itself. ``on_dir`` as for walk()."""
         if on_dir is not None:
             on_dir(self.fd, "")
-        return self._entries(self.fd, "", on_dir, read=True)
+        return self._entries(self.fd, "", on_dir, read=True, inline_max=inline_max)
 
     def _entries(
-        self, dfd: int, prefix: str, on_dir: OnDir | None, *, read: bool
-    ) -> Iterator[tuple[Record, bytes | None]]:
+        self, dfd: int, prefix: str, on_dir: OnDir | None, *, read: bool, inline_max: int = 0
+    ) -> Iterator[tuple[Record, bytes | Large | None]]:
         with os.scandir(dfd) as it:
             entries = list(it)
         for entry in entries:
@@ -149,7 +176,7 @@ class HostWorkspace:
             path = prefix + name
             # The directory's type field tells files apart without a call.
             if read and entry.is_file(follow_symlinks=False):
-                got = _scan_file(dfd, name, path)
+                got = _scan_file(dfd, name, path, inline_max)
                 if got is not None:
                     yield got
                 continue
@@ -172,11 +199,11 @@ class HostWorkspace:
                 try:
                     if on_dir is not None:
                         on_dir(cfd, path)
-                    yield from self._entries(cfd, path + "/", on_dir, read=read)
+                    yield from self._entries(cfd, path + "/", on_dir, read=read, inline_max=inline_max)
                 finally:
                     os.close(cfd)
             elif read and kind == stat.S_IFREG:  # became a file since it was listed
-                got = _scan_file(dfd, name, path)
+                got = _scan_file(dfd, name, path, inline_max)
                 if got is not None:
                     yield got
             else:
@@ -217,15 +244,67 @@ class HostWorkspace:
 
     # -- reading --------------------------------------------------------------
 
-    def read_files(self, paths: Iterable[tuple[str, int]]) -> Iterator[tuple[str, bytes | None]]:
+    def read_files(
+        self, paths: Iterable[tuple[str, int]], inline_max: int = 0
+    ) -> Iterator[tuple[str, bytes | Large | None]]:
         """(path, content) for each (path, expected size), None for one that
-        is no longer a regular file. Paths of one directory are best passed
+        is no longer a regular file, LARGE for one above ``inline_max``
+        bytes (0: no limit). Paths of one directory are best passed
         together: its descriptor is opened once for them."""
         with _Parents(self.fd) as parents:
             for rel, size in paths:
                 parent, _, name = rel.rpartition("/")
                 pfd = parents.open(parent)
-                yield rel, (_read_regular(pfd, name, size) if pfd >= 0 else None)
+                yield rel, (_read_regular(pfd, name, size, inline_max) if pfd >= 0 else None)
+
+    def open_file(self, rel: str) -> HostFile | None:
+        """Regular file ``rel`` opened to be read in bounded chunks (None
+        when it is gone or no longer a regular file); the caller closes it."""
+        parent, _, name = rel.rpartition("/")
+        try:
+            pfd = _open_dirs(self.fd, parent)
+        except OSError:
+            return None
+        try:
+            fd = os.open(name, _FILE, dir_fd=pfd)
+        except OSError:
+            return None
+        finally:
+            os.close(pfd)
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        return HostFile(fd, record(st, rel))
+
+
+class HostFile:
+    """A workspace file opened for a streamed read; ``record`` describes it
+    as it was opened (stat before read, as scan() does)."""
+
+    def __init__(self, fd: int, rec: Record) -> None:
+        self.fd = fd
+        self.record = rec
+
+    @property
+    def size(self) -> int:
+        """Its size when it was opened."""
+        return self.record[2]
+
+    def chunks(self, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """Its content in pieces of at most ``chunk`` bytes (read_chunks)."""
+        return read_chunks(self.fd, self.size, self.record[5], chunk)
+
+    def close(self) -> None:
+        """Closes the descriptor (idempotent)."""
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
 
 
 class _Parents:
@@ -259,19 +338,79 @@ class _Parents:
 
 
 def _open_dirs(fd: int, rel: str) -> int:
-    """A new descriptor of directory ``rel`` below ``fd``, opened one
-    component at a time without following links ("" or ".": ``fd`` itself)."""
-    cur = os.open(".", _DIR, dir_fd=fd)
-    for part in rel.split("/") if rel and rel != "." else ():
+    """A new descriptor of directory ``rel`` below ``fd``, opened without
+    following links ("" or ".": ``fd`` itself): one openat2 call that the
+    kernel keeps beneath ``fd`` where it has it, else one component at a time."""
+    parts = rel.split("/") if rel and rel != "." else []
+    for part in parts:
         if part in ("", ".", ".."):
-            os.close(cur)
-            raise OSError(f"refusing path component {part!r}")
+            raise OSError(errno.EINVAL, f"refusing path component {part!r}")
+    if parts and _openat2 is not None:
+        got = _openat2(fd, rel)
+        if got is not None:
+            return got
+    cur = os.open(".", _DIR, dir_fd=fd)
+    for part in parts:
         try:
             nxt = os.open(part, _DIR, dir_fd=cur)
         finally:
             os.close(cur)
         cur = nxt
     return cur
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+
+# openat2(2) (Linux 5.6; the syscall number is 437 on x86_64 and aarch64)
+# resolves a whole path in the kernel: RESOLVE_BENEATH keeps it below the
+# descriptor, RESOLVE_NO_SYMLINKS refuses any link on the way (ELOOP), so
+# nothing the sandbox plants can lead out, without a call per component.
+_RESOLVE = 0x08 | 0x04 | 0x02  # RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(platform.machine())
+
+
+def _load_openat2() -> Callable[[int, str], int | None] | None:
+    if _SYS_OPENAT2 is None:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    disabled = False
+
+    def openat2(dfd: int, rel: str) -> int | None:
+        """A descriptor of directory ``rel``; None: fall back to the walk."""
+        nonlocal disabled
+        if disabled:
+            return None
+        how = _OpenHow(_DIR, 0, _RESOLVE)
+        got = syscall(
+            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_int(dfd),
+            ctypes.c_char_p(os.fsencode(rel)),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+        if got >= 0:
+            return int(got)
+        err = ctypes.get_errno()
+        if err in (errno.ENOSYS, errno.E2BIG, errno.EPERM):
+            # An older kernel, or a seccomp filter that refuses the call:
+            # the component walk does the same, with more calls.
+            disabled = True
+            return None
+        if err == errno.EAGAIN:
+            return None  # a rename raced the lookup: walk instead
+        raise OSError(err, os.strerror(err), rel)
+
+    return openat2
+
+
+_openat2 = _load_openat2()
 
 
 def _read_at(dfd: int, name: str) -> bytes:
@@ -282,9 +421,10 @@ def _read_at(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
-def _read_regular(dfd: int, name: str, size: int) -> bytes | None:
+def _read_regular(dfd: int, name: str, size: int, inline_max: int = 0) -> bytes | Large | None:
     """The content of regular file ``name``, read with one call when it still
-    has about the ``size`` it was listed with. No fstat: what else a name can
+    has about the ``size`` it was listed with (LARGE above ``inline_max``).
+    No fstat: what else a name can
     be here fails on read (a directory: EISDIR; a FIFO opened non-blocking
     reads empty or EAGAIN; a socket does not open; devices do not open on the
     nodev workspace), so the check would cost a call per file for nothing."""
@@ -293,14 +433,14 @@ def _read_regular(dfd: int, name: str, size: int) -> bytes | None:
     except OSError:
         return None
     try:
-        return _read_fd(fd, size)
+        return _read_fd(fd, size, inline_max)
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def _scan_file(dfd: int, name: str, path: str) -> tuple[Record, bytes] | None:
+def _scan_file(dfd: int, name: str, path: str, inline_max: int = 0) -> tuple[Record, bytes | Large] | None:
     try:
         fd = os.open(name, _FILE, dir_fd=dfd)
     except OSError:
@@ -309,19 +449,50 @@ def _scan_file(dfd: int, name: str, path: str) -> tuple[Record, bytes] | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None  # replaced since it was listed
-        return record(st, path), _read_fd(fd, st.st_size)
+        return record(st, path), _read_fd(fd, st.st_size, inline_max)
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def _read_fd(fd: int, size: int) -> bytes:
-    want = size + 1 if size else 65536
+def _read_fd(fd: int, size: int, limit: int = 0) -> bytes | Large:
+    """The content up to its end; LARGE (left unread) once it is seen to
+    hold more than ``limit`` bytes (0: no limit)."""
+    if limit and size > limit:
+        return LARGE
+    want = min(size + 1 if size else 65536, _MAX_READ)
     first = os.read(fd, want)
     if len(first) < want:
-        return first  # a short read of a regular file is its end
+        return first  # a short read (below the per-call cap) of a regular file is its end
     parts = [first]
-    while chunk := os.read(fd, 1 << 20):
+    total = len(first)
+    while chunk := os.read(fd, CHUNK_BYTES):
+        total += len(chunk)
+        if limit and total > limit:
+            return LARGE  # it grew since its size was taken: the caller streams it
         parts.append(chunk)
     return b"".join(parts)
+
+
+def read_chunks(fd: int, size: int, path: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The content of the regular file open as ``fd``, which had ``size``
+    bytes, from its start to its end in pieces of at most ``chunk`` bytes.
+    FailedPrecondition naming ``path`` if it turns out to hold another count,
+    or its size moved while it was read: what was read is then neither the
+    old content nor the new."""
+    offset = 0
+    try:
+        while data := os.pread(fd, min(chunk, _MAX_READ), offset):
+            offset += len(data)
+            if offset > size:
+                break
+            yield data
+        now = os.fstat(fd).st_size
+    except OSError as e:
+        raise BackendError(f"reading {WORKSPACE}/{path} in place failed after {offset} bytes: {e}") from e
+    if offset != size or now != size:
+        raise FailedPrecondition(
+            f"{WORKSPACE}/{path} changed size while it was being snapshotted ({size} bytes when opened, "
+            f"{'more than that' if offset > size else offset} read, {now} now); retry"
+        )

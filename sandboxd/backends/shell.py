@@ -1,15 +1,29 @@
 """Shell snippets any exec-capable backend (Docker, Kubernetes) runs inside a
 sandbox: quoting, the persistent-session protocol, process-tree kill and tar.
 
-Process trees are found by an environment tag rather than by parent pid:
-every process an exec starts inherits ``SANDBOXD_EXEC=<tag>`` (daemonised and
-re-parented children too), and ``/proc/<pid>/environ`` shows the environment a
-process was started with, so one scan finds the whole tree, even orphans.
+A command's processes are found whatever it does to its environment:
+
+- by parentage: each exec stream's first process (a session's shell, a
+  one-shot command) starts as a child subreaper (REAPER), so a process that
+  detaches (``setsid``, a double fork) is re-parented to it instead of to the
+  sandbox's PID 1 and stays its descendant;
+- by an environment tag, as a first pass: every process an exec starts
+  inherits ``SANDBOXD_EXEC=<tag>`` unless it clears it, and
+  ``/proc/<pid>/environ`` shows the environment it was started with, so a
+  scan also finds those whose subreaper died first.
+
+TREE_KILL does both. Where the control plane sees the sandbox's cgroups
+(Docker on the engine's host), each stream gets a cgroup of its own instead
+(GATE), which nothing inside the sandbox can leave.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
+from dataclasses import dataclass
+
+from sandboxd.backends.layout import WORKSPACE
 
 EXEC_TAG_VAR = "SANDBOXD_EXEC"
 SESSION_TAG_VAR = "SANDBOXD_SESSION"
@@ -18,6 +32,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def is_env_name(name: str) -> bool:
+    """Whether ``name`` can be an environment variable's name in a shell."""
     return bool(_ENV_NAME.match(name))
 
 
@@ -50,23 +65,168 @@ def printf_format(data: bytes) -> str:
     return "".join(out)
 
 
-# Kills every process carrying the tag, looping so that children forked while
-# we scan are caught on the next pass (a fork bomb cannot outrun it for long).
-KILL_BY_TAG = r"""
-pat="$1"
-i=0
-while [ $i -lt 50 ]; do
-  pids=$(grep -lxzF -- "$pat" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
-  [ -z "$pids" ] && exit 0
-  kill -KILL $pids 2>/dev/null
-  i=$((i+1))
+@dataclass(frozen=True)
+class Tree:
+    """The processes one kill must end: those tagged ``tag_var=tag`` and
+    everything below them, and the stream's first process (its root) and
+    everything below it, or with ``keep_root`` only the root's children
+    that started with the command."""
+
+    tag_var: str
+    tag: str
+    keep_root: bool = False
+    """Spare the root: it is the session shell the command ran in."""
+    since: str = ""
+    """With ``keep_root``: where the previous command ended, as the shell
+    printed it: the sandbox's clock (/proc/uptime) and the last pid its pid
+    namespace handed out. The root's children forked since are the
+    command's (what it left behind is re-parented to the root); older ones
+    are earlier commands'. "": the first command, so since the root started."""
+
+    @property
+    def pattern(self) -> str:
+        """The ``NAME=value`` entry the tagged processes' environment holds."""
+        return f"{self.tag_var}={self.tag}"
+
+
+# Ends a Tree from inside the sandbox, with builtins but for one grep per
+# round. Each round adds the tagged processes and every child of a process
+# already found (and, keeping the root, the root's children forked since $4:
+# a pid above the one it names, or a start after its clock, as pids wrap),
+# and stops what it found: stopped processes cannot fork, so the set stops
+# growing, and what a victim forked meanwhile is its child, found in the
+# next round. Then one SIGKILL each. A zombie is already dead; a stat line
+# is "pid (comm) state ppid ..." with field 22, the start time, in clock
+# ticks (USER_HZ, 100 on every Linux architecture sandboxes run on).
+TREE_KILL = r"""
+pat=$1; root=$2; keep=$3; since=${4%% *}; after=${4##* }
+ticks=-1
+case $since in
+  *[!0-9.]* | *.*.*) ;;
+  [0-9]*.[0-9][0-9]) ticks=$(( ${since%.*} * 100 + 1${since#*.} - 100 )) ;;
+esac
+case $after in '' | *[!0-9]*) after=-1 ;; esac
+case $root in '' | *[!0-9]*) root=0 ;; esac
+if [ "$ticks" -lt 0 ] && [ "$keep" = 1 ] && [ "$root" -gt 0 ]; then
+  { read -r line </proc/$root/stat; } 2>/dev/null && set -- ${line##*") "} && ticks=${20:--1}
+  after=$root
+fi
+me=$$; victims=' '; rounds=0; new=
+[ "$root" -gt 0 ] && [ "$keep" != 1 ] && { victims=" $root "; new=" $root"; }
+while :; do
+  for p in $(grep -lxzF -- "$pat" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+    [ "$keep" = 1 ] && [ "$p" = "$root" ] && continue
+    case $victims in *" $p "*) ;; *) victims="$victims$p "; new="$new $p" ;; esac
+  done
+  grew=1
+  while [ -n "$grew" ]; do
+    grew=
+    for f in /proc/[0-9]*/stat; do
+      p=${f#/proc/}; p=${p%/stat}
+      case $victims in *" $p "*) continue ;; esac
+      [ "$p" = "$me" ] && continue
+      [ "$keep" = 1 ] && [ "$p" = "$root" ] && continue
+      line=
+      { read -r line <"$f"; } 2>/dev/null || continue
+      set -- ${line##*") "}
+      [ "$1" = Z ] && continue
+      case $victims in
+        *" $2 "*) ;;
+        *)
+          [ "$keep" = 1 ] && [ "$root" -gt 0 ] && [ "$2" = "$root" ] || continue
+          if [ "$after" -ge 0 ] && [ "$p" -gt "$after" ]; then :
+          elif [ "$ticks" -ge 0 ] && [ "${20}" -gt "$ticks" ]; then :
+          else continue
+          fi ;;
+      esac
+      victims="$victims$p "; new="$new $p"; grew=1
+    done
+  done
+  [ -n "$new" ] && kill -STOP $new 2>/dev/null
+  rounds=$((rounds + 1))
+  { [ -z "$new" ] || [ $rounds -ge 50 ]; } && break
+  new=
 done
-exit 1
+[ "$victims" = ' ' ] || kill -KILL $victims 2>/dev/null
+exit 0
 """
 
 
-def kill_argv(tag_var: str, tag: str) -> list[str]:
-    return ["sh", "-c", KILL_BY_TAG, "sandboxd-kill", f"{tag_var}={tag}"]
+def tree_kill_argv(tree: Tree, root: int) -> list[str]:
+    """TREE_KILL for ``tree`` in a stream whose first process is ``root``
+    (its pid in the sandbox; 0 when unknown)."""
+    keep = "1" if tree.keep_root else "0"
+    return ["sh", "-c", TREE_KILL, "sandboxd-kill", tree.pattern, str(root), keep, tree.since]
+
+
+# The wrapper every exec stream starts in where the control plane cannot see
+# the sandbox's cgroups: prints its pid (the stream's root, which TREE_KILL
+# needs), makes itself a child subreaper (PR_SET_CHILD_SUBREAPER = 36; it
+# survives exec) and execs the command in place, so the pid is the
+# command's. Subreaper through perl's syscall (about 3 ms; prctl's number per
+# architecture), else python3's ctypes (about 11 ms), else none: then only
+# the tag and the parentage at kill time find the tree.
+_SUBREAPER_PERL = (
+    'open(my $f, "<", "/proc/sys/kernel/arch"); my $m = <$f> // ""; chomp $m;'
+    " my %nr = (x86_64 => 157, aarch64 => 167, riscv64 => 167);"
+    " syscall($nr{$m}, 36, 1, 0, 0, 0) if $nr{$m};"
+    ' exec { $ARGV[0] } @ARGV; print STDERR "$ARGV[0]: $!\\n"; exit 127;'
+)
+_SUBREAPER_PYTHON = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+    "try:\n"
+    "    os.execvp(sys.argv[1], sys.argv[1:])\n"
+    "except OSError as e:\n"
+    "    sys.stderr.write(f'{sys.argv[1]}: {e.strerror}\\n')\n"
+    "    sys.exit(127)\n"
+)
+REAPER = r"""
+echo $$
+perl=$1; python=$2
+shift 2
+command -v perl >/dev/null 2>&1 && exec perl -e "$perl" -- "$@"
+command -v python3 >/dev/null 2>&1 && exec python3 -I -S -c "$python" "$@"
+exec "$@"
+"""
+
+
+def reaper_argv(argv: list[str]) -> list[str]:
+    """``argv`` as the root of a stream: REAPER first (its pid comes out as
+    the first line of stdout)."""
+    return ["sh", "-c", REAPER, "sh", _SUBREAPER_PERL, _SUBREAPER_PYTHON, *argv]
+
+
+# Where the control plane moves the stream's first process into a cgroup of
+# its own from outside (Docker on the engine's host): prints its pid and
+# waits for a line on stdin (the go-ahead, once it has been moved), then
+# execs the command in place. Named "sh" so that a command not found reads
+# like any shell's complaint.
+GATE = 'echo $$; read -r _ || exit 126; exec "$@"'
+
+
+def gate_argv(argv: list[str]) -> list[str]:
+    """``argv`` behind GATE (its pid is the first line of stdout)."""
+    return ["sh", "-c", GATE, "sh", *argv]
+
+
+# The first line a session shell reads. bash reports a job killed by a signal
+# on its own stderr ("bash: line 3: 24 Killed  sleep 1000"), which is the
+# command's stderr, and names the wrapper the job ran in: with the signal
+# "trapped" it no longer does. SIGKILL cannot really be caught or ignored, so
+# nothing the shell starts inherits anything from this. A foreground job
+# still gets bash's short word ("Killed"), as in any script.
+SESSION_PRELUDE = b"trap '' KILL\n"
+
+# Signals whose death bash reports for a background job (SIGINT never is):
+# a one-shot command forked by an idle shell runs as one, so with these
+# trapped nothing about it is printed. Caught signals are reset to their
+# defaults in every child, so the command sees none of it. Set once per
+# shell (the variable says so): the builtin takes tens of microseconds.
+ONESHOT_TRAPS = (
+    '[ -n "${__sandboxd_traps-}" ] || { __sandboxd_traps=1; '
+    "trap : HUP QUIT ILL TRAP ABRT BUS FPE USR1 SEGV USR2 PIPE ALRM TERM XCPU XFSZ VTALRM PROF SYS; }"
+)
 
 
 def session_command(
@@ -77,11 +237,14 @@ def session_command(
     cwd: str,
     env: dict[str, str],
     stdin: bytes,
+    clock: bool = False,
 ) -> bytes:
     """One line for the session shell: runs ``command`` in the shell itself
     (so cd/export persist), with a per-command environment and stdin that do
     not leak into the session, then prints the marker and $? on stdout and
-    the marker on stderr so both streams are known to be complete."""
+    the marker on stderr so both streams are known to be complete. With
+    ``clock``, the sandbox's clock (/proc/uptime) and last pid follow $?:
+    the next command's Tree.since, as it starts after this one ended."""
     parts: list[str] = []
     if cwd:
         parts.append(f"cd -- {ansi_c_quote(cwd)} && ")
@@ -91,33 +254,184 @@ def session_command(
         parts.append(f" < <(printf {printf_format(stdin)})")
     else:
         parts.append(" < /dev/null")
-    parts.append(f"; printf '%s %d\\n' {marker} $?; printf '%s\\n' {marker} >&2\n")
+    if clock:
+        parts.append(
+            "; __sandboxd_rc=$?; read -r __sandboxd_up _ 2>/dev/null </proc/uptime; "
+            "read -r __sandboxd_pid 2>/dev/null </proc/sys/kernel/ns_last_pid; "
+            f'printf \'%s %d %s %s\\n\' {marker} "$__sandboxd_rc" "$__sandboxd_up" "$__sandboxd_pid"; '
+            "unset __sandboxd_rc __sandboxd_up __sandboxd_pid"
+        )
+    else:
+        parts.append(f"; printf '%s %d\\n' {marker} $?")
+    parts.append(f"; printf '%s\\n' {marker} >&2\n")
     return "".join(parts).encode()
 
 
-# Extract a tar from stdin into $1 as the sandbox user; exit codes say why it failed.
-PUT_TAR = r"""
-dest="$1"
-mkdir -p -- "$dest" 2>/tmp/.sandboxd-err || { cat /tmp/.sandboxd-err >&2; exit 3; }
-tar -x --no-same-owner --no-overwrite-dir -C "$dest" -f - 2>/tmp/.sandboxd-err
-rc=$?
-if [ $rc -ne 0 ]; then
-  cat /tmp/.sandboxd-err >&2
-  if grep -qE "No space left on device|Wrote only" /tmp/.sandboxd-err; then exit 28; fi
-  exit 4
-fi
+# File transfers resolve their paths without following symbolic links: the
+# sandbox owns its files and may have planted `ln -s / r`, and the file API
+# promises nothing outside its roots is reached. Any link met as a path
+# component (or as the directory itself) is refused with exit LINK_EXIT,
+# printing "link:<path>", "target:<its target>" and "resolved:<where the
+# chain ends>" (for the message only: never used as a path) on stderr.
+#
+# Each walk ends pinned: the script cds into the directory one step at a
+# time and checks with `pwd -P` (the kernel's own name for where it now is)
+# that it landed where it meant to, so a link swapped in between a check and
+# the cd is caught, and what follows works relative to that directory. What
+# stays is a race inside the pinned directory: a process of the sandbox that
+# replaces one of its subdirectories by a link between a `test -L` here and
+# tar's or mv's use of the name can redirect that one use. Only the
+# sandbox's own processes can run that race, and as the sandbox's user they
+# could read or write there anyway; against a transfer as root it can reach
+# what root (without capabilities, read-only root filesystem) reaches and
+# the sandbox's user does not (files.proto says so).
+_LINK_WALK = r"""
+refuse_link() {
+  printf 'link:%s\n' "$1" >&2
+  printf 'target:%s\n' "$(readlink -- "$1" 2>/dev/null)" >&2
+  printf 'resolved:%s\n' "$(readlink -f -- "$1" 2>/dev/null)" >&2
+  exit 5
+}
+first_link() {
+  fl_p=; fl_rest=${1#/}
+  while [ -n "$fl_rest" ]; do
+    fl_p="$fl_p/${fl_rest%%/*}"
+    case $fl_rest in */*) fl_rest=${fl_rest#*/} ;; *) fl_rest= ;; esac
+    [ -L "$fl_p" ] && { printf '%s' "$fl_p"; return 0; }
+  done
+  return 1
+}
+pinned() {
+  [ "$(pwd -P)" = "$1" ] && return 0
+  pn_l=$(first_link "$1") && refuse_link "$pn_l"
+  printf 'moved:%s\n' "$1" >&2
+  exit 5
+}
 """
 
-# Tar up $2.. relative to $1, refusing to start when one is missing so the
-# caller can name it.
-GET_TAR = r"""
+# Extract a tar from stdin into $1 as the exec's user; exit codes say why it
+# failed. The directory is walked from / and created one level at a time
+# (exit 3 if that fails), never through a link. The archive goes into a
+# fresh private directory inside it first, where only the archive's own
+# links exist (the control plane has checked those stay inside it), and is
+# then moved into place entry by entry: a staged directory whose place is
+# taken by a link is refused before anything moves (exit 5), one that meets
+# a directory is merged into it, anything else replaces what is there by a
+# rename (a link in its place is replaced, never written through). Errors
+# are kept in a variable, not a file: a scratch file in /tmp would be
+# another user's after a write as root (or the reverse).
+PUT_TAR = (
+    _LINK_WALK
+    + r"""
+dest="$1"
+cd / || exit 3
+rest=${dest#/}
+while [ -n "$rest" ]; do
+  c=${rest%%/*}
+  case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac
+  here=$(pwd -P); here=${here%/}
+  [ -L "$c" ] && refuse_link "$here/$c"
+  if [ ! -d "$c" ]; then
+    err=$(mkdir -- "$c" 2>&1) || [ -d "$c" ] || { printf '%s\n' "$err" >&2; exit 3; }
+  fi
+  cd -P -- "$c" 2>/dev/null || { printf 'cannot enter %s\n' "$here/$c" >&2; exit 3; }
+  pinned "$here/$c"
+done
+pinned "$dest"
+stage=$(mktemp -d ./.sandboxd-put.XXXXXX 2>&1) || { printf '%s\n' "$stage" >&2; exit 4; }
+trap 'rm -rf -- "$stage"' EXIT
+err=$(tar -x --no-same-owner -C "$stage" -f - 2>&1 >/dev/null)
+rc=$?
+if [ $rc -ne 0 ]; then
+  printf '%s\n' "$err" >&2
+  case "$err" in *"No space left on device"*|*"Wrote only"*) exit 28;; esac
+  exit 4
+fi
+# $1: a staged directory, $2: its place (both relative to $dest); with $3 = 1
+# only checks, so that a refusal leaves everything as it was.
+merge() {
+  local e t
+  for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+    [ -e "$e" ] || [ -L "$e" ] || continue
+    t="$2/${e##*/}"
+    if [ -d "$e" ] && [ ! -L "$e" ]; then
+      [ -L "$t" ] && refuse_link "$dest/${t#./}"
+      if [ -d "$t" ]; then
+        merge "$e" "$t" "$3"
+        continue
+      fi
+    elif [ -d "$t" ] && [ ! -L "$t" ]; then
+      printf 'cannot replace directory %s by a non-directory\n' "$dest/${t#./}" >&2
+      exit 4
+    fi
+    [ "$3" = 1 ] && continue
+    if [ -e "$t" ] || [ -L "$t" ]; then
+      [ -d "$e" ] && { rm -f -- "$t" || exit 4; }
+    fi
+    err=$(mv -f -T -- "$e" "$t" 2>&1) || {
+      printf '%s\n' "$err" >&2
+      case "$err" in *"No space left on device"*) exit 28;; esac
+      exit 4
+    }
+  done
+}
+merge "$stage" . 1
+merge "$stage" . 0
+"""
+)
+
+# Tar up $2.. relative to $1, refusing to start when one is missing (exit 3)
+# so the caller can name it, or when the way to one passes a link (exit 5).
+# tar itself stores a link it meets as a link and does not descend through it.
+GET_TAR = (
+    _LINK_WALK
+    + r"""
 base="$1"; shift
-cd -- "$base" 2>/dev/null || { printf 'missing:%s\n' "$base" >&2; exit 3; }
+if ! cd -P -- "$base" 2>/dev/null; then
+  l=$(first_link "$base") && refuse_link "$l"
+  printf 'missing:%s\n' "$base" >&2
+  exit 3
+fi
+pinned "$base"
 for p in "$@"; do
+  case /$p/ in */../*) printf 'missing:%s\n' "$p" >&2; exit 3 ;; esac
+  q=.; rest=$p
+  while :; do
+    case $rest in */*) q="$q/${rest%%/*}"; rest=${rest#*/} ;; *) break ;; esac
+    [ -L "$q" ] && refuse_link "$base/${q#./}"
+  done
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then printf 'missing:%s\n' "$p" >&2; exit 3; fi
 done
 exec tar -c -f - -- "$@"
 """
+)
+
+LINK_EXIT = 5
+"""Exit status of PUT_TAR and GET_TAR when a link stands in the way."""
+
+
+def link_refusal(message: str) -> str:
+    """What a tar script's refusal (exit LINK_EXIT, its stderr in
+    ``message``) means, naming the link and where it leads."""
+    path = target = resolved = ""
+    for line in message.splitlines():
+        if line.startswith("link:"):
+            path = line[5:]
+        elif line.startswith("target:"):
+            target = line[7:]
+        elif line.startswith("resolved:"):
+            resolved = line[9:]
+        elif line.startswith("moved:") and not path:
+            return f"{line[6:]} changed while it was being resolved (a link swapped in?); not followed"
+    root = "/tmp" if path == "/tmp" or path.startswith("/tmp/") else WORKSPACE
+    # Where the whole chain ends, as the sandbox saw it; else where the
+    # first link points, read as text.
+    resolved = resolved or posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if resolved == root or resolved.startswith(root + "/"):
+        where = f"file paths do not follow links, even within {root}"
+    else:
+        where = f"it leads out of {root}, and file paths do not follow links"
+    return f"{path} is a symbolic link to {target!r}: {where}"
 
 
 def put_tar_argv(dest: str) -> list[str]:

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from sandboxd import errors
-from sandboxd.client.aio import AsyncClient, _mapped
+from sandboxd.client.aio import AsyncClient
+from sandboxd.client.rpc import rpc_errors
 from sandboxd.v1 import rollouts_pb2 as pb
 from sandboxd.v1 import rollouts_pb2_grpc
 
@@ -61,15 +62,17 @@ def trajectory(
 
 
 class RolloutClient:
+    """RolloutService over an AsyncClient's channel and credentials; errors arrive as sandboxd.errors."""
+
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
-        self.stub = rollouts_pb2_grpc.RolloutServiceStub(client._channel)
-        self._metadata = client._metadata
+        self.stub = rollouts_pb2_grpc.RolloutServiceStub(client.channel)
+        self._metadata = client.metadata
 
     async def configure(self, run: str, **config: Any) -> pb.ConfigureRunResponse:
         """Fields of RunConfig by name (batch_groups, group_size, max_staleness, ...);
         enums as their numbers or names (filter_mode="FILTER_MODE_DROP_AND_BACKFILL")."""
-        with _mapped():
+        with rpc_errors():
             response: pb.ConfigureRunResponse = await self.stub.ConfigureRun(
                 pb.ConfigureRunRequest(run=run, config=pb.RunConfig(**config)), metadata=self._metadata
             )
@@ -77,7 +80,7 @@ class RolloutClient:
 
     async def request_slots(self, run: str, count: int = 1) -> list[pb.Slot]:
         """Up to ``count`` slots; raises ResourceExhausted (with retry_after) when none."""
-        with _mapped():
+        with rpc_errors():
             response: pb.RequestSlotsResponse = await self.stub.RequestSlots(
                 pb.RequestSlotsRequest(run=run, count=count), metadata=self._metadata
             )
@@ -104,7 +107,8 @@ class RolloutClient:
         lease_ids: Sequence[str] = (),
         trajectories: Sequence[pb.Trajectory] = (),
     ) -> pb.ReportProgressResponse:
-        with _mapped():
+        """Reports a running group's leases and trajectories so far; the answer says if it was cancelled."""
+        with rpc_errors():
             response: pb.ReportProgressResponse = await self.stub.ReportProgress(
                 pb.ReportProgressRequest(
                     run=run, group_id=group_id, lease_ids=list(lease_ids), trajectories=list(trajectories)
@@ -116,7 +120,8 @@ class RolloutClient:
     async def submit(
         self, run: str, group_id: str, trajectories: Sequence[pb.Trajectory], *, prompt_id: str = ""
     ) -> pb.ScoredGroup:
-        with _mapped():
+        """Submits a finished group and returns it scored; FailedPrecondition if submitted or cancelled."""
+        with rpc_errors():
             response: pb.SubmitGroupResponse = await self.stub.SubmitGroup(
                 pb.SubmitGroupRequest(
                     run=run, group_id=group_id, prompt_id=prompt_id, trajectories=list(trajectories)
@@ -126,38 +131,44 @@ class RolloutClient:
         return response.group
 
     async def pull(self, run: str, *, max_batches: int = 0) -> AsyncIterator[pb.Batch]:
+        """Batches, oldest first, as they come; one not acked in time is delivered again.
+        Leaving the loop ends the call."""
         call = self.stub.PullBatch(
             pb.PullBatchRequest(run=run, max_batches=max_batches), metadata=self._metadata
         )
         try:
-            with _mapped():
+            with rpc_errors():
                 async for response in call:
                     yield response.batch
         finally:
             call.cancel()
 
     async def ack(self, run: str, batch_id: str) -> None:
-        with _mapped():
+        """Marks a batch trained on, gone for good; acking it again is harmless."""
+        with rpc_errors():
             await self.stub.AckBatch(pb.AckBatchRequest(run=run, batch_id=batch_id), metadata=self._metadata)
 
     async def publish(self, run: str, version: int) -> int:
-        with _mapped():
+        """Publishes the trainer's policy version, as returned; FailedPrecondition below the current one."""
+        with rpc_errors():
             response: pb.PublishPolicyVersionResponse = await self.stub.PublishPolicyVersion(
                 pb.PublishPolicyVersionRequest(run=run, version=version), metadata=self._metadata
             )
         return response.version
 
     async def watch_version(self, run: str) -> AsyncIterator[int]:
+        """The run's policy version at once, then on every change; leaving the loop ends the call."""
         call = self.stub.WatchPolicyVersion(pb.WatchPolicyVersionRequest(run=run), metadata=self._metadata)
         try:
-            with _mapped():
+            with rpc_errors():
                 async for response in call:
                     yield response.version
         finally:
             call.cancel()
 
     async def figures(self, run: str) -> pb.Figures:
-        with _mapped():
+        """The run's throughput-matching figures now (rates, idle ratios, staleness)."""
+        with rpc_errors():
             response: pb.GetFiguresResponse = await self.stub.GetFigures(
                 pb.GetFiguresRequest(run=run), metadata=self._metadata
             )

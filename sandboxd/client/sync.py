@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sandboxd.client.aio import AsyncClient, Lease, Sandbox, _Held
+from sandboxd.client.aio import AsyncClient, HeldLease, Lease, Sandbox
 
 T = TypeVar("T")
 _WRAPPED = (AsyncClient, Lease, Sandbox)
@@ -81,7 +81,7 @@ class SyncProxy:
 
 
 class _SyncHeld:
-    def __init__(self, held: _Held, runner: _LoopThread) -> None:
+    def __init__(self, held: HeldLease, runner: _LoopThread) -> None:
         self._held = held
         self._runner = runner
 
@@ -106,7 +106,7 @@ def _sync_iter(it: Any, runner: _LoopThread) -> Iterator[Any]:
 def _wrap(value: Any, runner: _LoopThread) -> Any:
     if isinstance(value, _WRAPPED):
         return SyncProxy(value, runner)
-    if isinstance(value, _Held):
+    if isinstance(value, HeldLease):
         return _SyncHeld(value, runner)
     if hasattr(value, "__anext__"):
         return _sync_iter(value, runner)
@@ -129,6 +129,7 @@ class Client(SyncProxy):
         super().__init__(runner.run(make()), runner)
 
     def close(self) -> None:
+        """Closes the channel, then stops the client's event-loop thread; the client is unusable after."""
         self._runner.run(self._target.close())
         self._runner.stop()
 

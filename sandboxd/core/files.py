@@ -10,26 +10,29 @@ from dataclasses import dataclass
 from typing import IO
 
 from sandboxd.backends.base import WORKSPACE
-from sandboxd.errors import InvalidArgument, NotFound
+from sandboxd.errors import InvalidArgument, NotFound, ResourceExhausted
 
 
 @dataclass(frozen=True)
 class FileData:
+    """One file to write or as read: its path, content and permission bits."""
+
     path: str
     content: bytes
     mode: int = 0o644
 
 
-def relative(full: str) -> str:
-    return posixpath.relpath(full, WORKSPACE)
+def relative(full: str, base: str = WORKSPACE) -> str:
+    """``full`` relative to ``base``, as tar member names are (purely lexical)."""
+    return posixpath.relpath(full, base)
 
 
-def build_tar(files: list[FileData]) -> bytes:
-    """``files`` carry absolute, validated workspace paths."""
+def build_tar(files: list[FileData], base: str = WORKSPACE) -> bytes:
+    """``files`` carry absolute, validated paths under ``base`` (a file root)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for f in files:
-            info = tarfile.TarInfo(relative(f.path))
+            info = tarfile.TarInfo(relative(f.path, base))
             info.size = len(f.content)
             info.mode = f.mode
             info.uid = info.gid = 0
@@ -37,13 +40,13 @@ def build_tar(files: list[FileData]) -> bytes:
     return buf.getvalue()
 
 
-def parse_read_tar(data: bytes, wanted: list[str]) -> list[FileData]:
+def parse_read_tar(data: bytes, wanted: list[str], base: str = WORKSPACE) -> list[FileData]:
     """Pulls the wanted regular files (absolute paths) out of a tar made by
-    the backend's get_tar relative to the workspace."""
+    the backend's get_tar relative to ``base`` (a file root)."""
     found: dict[str, FileData] = {}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for member in tar:
-            full = posixpath.normpath(posixpath.join(WORKSPACE, member.name))
+            full = posixpath.normpath(posixpath.join(base, member.name))
             if full not in wanted or full in found:
                 continue
             if not member.isfile():
@@ -60,15 +63,36 @@ def parse_read_tar(data: bytes, wanted: list[str]) -> list[FileData]:
     return [found[p] for p in wanted]
 
 
-def check_upload(fileobj: IO[bytes]) -> int:
+def check_upload(fileobj: IO[bytes], max_bytes: int = 0) -> int:
     """Refuses tar streams that could write outside the target directory or
-    create device files; returns the member count."""
+    create device files, whose members declare more data than the stream
+    holds, or (ResourceExhausted) whose files take more than ``max_bytes``
+    (the sandbox's disk limit; 0: none) at their apparent sizes, a sparse
+    member counted whole; returns the member count."""
     count = 0
+    total = 0
+    end = fileobj.seek(0, 2)
+    fileobj.seek(0)
     try:
         with tarfile.open(fileobj=fileobj, mode="r:*") as tar:
             for member in tar:
                 count += 1
                 name = member.name
+                if member.isreg():
+                    # tarfile reports a sparse member at its real (apparent) size.
+                    total += member.size
+                    if max_bytes and total > max_bytes:
+                        raise ResourceExhausted(
+                            f"upload refused: member {name[:200]!r} has an apparent size of {member.size} "
+                            f"bytes (a sparse file counts whole), which brings the archive's files to "
+                            f"{total} bytes, more than the sandbox's disk limit of {max_bytes} bytes"
+                        )
+                    sparse = getattr(member, "sparse", None)
+                    stored = sum(n for _, n in sparse) if sparse is not None else member.size
+                    if tar.fileobj is fileobj and member.offset_data + stored > end:
+                        raise InvalidArgument(
+                            "tar", f"member {name[:200]!r} declares more data than the archive holds"
+                        )
                 norm = posixpath.normpath(name)
                 if name.startswith("/") or norm == ".." or norm.startswith("../"):
                     raise InvalidArgument("tar", f"member {name[:200]!r} escapes the target directory")

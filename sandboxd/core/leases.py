@@ -1,16 +1,21 @@
 """Leases: who holds which sandboxes, until when.
 
 A lease expires unless heartbeated; the reaper releases what expired leases
-held. Recently released lease ids are remembered so a retried Release is a
-no-op instead of a NOT_FOUND.
+held. The table also counts what each tenant holds under its leases (the
+figure quota admission reads, in O(1) per lease change). Recently released
+lease ids are remembered so a retried Release is a no-op instead of a
+NOT_FOUND.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sandboxd.core.quotas import Usage
+from sandboxd.core.tenancy import split_pool_key
 from sandboxd.errors import NotFound
 
 _TOMBSTONES = 50_000
@@ -18,6 +23,8 @@ _TOMBSTONES = 50_000
 
 @dataclass
 class Lease:
+    """A client's hold on sandboxes of one pool, until it expires."""
+
     lease_id: str
     pool: str
     sandbox_ids: list[str]
@@ -32,33 +39,52 @@ class Lease:
 
 
 def new_lease_id() -> str:
+    """A fresh lease id (``ls-`` and 24 hex digits)."""
     return "ls-" + secrets.token_hex(12)
 
 
 class LeaseTable:
+    """The leases in force, what each tenant holds under them, and the ids of
+    leases released recently."""
+
     def __init__(self) -> None:
         self._leases: dict[str, Lease] = {}
         self._released: OrderedDict[str, None] = OrderedDict()
+        # Per tenant: memory limit of each sandbox held under a lease.
+        self._held: dict[str, dict[str, int]] = {}
 
     def __len__(self) -> int:
         return len(self._leases)
 
-    def add(self, lease: Lease) -> None:
+    def add(self, lease: Lease, memory_bytes: Mapping[str, int]) -> None:
+        """Records ``lease``; ``memory_bytes`` gives each of its sandboxes' memory limit."""
         self._leases[lease.lease_id] = lease
+        held = self._held.setdefault(split_pool_key(lease.pool)[0], {})
+        for sid in lease.sandbox_ids:
+            held[sid] = memory_bytes.get(sid, 0)
 
     def get(self, lease_id: str) -> Lease:
+        """The lease (NOT_FOUND if it is not in force)."""
         lease = self._leases.get(lease_id)
         if lease is None:
             raise NotFound(f"lease {lease_id!r} not found (expired, released or never issued)")
         return lease
 
     def find(self, lease_id: str) -> Lease | None:
+        """The lease, or None if it is not in force."""
         return self._leases.get(lease_id)
 
     def was_released(self, lease_id: str) -> bool:
+        """Whether the lease ended recently."""
         return lease_id in self._released
 
+    def held(self, tenant: str) -> Usage:
+        """What ``tenant`` holds under its leases."""
+        held = self._held.get(tenant, {})
+        return Usage(sandboxes=len(held), memory_bytes=sum(held.values()))
+
     def extend(self, lease: Lease, ttl: float, now: float, wall_now: float) -> None:
+        """Moves the expiry to ``ttl`` from now, never past the lease's hard deadline."""
         expires = now + ttl
         if lease.hard_deadline:
             expires = min(expires, lease.hard_deadline)
@@ -67,19 +93,35 @@ class LeaseTable:
         lease.expires_at = expires
 
     def drop_sandbox(self, lease: Lease, sandbox_id: str) -> None:
+        """Takes one sandbox out of the lease; a lease left empty ends."""
         if sandbox_id in lease.sandbox_ids:
             lease.sandbox_ids.remove(sandbox_id)
+            self._unhold(lease, sandbox_id)
         if not lease.sandbox_ids:
             self.remove(lease.lease_id)
 
     def remove(self, lease_id: str) -> None:
-        if self._leases.pop(lease_id, None) is not None:
+        """Ends the lease (remembered as released)."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            for sid in lease.sandbox_ids:
+                self._unhold(lease, sid)
             self._released[lease_id] = None
             while len(self._released) > _TOMBSTONES:
                 self._released.popitem(last=False)
 
+    def _unhold(self, lease: Lease, sandbox_id: str) -> None:
+        tenant = split_pool_key(lease.pool)[0]
+        held = self._held.get(tenant)
+        if held is not None:
+            held.pop(sandbox_id, None)
+            if not held:
+                del self._held[tenant]
+
     def expired(self, now: float) -> list[Lease]:
+        """Leases whose expiry is at or before ``now``."""
         return [lease for lease in self._leases.values() if lease.expires_at <= now]
 
     def all(self) -> list[Lease]:
+        """Every lease in force."""
         return list(self._leases.values())

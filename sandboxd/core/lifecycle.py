@@ -18,6 +18,8 @@ from sandboxd.errors import FailedPrecondition
 
 
 class State(enum.IntEnum):
+    """Where a sandbox is in its lifecycle."""
+
     # Values match sandboxd.v1.SandboxState.
     CREATING = 1
     READY = 2
@@ -58,6 +60,7 @@ class SandboxRecord:
     entered: dict[State, float] = field(default_factory=dict)
 
     def move(self, to: State, at: float, reason: str = "") -> None:
+        """Takes the edge to ``to`` at wall-clock ``at``; an edge the table lacks is refused."""
         if (self.state, to) not in TRANSITIONS:
             raise FailedPrecondition(
                 f"sandbox {self.sandbox_id} cannot go from {self.state.name} to {to.name}"

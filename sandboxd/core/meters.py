@@ -48,7 +48,9 @@ class PoolView(Protocol):
     """What the observable gauges read from a pool."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The pool's internal key, used as the ``pool`` label of every gauge."""
+        ...
 
     def gauges(self) -> dict[str, float]:
         """Gauge name (without the ``sandboxd_pool_`` prefix) -> value; the
@@ -95,6 +97,8 @@ class PoolMeters:
             ("startup_estimate_seconds", "Smoothed start-up latency the policy uses."),
             ("announced_sandboxes", "Announced acquires not yet consumed."),
             ("failed_total", "Failed creates and sandboxes lost since the pool started."),
+            ("oldest_wait_seconds", "How long the longest-waiting acquirer has waited."),
+            ("in_doubt", "Sandboxes whose create or destroy got no answer from the engine."),
         ]:
             meter.create_observable_gauge(
                 f"sandboxd_pool_{key}", callbacks=[self._observer(key)], description=description

@@ -9,9 +9,11 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from sandboxd.backends.base import Limits, TenantQuotas
+from sandboxd.backends.base import HostCapacity, Limits, TenantQuotas
+from sandboxd.core import capacity
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
+from sandboxd.core.runtimes import fit_limits, runtime_name, runtime_refusal
 from sandboxd.core.tenancy import current_tenant
 from sandboxd.errors import BackendError, InvalidArgument
 
@@ -23,6 +25,8 @@ CPU_OVERCOMMIT = 4.0
 
 
 class ProblemKind(enum.IntEnum):
+    """What would make a planned run fail."""
+
     # Values match sandboxd.v1.ProblemKind.
     IMAGE_MISSING = 1
     LIMITS_INVALID = 2
@@ -31,10 +35,13 @@ class ProblemKind(enum.IntEnum):
     BACKEND_UNHEALTHY = 5
     POOL_TOO_SMALL = 6
     LIFETIME_TOO_SHORT = 7
+    RUNTIME_UNAVAILABLE = 8
 
 
 @dataclass(frozen=True)
 class Problem:
+    """One thing that would make the run fail, and the field to change."""
+
     kind: ProblemKind
     message: str
     field: str = ""
@@ -42,6 +49,8 @@ class Problem:
 
 @dataclass
 class Report:
+    """What pre-flight found: problems, capacity and need, predicted warm-up time."""
+
     problems: list[Problem] = field(default_factory=list)
     memory_bytes: int = 0
     cpus: int = 0
@@ -52,9 +61,12 @@ class Report:
     quota_sandboxes_left: int | None = None
     """Sandboxes the backend's own quotas still admit for the tenant (None = no such quota)."""
     quota_memory_left_bytes: int | None = None
+    host_sandboxes: int = 0
+    """Sandboxes of these limits the backend's host is estimated to hold (0 = unknown)."""
 
     @property
     def ok(self) -> bool:
+        """Whether nothing stands in the run's way."""
         return not self.problems
 
 
@@ -66,7 +78,10 @@ async def preflight(
     limits: Limits | None,
     concurrent: int,
     duration: float,
+    runtime: str = "",
 ) -> Report:
+    """Checks a run of ``concurrent`` sandboxes (of ``pool``, or of ``image``,
+    ``limits`` and ``runtime``) lasting ``duration`` seconds; reads only, creates nothing."""
     if concurrent < 1:
         raise InvalidArgument("concurrent", f"must be >= 1, got {concurrent}")
     if duration < 0 or math.isnan(duration):
@@ -78,7 +93,7 @@ async def preflight(
     starts: list[float] = []
     if pool:
         p = control.get_pool(pool, "pool")
-        image, resolved = p.config.image, p.config.limits
+        image, resolved, runtime = p.config.image, p.config.limits, p.config.runtime
         ready, max_size = p.ready, p.config.max_size
         for rec in p.records.values():
             t0, t1 = rec.entered.get(State.CREATING), rec.entered.get(State.READY)
@@ -96,10 +111,12 @@ async def preflight(
         if not image:
             raise InvalidArgument("template.image", "is required when no pool is named")
         try:
-            resolved = control._resolve_limits(limits or Limits())
+            resolved = control.resolve_limits(limits or Limits())
         except InvalidArgument as e:
             add(Problem(ProblemKind.LIMITS_INVALID, e.message, e.field.replace("spec.", "template.")))
-            resolved = control._resolve_limits(Limits())
+            resolved = control.resolve_limits(Limits())
+        runtime = runtime_name(runtime)
+        resolved = fit_limits(runtime, resolved)
 
     try:
         await control.backend.ping()
@@ -107,6 +124,8 @@ async def preflight(
     except BackendError as e:
         healthy = False
         add(Problem(ProblemKind.BACKEND_UNHEALTHY, f"the backend does not answer: {e.message}"))
+    if control.reconciler.health.degraded:
+        add(Problem(ProblemKind.BACKEND_UNHEALTHY, control.reconciler.health.describe()))
     if healthy:
         if not await control.backend.image_exists(image):
             add(
@@ -116,7 +135,16 @@ async def preflight(
                     "image",
                 )
             )
+        refusal = await runtime_refusal(control.backend, runtime, Limits() if pool else (limits or Limits()))
+        if refusal is not None:
+            add(Problem(ProblemKind.RUNTIME_UNAVAILABLE, refusal, "runtime"))
         report.memory_bytes, report.cpus = await control.backend.capacity()
+        if isinstance(control.backend, HostCapacity):
+            facts = await control.backend.host_facts()
+            host = capacity.estimate(facts, resolved, control.settings.pools.memory_overcommit)
+            report.host_sandboxes = host.sandboxes
+            if host.sandboxes and concurrent > host.sandboxes:
+                add(Problem(ProblemKind.CAPACITY_TOO_SMALL, capacity.refusal(concurrent, host), "concurrent"))
         if isinstance(control.backend, TenantQuotas):
             try:
                 headroom = await control.backend.quota_headroom(current_tenant())

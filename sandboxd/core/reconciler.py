@@ -15,9 +15,17 @@ with time) it
    pools nobody waits on (counting destroys in flight);
 4. destroys READY sandboxes above what each plan keeps.
 
-Every backend create attempt goes through one pacer (``max_create_rate``),
-and a cheap liveness sweep (one backend call for all pools) replaces warm
-sandboxes that died.
+Every backend create attempt goes through one pacer (``max_create_rate``);
+how many run at once adapts to the engine's latency (an AIMD window,
+sandboxd.core.pools.congestion, under the static ``max_starting`` bounds),
+and calls that time out mark the engine degraded. Sandboxes whose create or
+destroy got no answer stay booked as in doubt (sandboxd.core.pools.indoubt),
+counted against the budget, until a listing settles them. A cheap liveness
+sweep (one backend call for all pools) replaces warm sandboxes that died.
+Every wait (passes, pacing, deferred refills) runs on the injected clock.
+
+The reconciler is the pools' host (``sandboxd.core.pools.PoolHost``): it
+depends on pools, never the other way.
 """
 
 from __future__ import annotations
@@ -26,18 +34,21 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from opentelemetry.metrics import Meter
 
-from sandboxd.backends.base import Backend, LivenessProbe
-from sandboxd.clock import Clock
+from sandboxd.backends.base import Backend, HostCapacity, HostFacts, LivenessProbe
+from sandboxd.clock import Clock, SystemClock
+from sandboxd.core.capacity import Capacity
 from sandboxd.core.lifecycle import State
 from sandboxd.core.meters import PoolMeters
-from sandboxd.core.pools import PoolTuning, WarmPool
-from sandboxd.core.scaling import Ewma, PolicyConfig, share
+from sandboxd.core.pools import WarmPool
+from sandboxd.core.pools.congestion import Call, CongestionConfig, EngineHealth, engine_gauges
+from sandboxd.core.pools.indoubt import InDoubt
+from sandboxd.core.scaling import Ewma, share
+from sandboxd.core.tuning import PoolTuning, tuning_from
 from sandboxd.errors import BackendError
 from sandboxd.settings import PoolSettings
 
@@ -60,42 +71,31 @@ class Budget:
     """Longest time between two passes."""
     liveness_interval: float = 5.0
     """Seconds between liveness sweeps of READY sandboxes; 0 = none."""
+    call_timeout: float = 60.0
+    """Longest a destroy or list call may take before it counts as unanswered."""
 
 
 def budget_from(settings: PoolSettings) -> Budget:
+    """The budget the server's pool settings ask for."""
     return Budget(
         max_total=settings.max_total_sandboxes,
         max_starting=settings.max_total_starting,
         create_rate=settings.max_create_rate,
         interval=settings.reconcile_interval_seconds,
         liveness_interval=settings.liveness_interval_seconds,
-    )
-
-
-def tuning_from(settings: PoolSettings) -> PoolTuning:
-    return PoolTuning(
-        policy=PolicyConfig(
-            scale_down_delay=settings.scale_down_delay_seconds,
-            rate_headroom=settings.rate_headroom,
-            create_throughput=settings.max_create_rate,
-            max_starting=settings.max_starting,
-        ),
-        create_attempts=settings.create_attempts,
-        rate_window_seconds=settings.rate_window_seconds,
-        announcement_ttl_seconds=settings.announcement_ttl_seconds,
-        refill_defer_seconds=settings.refill_defer_seconds,
+        call_timeout=settings.create_timeout_seconds,
     )
 
 
 class Pacer:
     """A leaky bucket for backend create attempts: at most ``rate`` a second,
     with ``burst`` let through at once after a quiet spell. Callers queue in
-    order. It paces the real engine, so it runs on real (loop) time."""
+    order. On the system clock in a server, so it paces the real engine."""
 
-    def __init__(self, rate: float, burst: int = 0, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, rate: float, burst: int = 0, clock: Clock | None = None) -> None:
         self.rate = rate
         self.burst = max(1, burst or math.ceil(rate))
-        self._now = now
+        self._clock: Clock = clock or SystemClock()
         self._tat = 0.0
         self.waited = 0
 
@@ -104,19 +104,23 @@ class Pacer:
         if self.rate <= 0:
             return 0.0
         interval = 1.0 / self.rate
-        now = self._now()
+        now = self._clock.monotonic()
         tat = max(self._tat, now - (self.burst - 1) * interval)
         self._tat = tat + interval
         return max(0.0, tat - now)
 
     async def wait(self) -> None:
+        """Waits for the next slot."""
         delay = self.reserve()
         if delay > 0:
             self.waited += 1
-            await asyncio.sleep(delay)
+            await self._clock.sleep(delay)
 
 
 class Reconciler:
+    """Runs every pool (the PoolHost): plans, grants creates within the
+    global budget, trims surplus, paces create attempts, sweeps liveness."""
+
     def __init__(
         self,
         backend: Backend,
@@ -125,6 +129,7 @@ class Reconciler:
         *,
         tuning: PoolTuning | None = None,
         meter: Meter | None = None,
+        congestion: CongestionConfig | None = None,
     ) -> None:
         self._backend = backend
         self._clock = clock
@@ -132,7 +137,7 @@ class Reconciler:
         self.tuning = tuning or PoolTuning()
         self.pools: dict[str, WarmPool] = {}
         self.meters = PoolMeters(meter, lambda: list(self.pools.values()))
-        self.pacer = Pacer(self.budget.create_rate, self.budget.create_burst)
+        self.pacer = Pacer(self.budget.create_rate, self.budget.create_burst, clock)
         self.passes = 0
         self._startup = Ewma(0.5, self.tuning.startup_estimate_seconds, alpha_down=0.1)
         self.reclaimed = 0
@@ -143,37 +148,97 @@ class Reconciler:
         self.deferred = 0
         self._task: asyncio.Task[None] | None = None
         self._next_sweep = 0.0
+        self.health = EngineHealth(
+            clock.monotonic, lambda: sum(p.creating for p in self.pools.values()), congestion
+        )
+        """The engine's start window and health (degraded or not, and why)."""
+        self.in_doubt = InDoubt(
+            backend,
+            clock,
+            timeout=lambda: self.budget.call_timeout,
+            observe=self.health.observe,
+            timed_out=self.health.timed_out,
+        )
+        """Sandboxes whose create or destroy got no answer, until a listing settles them."""
+        self.capacity = Capacity()
+        """What the backend's host holds (sandboxd.core.capacity); zeros until estimated."""
+        self._settling: asyncio.Task[int] | None = None
+        self._next_probe = 0.0
+        if meter is not None:
+            engine_gauges(
+                meter,
+                degraded=lambda: float(self.health.degraded),
+                window=lambda: float(self.engine_view("")[1]),
+                in_doubt=lambda: float(len(self.in_doubt)),
+                capacity=lambda: float(self.capacity.sandboxes),
+            )
 
     @classmethod
     def from_settings(
         cls, settings: PoolSettings, backend: Backend, clock: Clock, meter: Meter | None = None
     ) -> Reconciler:
-        return cls(backend, clock, budget_from(settings), tuning=tuning_from(settings), meter=meter)
+        """A reconciler with the budget and tuning of the server's pool settings."""
+        return cls(
+            backend,
+            clock,
+            budget_from(settings),
+            tuning=tuning_from(settings),
+            meter=meter,
+            congestion=CongestionConfig(slow_seconds=settings.engine_slow_seconds),
+        )
+
+    async def estimate_capacity(self, estimate: Callable[[HostFacts], Capacity]) -> Capacity:
+        """Asks the backend for its host's facts (when it reports them) and
+        keeps ``estimate(facts)``; a budget without ``max_total`` takes the
+        estimate as its ceiling. Never raises: unknown capacity is zeros."""
+        if not isinstance(self._backend, HostCapacity):
+            return self.capacity
+        try:
+            async with self._clock.timeout(self.budget.call_timeout):
+                facts = await self._backend.host_facts()
+        except (TimeoutError, BackendError) as e:
+            log.warning("host capacity unknown: %s", e or "the engine did not answer")
+            return self.capacity
+        self.capacity = estimate(facts)
+        if not self.budget.max_total and self.capacity.sandboxes:
+            self.budget = replace(self.budget, max_total=self.capacity.sandboxes)
+            log.info(
+                "at most %d sandboxes on this host (bound by %s: %s)",
+                self.capacity.sandboxes,
+                self.capacity.bound_by,
+                self.capacity.detail,
+            )
+        return self.capacity
 
     # -- PoolHost -------------------------------------------------------------
 
     def attach(self, pool: WarmPool) -> None:
+        """Starts running ``pool``."""
         self.pools[pool.name] = pool
         self.poke()
 
     def detach(self, pool: WarmPool) -> None:
+        """Stops running ``pool``."""
         if self.pools.get(pool.name) is pool:
             del self.pools[pool.name]
         self.poke()
 
     def poke(self) -> None:
+        """Schedules a pass soon."""
         self._wake.set()
         if self._deferring and any(p.waiting for p in self.pools.values()):
             # An acquirer now waits: what was deferred may be what it needs.
             self._let_deferred_go()
 
     async def paced(self, deferrable: bool = False) -> None:
+        """Waits for the go-ahead of one create attempt (see PoolHost.paced)."""
         if deferrable and self._urgent and self.tuning.refill_defer_seconds > 0:
             self.deferred += 1
             self._deferring += 1
             try:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._go.wait(), self.tuning.refill_defer_seconds)
+                    async with self._clock.timeout(self.tuning.refill_defer_seconds):
+                        await self._go.wait()
             finally:
                 self._deferring -= 1
         await self.pacer.wait()
@@ -195,23 +260,77 @@ class Reconciler:
         self._go = asyncio.Event()
 
     def observe_startup(self, seconds: float) -> None:
+        """Adds a start-up latency one of the pools measured."""
         self._startup.add(seconds)
 
     def startup_estimate(self) -> float | None:
+        """Start-up latency measured across pools; None until there is one."""
         return self._startup.value if self._startup.samples else None
+
+    def engine_call(
+        self, call: Call, seconds: float, *, timed_out: bool = False, failed: bool = False
+    ) -> None:
+        """How one of the pools' engine calls went (see PoolHost.engine_call)."""
+        if timed_out:
+            self.health.timed_out(call, seconds)
+            self.poke()
+        elif failed:
+            self.health.failed()
+        else:
+            self.health.observe(call, seconds)
+
+    def book_in_doubt(self, sandbox_id: str, pool: str, handle: str, call: Call) -> None:
+        """Books a sandbox whose create or destroy got no answer (see PoolHost.book_in_doubt)."""
+        self.in_doubt.add(sandbox_id, pool, handle, call)
+        self.poke()
+
+    def engine_view(self, pool: str) -> tuple[str, int, int]:
+        """(why the engine is degraded, start window, sandboxes of ``pool`` in doubt)."""
+        window = self.health.limit(
+            self.budget.max_starting or sum(p.max_starting for p in self.pools.values())
+        )
+        return self.health.describe(), window or 0, self.in_doubt.count(pool)
+
+    def ceiling(self) -> int:
+        """Sandboxes all pools may hold together (0 = no limit)."""
+        return self.budget.max_total
+
+    def refusal_cause(self) -> str:
+        """Why acquirers are not being served, if the host knows: the engine
+        degraded, or the host full; "" otherwise."""
+        if self.health.degraded:
+            return self.health.describe()
+        if self.budget.max_total:
+            held = sum(len(p.records) for p in self.pools.values()) + len(self.in_doubt)
+            if held >= self.budget.max_total:
+                cause = f"host capacity: {held} of {self.budget.max_total} sandboxes in use"
+                if self.capacity.sandboxes:
+                    cause += (
+                        f" (the host holds ~{self.capacity.sandboxes}, bound by {self.capacity.bound_by})"
+                    )
+                return cause
+        return ""
 
     # -- running ----------------------------------------------------------------
 
     @property
     def task(self) -> asyncio.Task[None] | None:
+        """The background loop, while it runs."""
         return self._task
 
     def start(self) -> asyncio.Task[None]:
+        """Starts the background loop (once)."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="reconciler")
         return self._task
 
     async def stop(self) -> None:
+        """Stops the background loop."""
+        if self._settling is not None:
+            self._settling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._settling
+            self._settling = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -219,19 +338,20 @@ class Reconciler:
             self._task = None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._next_sweep = loop.time() + self.budget.liveness_interval
+        clock = self._clock
+        self._next_sweep = clock.monotonic() + self.budget.liveness_interval
         while True:
-            # asyncio.timeout, not wait_for: a poke racing a cancel must not
+            # A timeout, not wait_for: a poke racing a cancel must not
             # swallow the cancel (Python 3.11's wait_for can).
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._sleep_for()):
+                async with clock.timeout(self._sleep_for()):
                     await self._wake.wait()
             self._wake.clear()
             try:
                 self.reconcile()
-                if self.budget.liveness_interval > 0 and loop.time() >= self._next_sweep:
-                    self._next_sweep = loop.time() + self.budget.liveness_interval
+                self._settle()
+                if self.budget.liveness_interval > 0 and clock.monotonic() >= self._next_sweep:
+                    self._next_sweep = clock.monotonic() + self.budget.liveness_interval
                     await self.sweep()
             except Exception:  # one bad pass must not stop scaling for good
                 log.exception("reconciler pass failed")
@@ -285,10 +405,49 @@ class Reconciler:
     def _room(self, pools: list[WarmPool]) -> int:
         room = math.inf
         if self.budget.max_total:
-            room = min(room, self.budget.max_total - sum(len(p.records) for p in pools))
-        if self.budget.max_starting:
-            room = min(room, self.budget.max_starting - sum(p.creating for p in pools))
+            held = sum(len(p.records) for p in pools) + len(self.in_doubt)
+            room = min(room, self.budget.max_total - held)
+        starting = self.budget.max_starting
+        window = self.health.limit(starting or sum(p.max_starting for p in pools))
+        if window is not None:
+            starting = min(starting, window) if starting else window
+        if starting:
+            room = min(room, starting - sum(p.creating for p in pools))
         return int(max(0, min(room, 1 << 30)))
+
+    # -- the engine's answers -------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Starts one listing that settles in-doubt sandboxes, or (degraded,
+        nothing else running) probes whether the engine answers again."""
+        if self._settling is not None and not self._settling.done():
+            return
+        now = self._clock.monotonic()
+        probe = self.health.degraded and not any(p.creating for p in self.pools.values())
+        if not len(self.in_doubt) and not probe:
+            return
+        if now < self._next_probe:
+            return
+        self._next_probe = now + max(1.0, self.budget.interval)
+        self._settling = asyncio.create_task(self._settle_once(), name="settle-in-doubt")
+
+    async def _settle_once(self) -> int:
+        if len(self.in_doubt):
+            settled = await self.in_doubt.resolve()
+        else:
+            settled = 0
+            began = self._clock.monotonic()
+            try:
+                async with self._clock.timeout(self.budget.call_timeout):
+                    await self._backend.list()
+            except TimeoutError:
+                self.health.timed_out(Call.LIST, self.budget.call_timeout)
+            except BackendError:
+                self.health.failed()
+            else:
+                self.health.observe(Call.LIST, self._clock.monotonic() - began)
+        self.poke()
+        return settled
 
     def _reclaim(self, pools: list[WarmPool], unmet: int) -> None:
         """The total budget is full while acquirers wait: destroy warm

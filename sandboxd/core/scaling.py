@@ -61,6 +61,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PolicyConfig:
+    """The policy's knobs: one value for every pool of a server, from its pool settings."""
+
     scale_down_delay: float = 30.0
     """Seconds demand must stay lower before warm sandboxes are destroyed."""
     rate_headroom: float = 1.5
@@ -84,6 +86,8 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class Bounds:
+    """What a plan never goes past: the pool's floor, its warm ceiling and its total size."""
+
     min_ready: int
     """Floor: READY sandboxes kept whatever the demand."""
     max_ready: int
@@ -93,6 +97,7 @@ class Bounds:
 
     @property
     def follows_demand(self) -> bool:
+        """Whether the target follows demand; if not, the pool is static at ``min_ready``."""
         return self.max_ready > self.min_ready
 
 
@@ -110,6 +115,8 @@ class Announcement:
 
 @dataclass(frozen=True)
 class Signals:
+    """A pool's demand at one instant, gathered by the pool; the module docstring says what each means."""
+
     now: float
     """Monotonic seconds."""
     ready: int = 0
@@ -139,6 +146,9 @@ class ScalerState:
 
 @dataclass(frozen=True)
 class Plan:
+    """The policy's answer: create up to ``target``, destroy only READY ones above ``keep``;
+    ``state`` goes into the next decision."""
+
     target: int
     """READY sandboxes to create up to (waiters' needs come on top)."""
     keep: int
@@ -270,10 +280,12 @@ class DecayingRate:
         self._at = 0.0
 
     def add(self, n: float, now: float) -> None:
+        """Counts ``n`` events that happened at ``now``."""
         self._value = self.rate(now) + n / self.tau
         self._at = now
 
     def rate(self, now: float) -> float:
+        """Events per second at ``now``, decayed since the last event; 0 before any."""
         if not self._value:
             return 0.0
         return self._value * math.exp(-max(0.0, now - self._at) / self.tau)
@@ -291,6 +303,7 @@ class Ewma:
         self.samples = 0
 
     def add(self, x: float) -> None:
+        """Folds in a sample (``alpha`` up, ``alpha_down`` down); the first one replaces ``initial``."""
         if self.samples == 0:
             self.value = x
         else:

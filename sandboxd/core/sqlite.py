@@ -13,6 +13,8 @@ from typing import Any
 
 
 class SqliteThread:
+    """One connection on one worker thread: statements never run on the event loop, and run in order."""
+
     def __init__(self, path: Path | None, name: str) -> None:
         """``path`` None keeps the database in memory (tests, throw-away servers)."""
         self._path = path
@@ -20,6 +22,7 @@ class SqliteThread:
         self._db: sqlite3.Connection | None = None
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` run on the worker, after everything asked for before it."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def open(self, schema: str, then: Callable[[sqlite3.Connection], None] | None = None) -> None:
@@ -45,6 +48,7 @@ class SqliteThread:
         return self._db
 
     async def close(self) -> None:
+        """Closes the connection after what was asked before, then stops the worker; no ``run`` after."""
         if self._db is not None:
             await self.run(self._db.close)
             self._db = None

@@ -14,15 +14,18 @@ _tenant: contextvars.ContextVar[str] = contextvars.ContextVar("sandboxd_tenant",
 
 
 def current_tenant() -> str:
+    """The tenant this call acts for; the default tenant outside any authenticated call."""
     return _tenant.get()
 
 
 def set_tenant(tenant: str) -> contextvars.Token[str]:
+    """Makes the current context act for ``tenant``; the token undoes it. Prefer ``acting_as``."""
     return _tenant.set(tenant)
 
 
 @contextlib.contextmanager
 def acting_as(tenant: str) -> Iterator[None]:
+    """Acts for ``tenant`` inside the block; the previous tenant is back afterwards, even on error."""
     token = _tenant.set(tenant)
     try:
         yield
@@ -37,6 +40,7 @@ def pool_key(tenant: str, name: str) -> str:
 
 
 def split_pool_key(key: str) -> tuple[str, str]:
+    """(tenant, pool name) of an internal key; the inverse of ``pool_key``."""
     tenant, sep, name = key.partition("/")
     return (tenant, name) if sep else (DEFAULT_TENANT, key)
 

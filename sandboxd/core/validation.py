@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import posixpath
 import re
+import unicodedata
 
-from sandboxd.backends.base import WORKSPACE
+from sandboxd.backends.base import ROOT_USER, WORKSPACE
 from sandboxd.backends.shell import is_env_name
 from sandboxd.errors import InvalidArgument
 
@@ -20,6 +21,7 @@ MAX_LABELS = 64
 
 
 def pool_name(field: str, name: str) -> str:
+    """A DNS-label pool name: lowercase letters, digits and inner '-', 1-63 characters."""
     if not name:
         raise InvalidArgument(field, "is required")
     if not _POOL_NAME.match(name):
@@ -30,6 +32,7 @@ def pool_name(field: str, name: str) -> str:
 
 
 def image_ref(field: str, image: str) -> str:
+    """A plausible image reference (at most 255 of [A-Za-z0-9_.-/:@]); whether it exists is not checked."""
     if not image:
         raise InvalidArgument(field, "is required")
     if not _IMAGE.match(image):
@@ -38,6 +41,7 @@ def image_ref(field: str, image: str) -> str:
 
 
 def object_id(field: str, value: str, kind: str) -> str:
+    """A well-formed id (``xx-`` and hex), so that only well-formed unknown ids answer NOT_FOUND."""
     if not value:
         raise InvalidArgument(field, "is required")
     if not _ID.match(value):
@@ -47,6 +51,7 @@ def object_id(field: str, value: str, kind: str) -> str:
 
 
 def labels(field: str, values: dict[str, str]) -> dict[str, str]:
+    """A copy of at most 64 labels: keys 1-128 of [A-Za-z0-9_.-/], values at most 256 with no NUL."""
     if len(values) > MAX_LABELS:
         raise InvalidArgument(field, f"at most {MAX_LABELS} labels")
     for key, value in values.items():
@@ -58,6 +63,7 @@ def labels(field: str, values: dict[str, str]) -> dict[str, str]:
 
 
 def env(field: str, values: dict[str, str]) -> dict[str, str]:
+    """A copy of valid environment variables; SANDBOXD_* names are reserved, values under 128 KiB."""
     for key, value in values.items():
         if not is_env_name(key):
             raise InvalidArgument(f"{field}[{key[:40]!r}]", "is not a valid environment variable name")
@@ -69,14 +75,41 @@ def env(field: str, values: dict[str, str]) -> dict[str, str]:
 
 
 def non_negative(field: str, value: float, maximum: float | None = None) -> float:
+    """A finite number >= 0 (and <= ``maximum`` when given)."""
     if math.isnan(value) or value < 0:
         raise InvalidArgument(field, f"must be >= 0, got {value}")
     if maximum is not None and value > maximum:
         raise InvalidArgument(field, f"must be <= {maximum:g}, got {value:g}")
+    if math.isinf(value):
+        # An infinite timeout would hold a waiter (and its task) for ever.
+        raise InvalidArgument(field, "must be finite")
+    return value
+
+
+def positive_count(field: str, value: int) -> int:
+    """A count of things asked for: at least 1 (0 is not "one" here)."""
+    if value < 1:
+        raise InvalidArgument(field, f"must be >= 1, got {value}")
+    return value
+
+
+MAX_NAME = 128
+
+
+def name_text(field: str, value: str, maximum: int = MAX_NAME) -> str:
+    """A free-form name (a run, a demand source, a trajectory or prompt id):
+    at most ``maximum`` characters with no control characters (NUL, newline,
+    escape, ...), which would cut or forge it in logs, labels and stores."""
+    if len(value) > maximum:
+        raise InvalidArgument(field, f"at most {maximum} characters, got {len(value)}")
+    for ch in value:
+        if unicodedata.category(ch) in ("Cc", "Cs"):
+            raise InvalidArgument(field, f"must not contain control characters, got {value[:80]!r}")
     return value
 
 
 def session_name(field: str, name: str) -> str:
+    """Empty (no session) or 1-64 of [A-Za-z0-9_.-]."""
     if name and not _SESSION.match(name):
         raise InvalidArgument(field, "session names are 1-64 of [A-Za-z0-9_.-]")
     return name
@@ -95,15 +128,71 @@ def workspace_path(field: str, path: str) -> str:
     return full
 
 
+TMP = "/tmp"
+FILE_ROOTS = (WORKSPACE, TMP)
+"""Where the file API reaches: the workspace and /tmp (a tmpfs in every
+sandbox, where frameworks such as slime put scripts and markers)."""
+
+
+def file_path(field: str, path: str) -> str:
+    """Like workspace_path, with /tmp as a second root: absolute, normalised,
+    inside /workspace (relative paths are taken from it) or /tmp. The check
+    is on the normalised name; the backend then resolves it in the sandbox
+    without following links (a link on the way is refused), so a link
+    planted there cannot lead out of the root."""
+    if not path:
+        raise InvalidArgument(field, "is required")
+    if "\x00" in path or len(path) > MAX_PATH:
+        raise InvalidArgument(field, "must be at most 4096 bytes with no NUL")
+    full = posixpath.normpath(path if path.startswith("/") else f"{WORKSPACE}/{path}")
+    if any(full == root or full.startswith(root + "/") for root in FILE_ROOTS):
+        return full
+    where = f"files are reachable in {WORKSPACE} and {TMP}"
+    raise InvalidArgument(field, f"{path[:200]!r} escapes the workspace {WORKSPACE} ({where})")
+
+
+def file_root(path: str) -> str:
+    """The file root a path from file_path lies in."""
+    return TMP if path == TMP or path.startswith(TMP + "/") else WORKSPACE
+
+
+def exec_user(field: str, user: str) -> str:
+    """The empty user (the sandbox's own) or "root"; "0" is taken as "root"."""
+    if user in ("", ROOT_USER):
+        return user
+    if user == "0":
+        return ROOT_USER
+    raise InvalidArgument(
+        field,
+        f"{user[:64]!r} is not a user here: '' runs as the sandbox's user, "
+        "'root' as uid 0 without capabilities",
+    )
+
+
 def exec_cwd(field: str, cwd: str) -> str:
+    """An exec's working directory: "" (the workspace, or a session's own), an
+    absolute path (normalised; a command may `cd` anywhere it can read, so an
+    absolute cwd confines nothing and is kept), or a path relative to
+    /workspace that must stay beneath it: '../../etc' is refused, not run."""
     if not cwd:
         return ""
     if "\x00" in cwd or len(cwd) > MAX_PATH:
         raise InvalidArgument(field, "must be at most 4096 bytes with no NUL")
-    return posixpath.normpath(cwd if cwd.startswith("/") else f"{WORKSPACE}/{cwd}")
+    if cwd.startswith("/"):
+        # normpath keeps a leading "//" (POSIX leaves it implementation-defined).
+        return "/" + posixpath.normpath(cwd).lstrip("/")
+    full = posixpath.normpath(f"{WORKSPACE}/{cwd}")
+    if full == WORKSPACE or full.startswith(WORKSPACE + "/"):
+        return full
+    raise InvalidArgument(
+        field,
+        f"{cwd[:200]!r} climbs out of {WORKSPACE} (relative paths are taken from it; "
+        "give an absolute path to run elsewhere)",
+    )
 
 
 def argv(field: str, args: list[str]) -> tuple[str, ...]:
+    """A non-empty argument vector with a program name, no NUL, at most 1 MiB in all."""
     if not args:
         raise InvalidArgument(field, "must not be empty")
     if not args[0]:
@@ -117,6 +206,7 @@ def argv(field: str, args: list[str]) -> tuple[str, ...]:
 
 
 def shell(field: str, command: str) -> str:
+    """A shell command that is not blank, at most 1 MiB with no NUL; returned unchanged."""
     if not command.strip():
         raise InvalidArgument(field, "must not be empty")
     if "\x00" in command or len(command) > 1 << 20:

@@ -469,6 +469,7 @@ def ensure_default_image(*, force: bool = False, log: Callable[[str], None] = pr
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Builds (or reuses) the default image and prints its tag on stdout, progress on stderr."""
     parser = argparse.ArgumentParser(
         prog="python -m sandboxd.images.build",
         description="Build (or reuse) the default rollout sandbox image.",

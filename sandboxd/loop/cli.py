@@ -1,5 +1,8 @@
-"""``sandboxd loop``: the reference generator/trainer loop, against a running
-server (--target) or an embedded one on the local Docker engine."""
+"""``sandboxd loop``: the reference generator/trainer loop against a server.
+
+It speaks only the public client API: ``sandboxd loop`` without ``--target``
+starts an embedded server in sandboxd.cli and hands this module its address.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +11,18 @@ import statistics
 
 from sandboxd.client import AsyncClient
 from sandboxd.loop.run import LoopConfig, run_loop
-from sandboxd.settings import Settings
 
 
-async def main(args: argparse.Namespace, settings: Settings) -> int:
+async def main(
+    args: argparse.Namespace, target: str, *, token: str | None = None, image: str | None = None
+) -> int:
+    """Runs the loop against the server at ``target``; with ``image``, creates
+    the pool there first if it does not exist."""
     config = LoopConfig(
         pool=args.pool, steps=args.steps, workers=args.workers, seed=args.seed, policy=args.policy
     )
-    if args.target:
-        async with AsyncClient(args.target, token=args.token) as client:
-            return await _run(client, config, image=None)
-    from sandboxd.app import build_app
-    from sandboxd.images.build import ensure_default_image
-
-    image = ensure_default_image()
-    settings.server.port = 0
-    app = build_app(settings)
-    await app.start()
-    try:
-        async with AsyncClient(app.address) as client:
-            return await _run(client, config, image=image)
-    finally:
-        await app.stop(grace=5)
+    async with AsyncClient(target, token=token) as client:
+        return await _run(client, config, image=image)
 
 
 async def _run(client: AsyncClient, config: LoopConfig, image: str | None) -> int:

@@ -28,6 +28,8 @@ _EXPR = re.compile(r"[0-9(][0-9+\-*/() ]*")
 
 @dataclass(frozen=True)
 class Completion:
+    """One completion's text and its token count (the response's total split evenly over ``n``)."""
+
     text: str
     tokens: int
 
@@ -53,6 +55,7 @@ class OpenAIGenerator:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def sample(self, session: aiohttp.ClientSession, prompt: str, n: int) -> list[Completion]:
+        """Exactly ``n`` completions of ``prompt`` in one request; TransientBackendError otherwise."""
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
@@ -83,6 +86,8 @@ def to_program(text: str) -> str:
 
 @dataclass
 class HttpGeneratorConfig:
+    """Where an HTTP generator's groups run (pool) and go (run), and what version they come from."""
+
     pool: str
     run: str
     group_size: int = 8

@@ -31,14 +31,18 @@ class Sample:
 
 @dataclass(frozen=True)
 class Weights:
+    """One policy version's parameters as plain numpy arrays: all a generator needs, no torch."""
+
     a: np.ndarray[Any, np.dtype[np.float64]]
     c: np.ndarray[Any, np.dtype[np.float64]]
 
     def logits(self, task: int, pos: int, prev: int) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """Next-token logits for ``task`` at ``pos``, after token ``prev`` (BOS at the start)."""
         out: np.ndarray[Any, np.dtype[np.float64]] = self.a[task, pos] + self.c[prev, pos]
         return out
 
     def sample(self, task: int, rng: np.random.Generator) -> tuple[list[int], list[float]]:
+        """One completion (to EOS, included, or MAX_TOKENS) with each token's log-prob under these weights."""
         tokens: list[int] = []
         logprobs: list[float] = []
         prev = BOS
@@ -56,11 +60,17 @@ class Weights:
 
 
 class Policy(Protocol):
+    """What the trainer needs of a policy: weights to publish and an update step."""
+
     implementation: str
 
-    def export(self) -> Weights: ...
+    def export(self) -> Weights:
+        """A copy of the current weights; later updates do not change it."""
+        ...
 
-    def update(self, samples: list[Sample]) -> float: ...
+    def update(self, samples: list[Sample]) -> float:
+        """One optimiser step on the samples; returns the loss."""
+        ...
 
 
 def _shapes() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -68,6 +78,8 @@ def _shapes() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 
 
 class NumpyPolicy:
+    """The policy in numpy with a hand-written Adam, for hosts without torch."""
+
     implementation = "numpy"
 
     def __init__(self, lr: float = 0.1, seed: int = 0) -> None:
@@ -80,6 +92,7 @@ class NumpyPolicy:
         self.lr = lr
 
     def export(self) -> Weights:
+        """A copy of the parameters; later updates do not change it."""
         return Weights(self.params[0].copy(), self.params[1].copy())
 
     def update(self, samples: list[Sample]) -> float:
@@ -113,6 +126,8 @@ class NumpyPolicy:
 
 
 class TorchPolicy:
+    """The same model and update in PyTorch, on the GPU when one is present."""
+
     implementation = "torch"
 
     def __init__(self, lr: float = 0.1, seed: int = 0, device: str | None = None) -> None:
@@ -128,11 +143,13 @@ class TorchPolicy:
         self.opt = torch.optim.Adam([self.a, self.c], lr=lr)
 
     def export(self) -> Weights:
+        """The parameters copied to the host as float64 numpy; later updates do not change them."""
         return Weights(
             self.a.detach().cpu().double().numpy().copy(), self.c.detach().cpu().double().numpy().copy()
         )
 
     def update(self, samples: list[Sample]) -> float:
+        """One Adam step on NumpyPolicy's loss, every token in one batch; returns it (0, no step, if none)."""
         torch = self.torch
         tasks, positions, prevs, toks, olds, advs = [], [], [], [], [], []
         for s in samples:
@@ -164,6 +181,7 @@ class TorchPolicy:
 
 
 def torch_available() -> bool:
+    """Whether torch imports here; a broken install (a bad CUDA one, say) counts as absent."""
     try:
         import torch  # noqa: F401
     except Exception:  # ImportError, or a broken CUDA install

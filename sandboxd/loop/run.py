@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LoopConfig:
+    """One loop run: the pool, the queue's shape (B, group size, S), the workers and the policy."""
+
     pool: str
     run: str = "loop"
     steps: int = 30
@@ -58,6 +60,8 @@ class LoopConfig:
 
 @dataclass
 class LoopResult:
+    """What a loop run learned and saw: reward per step, the final figures, the worst staleness."""
+
     implementation: str
     rewards: list[float] = field(default_factory=list)
     """Mean reward of each trained batch (infrastructure failures excluded)."""
@@ -75,6 +79,7 @@ class _Shared:
 async def run_loop(
     client: AsyncClient, config: LoopConfig, on_step: Callable[[int, float], None] | None = None
 ) -> LoopResult:
+    """Trains ``config.steps`` GRPO steps on the rollout queue; the workers' leases go however it ends."""
     rollouts = RolloutClient(client)
     await rollouts.configure(
         config.run,
@@ -160,6 +165,7 @@ async def _generator(
 
 
 def client_lease_alive(lease: Lease) -> bool:
+    """Whether the client-side lease still lists a sandbox; asks the server nothing."""
     return bool(lease.sandboxes)
 
 

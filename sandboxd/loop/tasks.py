@@ -37,18 +37,23 @@ print(json.dumps({"reward": reward, "components": {"runs": 1.0, "correct": corre
 
 @dataclass(frozen=True)
 class Task:
+    """One task: an expression that evaluates to ``target``."""
+
     target: int
 
     @property
     def index(self) -> int:
+        """The task's row in the policy's table: its target's place in TARGETS."""
         return TARGETS.index(self.target)
 
     @property
     def prompt(self) -> str:
+        """The task in words, for a model that reads text (the OpenAI-compatible generator)."""
         return f"Write a Python expression using digits 1-9 and + - * that equals {self.target}."
 
 
 def sample_task(rng: random.Random) -> Task:
+    """A task whose target is drawn uniformly from TARGETS."""
     return Task(rng.choice(TARGETS))
 
 
@@ -59,6 +64,7 @@ def program(tokens: list[int]) -> str:
 
 
 def verify_command(task: Task, path: str) -> str:
+    """The shell command printing the reward of the program at ``path``; needs VERIFY_SCRIPT as verify.py."""
     return f"python3 verify.py {task.target} {shlex.quote(path)}"
 
 
@@ -75,9 +81,11 @@ def local_reward(task: Task, tokens: list[int]) -> float:
 
 
 def encode_payload(task: Task, tokens: list[int], logprobs: list[float]) -> bytes:
+    """A trajectory's payload: what the trainer needs to rebuild its sample (target, tokens, log-probs)."""
     return json.dumps({"target": task.target, "tokens": tokens, "logprobs": logprobs}).encode()
 
 
 def decode_payload(data: bytes) -> tuple[Task, list[int], list[float]]:
+    """The task, tokens and log-probs that ``encode_payload`` packed."""
     d = json.loads(data)
     return Task(int(d["target"])), list(d["tokens"]), list(d["logprobs"])

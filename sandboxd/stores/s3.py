@@ -2,19 +2,23 @@
 RGW...), spoken with aiohttp and a small AWS Signature V4 signer of our own.
 Path-style addressing (``endpoint/bucket/key``), which every S3-compatible
 server accepts. Batches run as concurrent requests, at most ``concurrency``
-at a time."""
+at a time. A streamed blob goes up as a multipart upload of PART_BYTES parts
+(one PUT when it is no larger) and comes back as ranged GETs of that size, so
+neither is ever whole in memory."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
 import urllib.parse
 import xml.etree.ElementTree as ET
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
+from xml.sax.saxutils import escape as xml_escape
 
 import aiohttp
 
@@ -23,10 +27,16 @@ from sandboxd.errors import BackendError, NotFound, TransientBackendError
 T = TypeVar("T")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+# Every part of a multipart upload but the last must be at least 5 MiB.
+PART_BYTES = 8 << 20
+# An error answer is read this far for its message, whatever its length.
+_ERROR_BODY_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
 class S3Config:
+    """How to reach the bucket: endpoint, credentials, region, key prefix, request limits."""
+
     endpoint: str
     """Base URL, e.g. http://127.0.0.1:7070."""
     bucket: str
@@ -91,6 +101,8 @@ def sign_v4(
 
 
 class S3BlobStore:
+    """Blobs as objects of one bucket of an S3-compatible server."""
+
     def __init__(self, config: S3Config) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
@@ -117,7 +129,10 @@ class S3BlobStore:
         ok: tuple[int, ...] = (200,),
         read: bool = True,
         extra_headers: dict[str, str] | None = None,
+        reply_headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
+        """(status, body) of a signed request; ``reply_headers`` is filled
+        with the answer's headers (names in lower case) when given."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_seconds),
@@ -146,8 +161,13 @@ class S3BlobStore:
                     headers=headers,
                     skip_auto_headers=["Content-Type"],
                 ) as response:
-                    data = await response.read() if read or response.status not in ok else b""
                     status = response.status
+                    if status not in ok:
+                        data = await response.content.read(_ERROR_BODY_BYTES)
+                    else:
+                        data = await response.read() if read else b""
+                    if reply_headers is not None:
+                        reply_headers.update((k.lower(), v) for k, v in response.headers.items())
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 raise TransientBackendError(f"S3 {method} {url}: {e}") from e
         if status in ok:
@@ -187,6 +207,7 @@ class S3BlobStore:
         return status == 200
 
     async def put_absent(self, blobs: Mapping[str, bytes]) -> int:
+        """A HEAD, then a PUT if absent, per blob, concurrently; S3 shows each object only once whole."""
         await self._ensure_bucket()
         written = 0
 
@@ -201,9 +222,104 @@ class S3BlobStore:
         return written
 
     async def put_parts(self, key: str, parts: Sequence[bytes]) -> int:
+        """The parts joined into one PUT, unless the key is present."""
         return await self.put_absent({key: b"".join(parts)})
 
+    async def put_stream(self, key: str, chunks: AsyncIterator[bytes], size: int) -> int:
+        """As BlobStore.put_stream: one PUT up to PART_BYTES, a multipart
+        upload above (aborted on any failure, so nothing is left)."""
+        await self._ensure_bucket()
+        if await self._exists(key):
+            return 0
+        if size <= PART_BYTES:
+            body = bytearray()
+            async for chunk in chunks:
+                body += chunk
+                if len(body) > size:
+                    break
+            _check_count(key, len(body), size)
+            await self._request("PUT", self._url(key), body=bytes(body))
+            return size
+        upload = await self._start_upload(key)
+        try:
+            etags: list[str] = []
+            buf = bytearray()
+            count = 0
+            async for chunk in chunks:
+                count += len(chunk)
+                if count > size:
+                    break
+                buf += chunk
+                while len(buf) >= PART_BYTES:
+                    part = bytes(buf[:PART_BYTES])
+                    del buf[:PART_BYTES]
+                    etags.append(await self._upload_part(key, upload, len(etags) + 1, part))
+            _check_count(key, count, size)
+            if buf:
+                etags.append(await self._upload_part(key, upload, len(etags) + 1, bytes(buf)))
+            await self._complete_upload(key, upload, etags)
+        except BaseException:
+            # Shielded: a cancelled caller must not leave the parts stored.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._abort_upload(key, upload))
+            raise
+        return size
+
+    async def _start_upload(self, key: str) -> str:
+        _, body = await self._request("POST", self._url(key, {"uploads": ""}))
+        upload = _xml(body, "initiate multipart upload").findtext(f"{_NS}UploadId") or ""
+        if not upload:
+            raise BackendError(f"S3 multipart upload of {key}: no UploadId in the answer")
+        return upload
+
+    async def _upload_part(self, key: str, upload: str, number: int, data: bytes) -> str:
+        headers: dict[str, str] = {}
+        url = self._url(key, {"partNumber": str(number), "uploadId": upload})
+        await self._request("PUT", url, body=data, read=False, reply_headers=headers)
+        etag = headers.get("etag", "")
+        if not etag:
+            raise BackendError(f"S3 multipart upload of {key}: part {number} came back without an ETag")
+        return etag
+
+    async def _complete_upload(self, key: str, upload: str, etags: list[str]) -> None:
+        parts = "".join(
+            f"<Part><PartNumber>{i}</PartNumber><ETag>{xml_escape(etag)}</ETag></Part>"
+            for i, etag in enumerate(etags, 1)
+        )
+        doc = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+        _, body = await self._request("POST", self._url(key, {"uploadId": upload}), body=doc)
+        # S3 may answer 200 and still report a failure in the body.
+        root = _xml(body, "complete multipart upload")
+        if root.tag.endswith("Error"):
+            raise BackendError(f"S3 multipart upload of {key} failed: {_error_message(body)}")
+
+    async def _abort_upload(self, key: str, upload: str) -> None:
+        await self._request("DELETE", self._url(key, {"uploadId": upload}), ok=(200, 204, 404), read=False)
+
+    async def read_stream(self, key: str, offset: int, size: int) -> AsyncIterator[bytes]:
+        """As BlobStore.read_stream: one ranged GET per PART_BYTES, none
+        holding a connection while the caller works on the last."""
+        await self._ensure_bucket()
+        pos, end = offset, offset + size
+        while pos < end:
+            stop = min(end, pos + PART_BYTES)
+            try:
+                _, data = await self._request(
+                    "GET", self._url(key), ok=(206,), extra_headers={"Range": f"bytes={pos}-{stop - 1}"}
+                )
+            except NotFound as e:
+                raise NotFound(f"blob {key} is missing from the store") from e
+            except BackendError as e:
+                if "InvalidRange" in str(e) or "416" in str(e):
+                    raise BackendError(f"blob {key} ends before {end} (truncated?)") from e
+                raise
+            if not data or len(data) > stop - pos:
+                raise BackendError(f"blob {key}: ranged read at {pos} answered {len(data)} bytes")
+            pos += len(data)
+            yield data
+
     async def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """A GET per distinct key, concurrently; NotFound naming a missing key (the rest are cancelled)."""
         await self._ensure_bucket()
         out: dict[str, bytes] = {}
 
@@ -238,6 +354,7 @@ class S3BlobStore:
         return [data[offset - start : offset - start + size] for offset, size in ranges]
 
     async def missing(self, keys: Sequence[str]) -> set[str]:
+        """A HEAD per distinct key, concurrently; those answering 404."""
         await self._ensure_bucket()
         out: set[str] = set()
 
@@ -249,6 +366,7 @@ class S3BlobStore:
         return out
 
     async def delete_many(self, keys: Sequence[str]) -> None:
+        """A DELETE per distinct key, concurrently; a missing object (404) counts as deleted."""
         await self._ensure_bucket()
 
         async def one(key: str) -> None:
@@ -257,6 +375,7 @@ class S3BlobStore:
         await self._each(list(dict.fromkeys(keys)), one)
 
     async def list_keys(self, prefix: str = "") -> list[str]:
+        """Keys under ``prefix`` by ListObjectsV2, page by page; the configured prefix added and stripped."""
         await self._ensure_bucket()
         out: list[str] = []
         token = ""
@@ -279,9 +398,24 @@ class S3BlobStore:
                 return out
 
     async def close(self) -> None:
+        """Closes the HTTP session and its connections; a later request would open a new one."""
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _check_count(key: str, count: int, size: int) -> None:
+    if count > size:
+        raise BackendError(f"blob {key}: the stream holds more than the {size} bytes announced")
+    if count < size:
+        raise BackendError(f"blob {key}: the stream ended after {count} of the {size} bytes announced")
+
+
+def _xml(body: bytes, what: str) -> ET.Element:
+    try:
+        return ET.fromstring(body)
+    except ET.ParseError as e:
+        raise BackendError(f"S3 {what}: unreadable answer: {e}") from e
 
 
 def _error_message(body: bytes) -> str:

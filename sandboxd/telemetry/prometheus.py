@@ -20,6 +20,7 @@ _INVALID_NAME = re.compile(r"[^a-zA-Z0-9_:]")
 
 
 def metric_name(name: str) -> str:
+    """A name Prometheus accepts: other characters become '_', a leading digit gets a '_' before it."""
     name = _INVALID_NAME.sub("_", name)
     return "_" + name if name[:1].isdigit() else name
 
@@ -96,6 +97,7 @@ class MetricsServer:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
+        """Binds and starts serving; ``port`` then holds the port actually bound."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
@@ -116,6 +118,7 @@ class MetricsServer:
         return web.Response(text="ok\n")
 
     async def stop(self) -> None:
+        """Stops serving and frees the port; a second call, or one before ``start``, does nothing."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -77,6 +77,7 @@ class Telemetry:
         return render(self._scrape.get_metrics_data())
 
     async def start(self) -> None:
+        """Opens the Prometheus scrape endpoint when a metrics port is configured; else does nothing."""
         if self.settings.metrics_port:
             self.server = MetricsServer(
                 self.prometheus_text, self.settings.metrics_host, self.settings.metrics_port
@@ -85,6 +86,7 @@ class Telemetry:
             log.info("metrics on http://%s:%d/metrics", self.server.host, self.server.port)
 
     async def stop(self) -> None:
+        """Closes the scrape endpoint and shuts both providers down, flushing what the exporters hold."""
         if self.server is not None:
             await self.server.stop()
             self.server = None

@@ -29,6 +29,9 @@ COLUMNS = (
     ("STARTUP", "startup_seconds"),
     ("ANNOUNCED", "announced"),
     ("FAILED", "failed_total"),
+    # How long the first acquirer in line has waited, and what the engine owes an answer for.
+    ("WAITED", "oldest_wait_seconds"),
+    ("DOUBT", "in_doubt"),
 )
 
 
@@ -55,6 +58,10 @@ def format_table(pools: Sequence[demand_pb2.PoolScaling], at: datetime | None = 
         )
     if not pools:
         lines.append("(no pools)")
+    degraded = next((p.engine_degraded for p in pools if p.engine_degraded), "")
+    if degraded:
+        window = max((p.start_window for p in pools), default=0)
+        lines.append(f"ENGINE DEGRADED: {degraded}; starting at most {window or 1} at once")
     for p in pools:
         note = f"  {p.pool}: {p.reason or '-'}"
         if p.last_error:

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PoolScaling(_message.Message):
-    __slots__ = ("pool", "ready", "leased", "starting", "releasing", "waiting", "warm_target", "warm_keep", "min_ready", "max_ready", "max_size", "acquire_rate", "startup_seconds", "announced", "reason", "failed_total", "last_error", "created_total")
+    __slots__ = ("pool", "ready", "leased", "starting", "releasing", "waiting", "warm_target", "warm_keep", "min_ready", "max_ready", "max_size", "acquire_rate", "startup_seconds", "announced", "reason", "failed_total", "last_error", "created_total", "oldest_wait_seconds", "in_doubt", "engine_degraded", "start_window")
     POOL_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,10 @@ class PoolScaling(_message.Message):
     FAILED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     CREATED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IN_DOUBT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    START_WINDOW_FIELD_NUMBER: _ClassVar[int]
     pool: str
     ready: int
     leased: int
@@ -47,7 +51,11 @@ class PoolScaling(_message.Message):
     failed_total: int
     last_error: str
     created_total: int
-    def __init__(self, pool: _Optional[str] = ..., ready: _Optional[int] = ..., leased: _Optional[int] = ..., starting: _Optional[int] = ..., releasing: _Optional[int] = ..., waiting: _Optional[int] = ..., warm_target: _Optional[int] = ..., warm_keep: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., acquire_rate: _Optional[float] = ..., startup_seconds: _Optional[float] = ..., announced: _Optional[int] = ..., reason: _Optional[str] = ..., failed_total: _Optional[int] = ..., last_error: _Optional[str] = ..., created_total: _Optional[int] = ...) -> None: ...
+    oldest_wait_seconds: float
+    in_doubt: int
+    engine_degraded: str
+    start_window: int
+    def __init__(self, pool: _Optional[str] = ..., ready: _Optional[int] = ..., leased: _Optional[int] = ..., starting: _Optional[int] = ..., releasing: _Optional[int] = ..., waiting: _Optional[int] = ..., warm_target: _Optional[int] = ..., warm_keep: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., acquire_rate: _Optional[float] = ..., startup_seconds: _Optional[float] = ..., announced: _Optional[int] = ..., reason: _Optional[str] = ..., failed_total: _Optional[int] = ..., last_error: _Optional[str] = ..., created_total: _Optional[int] = ..., oldest_wait_seconds: _Optional[float] = ..., in_doubt: _Optional[int] = ..., engine_degraded: _Optional[str] = ..., start_window: _Optional[int] = ...) -> None: ...
 
 class SetDemandRequest(_message.Message):
     __slots__ = ("pool", "source", "count", "in_seconds", "ttl_seconds")

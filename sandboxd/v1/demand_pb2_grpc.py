@@ -66,7 +66,8 @@ class DemandServiceServicer:
         A new announcement from the same source replaces the previous one;
         count 0 withdraws it.
         NOT_FOUND: no such pool.
-        INVALID_ARGUMENT: negative count or times, count above max_size (the field is named).
+        INVALID_ARGUMENT: negative count or times, count above max_size, a source
+        over 128 characters or with control characters (the field is named).
         FAILED_PRECONDITION: the pool does not follow demand (max_ready <= min_ready).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -77,6 +78,7 @@ class DemandServiceServicer:
         """Warms count sandboxes now (an announcement due at once). With wait, it
         answers once they are READY (or consumed by acquires).
         NOT_FOUND, INVALID_ARGUMENT, FAILED_PRECONDITION: as SetDemand, and
+        INVALID_ARGUMENT for a timeout_seconds that is negative, NaN or infinite,
         FAILED_PRECONDITION when the pool cannot create sandboxes (image gone).
         DEADLINE_EXCEEDED: wait was set and timeout_seconds passed first.
         """

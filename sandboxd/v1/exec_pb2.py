@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sandboxd/v1/exec.proto\x12\x0bsandboxd.v1\"\x9e\x02\n\x0b\x45xecRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12!\n\x04\x61rgv\x18\x02 \x01(\x0b\x32\x11.sandboxd.v1.ArgvH\x00\x12\x0f\n\x05shell\x18\x03 \x01(\tH\x00\x12\x0b\n\x03\x63wd\x18\x04 \x01(\t\x12.\n\x03\x65nv\x18\x05 \x03(\x0b\x32!.sandboxd.v1.ExecRequest.EnvEntry\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12\r\n\x05stdin\x18\x07 \x01(\x0c\x12\x1a\n\x12output_limit_bytes\x18\x08 \x01(\x03\x12\x0f\n\x07session\x18\t \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07\x63ommand\"\x14\n\x04\x41rgv\x12\x0c\n\x04\x61rgs\x18\x01 \x03(\t\"\xbe\x01\n\nExecResult\x12)\n\x07outcome\x18\x01 \x01(\x0e\x32\x18.sandboxd.v1.ExecOutcome\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x0e\n\x06signal\x18\x03 \x01(\x05\x12\x0e\n\x06stdout\x18\x04 \x01(\x0c\x12\x0e\n\x06stderr\x18\x05 \x01(\x0c\x12\x18\n\x10\x64uration_seconds\x18\x06 \x01(\x01\x12\x18\n\x10output_truncated\x18\x07 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\"7\n\x0c\x45xecResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.sandboxd.v1.ExecResult\"c\n\tExecEvent\x12\x10\n\x06stdout\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x02 \x01(\x0cH\x00\x12)\n\x06result\x18\x03 \x01(\x0b\x32\x17.sandboxd.v1.ExecResultH\x00\x42\x07\n\x05\x65vent*\xb2\x02\n\x0b\x45xecOutcome\x12\x1c\n\x18\x45XEC_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45XEC_OUTCOME_EXITED\x10\x01\x12\x1a\n\x16\x45XEC_OUTCOME_TIMED_OUT\x10\x02\x12\x17\n\x13\x45XEC_OUTCOME_KILLED\x10\x03\x12!\n\x1d\x45XEC_OUTCOME_OUTPUT_TRUNCATED\x10\x04\x12\x1d\n\x19\x45XEC_OUTCOME_SANDBOX_LOST\x10\x05\x12\x1b\n\x17\x45XEC_OUTCOME_OOM_KILLED\x10\x06\x12\x1f\n\x1b\x45XEC_OUTCOME_PIDS_EXHAUSTED\x10\x07\x12\x1a\n\x16\x45XEC_OUTCOME_DISK_FULL\x10\x08\x12\x1b\n\x17\x45XEC_OUTCOME_FILE_LIMIT\x10\t2\x8c\x01\n\x0b\x45xecService\x12;\n\x04\x45xec\x12\x18.sandboxd.v1.ExecRequest\x1a\x19.sandboxd.v1.ExecResponse\x12@\n\nExecStream\x12\x18.sandboxd.v1.ExecRequest\x1a\x16.sandboxd.v1.ExecEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sandboxd/v1/exec.proto\x12\x0bsandboxd.v1\"\xac\x02\n\x0b\x45xecRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12!\n\x04\x61rgv\x18\x02 \x01(\x0b\x32\x11.sandboxd.v1.ArgvH\x00\x12\x0f\n\x05shell\x18\x03 \x01(\tH\x00\x12\x0b\n\x03\x63wd\x18\x04 \x01(\t\x12.\n\x03\x65nv\x18\x05 \x03(\x0b\x32!.sandboxd.v1.ExecRequest.EnvEntry\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12\r\n\x05stdin\x18\x07 \x01(\x0c\x12\x1a\n\x12output_limit_bytes\x18\x08 \x01(\x03\x12\x0f\n\x07session\x18\t \x01(\t\x12\x0c\n\x04user\x18\n \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07\x63ommand\"\x14\n\x04\x41rgv\x12\x0c\n\x04\x61rgs\x18\x01 \x03(\t\"\xbe\x01\n\nExecResult\x12)\n\x07outcome\x18\x01 \x01(\x0e\x32\x18.sandboxd.v1.ExecOutcome\x12\x11\n\texit_code\x18\x02 \x01(\x05\x12\x0e\n\x06signal\x18\x03 \x01(\x05\x12\x0e\n\x06stdout\x18\x04 \x01(\x0c\x12\x0e\n\x06stderr\x18\x05 \x01(\x0c\x12\x18\n\x10\x64uration_seconds\x18\x06 \x01(\x01\x12\x18\n\x10output_truncated\x18\x07 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\"7\n\x0c\x45xecResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.sandboxd.v1.ExecResult\"c\n\tExecEvent\x12\x10\n\x06stdout\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x02 \x01(\x0cH\x00\x12)\n\x06result\x18\x03 \x01(\x0b\x32\x17.sandboxd.v1.ExecResultH\x00\x42\x07\n\x05\x65vent*\xb2\x02\n\x0b\x45xecOutcome\x12\x1c\n\x18\x45XEC_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45XEC_OUTCOME_EXITED\x10\x01\x12\x1a\n\x16\x45XEC_OUTCOME_TIMED_OUT\x10\x02\x12\x17\n\x13\x45XEC_OUTCOME_KILLED\x10\x03\x12!\n\x1d\x45XEC_OUTCOME_OUTPUT_TRUNCATED\x10\x04\x12\x1d\n\x19\x45XEC_OUTCOME_SANDBOX_LOST\x10\x05\x12\x1b\n\x17\x45XEC_OUTCOME_OOM_KILLED\x10\x06\x12\x1f\n\x1b\x45XEC_OUTCOME_PIDS_EXHAUSTED\x10\x07\x12\x1a\n\x16\x45XEC_OUTCOME_DISK_FULL\x10\x08\x12\x1b\n\x17\x45XEC_OUTCOME_FILE_LIMIT\x10\t2\x8c\x01\n\x0b\x45xecService\x12;\n\x04\x45xec\x12\x18.sandboxd.v1.ExecRequest\x1a\x19.sandboxd.v1.ExecResponse\x12@\n\nExecStream\x12\x18.sandboxd.v1.ExecRequest\x1a\x16.sandboxd.v1.ExecEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,20 +33,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECREQUEST_ENVENTRY']._loaded_options = None
   _globals['_EXECREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_EXECOUTCOME']._serialized_start=702
-  _globals['_EXECOUTCOME']._serialized_end=1008
+  _globals['_EXECOUTCOME']._serialized_start=716
+  _globals['_EXECOUTCOME']._serialized_end=1022
   _globals['_EXECREQUEST']._serialized_start=40
-  _globals['_EXECREQUEST']._serialized_end=326
-  _globals['_EXECREQUEST_ENVENTRY']._serialized_start=273
-  _globals['_EXECREQUEST_ENVENTRY']._serialized_end=315
-  _globals['_ARGV']._serialized_start=328
-  _globals['_ARGV']._serialized_end=348
-  _globals['_EXECRESULT']._serialized_start=351
-  _globals['_EXECRESULT']._serialized_end=541
-  _globals['_EXECRESPONSE']._serialized_start=543
-  _globals['_EXECRESPONSE']._serialized_end=598
-  _globals['_EXECEVENT']._serialized_start=600
-  _globals['_EXECEVENT']._serialized_end=699
-  _globals['_EXECSERVICE']._serialized_start=1011
-  _globals['_EXECSERVICE']._serialized_end=1151
+  _globals['_EXECREQUEST']._serialized_end=340
+  _globals['_EXECREQUEST_ENVENTRY']._serialized_start=287
+  _globals['_EXECREQUEST_ENVENTRY']._serialized_end=329
+  _globals['_ARGV']._serialized_start=342
+  _globals['_ARGV']._serialized_end=362
+  _globals['_EXECRESULT']._serialized_start=365
+  _globals['_EXECRESULT']._serialized_end=555
+  _globals['_EXECRESPONSE']._serialized_start=557
+  _globals['_EXECRESPONSE']._serialized_end=612
+  _globals['_EXECEVENT']._serialized_start=614
+  _globals['_EXECEVENT']._serialized_end=713
+  _globals['_EXECSERVICE']._serialized_start=1025
+  _globals['_EXECSERVICE']._serialized_end=1165
 # @@protoc_insertion_point(module_scope)

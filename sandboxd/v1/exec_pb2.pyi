@@ -31,7 +31,7 @@ EXEC_OUTCOME_DISK_FULL: ExecOutcome
 EXEC_OUTCOME_FILE_LIMIT: ExecOutcome
 
 class ExecRequest(_message.Message):
-    __slots__ = ("sandbox_id", "argv", "shell", "cwd", "env", "timeout_seconds", "stdin", "output_limit_bytes", "session")
+    __slots__ = ("sandbox_id", "argv", "shell", "cwd", "env", "timeout_seconds", "stdin", "output_limit_bytes", "session", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class ExecRequest(_message.Message):
     STDIN_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     argv: Argv
     shell: str
@@ -57,7 +58,8 @@ class ExecRequest(_message.Message):
     stdin: bytes
     output_limit_bytes: int
     session: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., argv: _Optional[_Union[Argv, _Mapping]] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., stdin: _Optional[bytes] = ..., output_limit_bytes: _Optional[int] = ..., session: _Optional[str] = ...) -> None: ...
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., argv: _Optional[_Union[Argv, _Mapping]] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., stdin: _Optional[bytes] = ..., output_limit_bytes: _Optional[int] = ..., session: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class Argv(_message.Message):
     __slots__ = ("args",)

@@ -54,8 +54,9 @@ class ExecServiceServicer:
     def Exec(self, request, context):
         """Runs a command to completion.
         INVALID_ARGUMENT: empty argv/shell, negative timeout, bad cwd or env names,
-        oversize stdin.
-        NOT_FOUND: unknown sandbox. FAILED_PRECONDITION: the sandbox is not leased.
+        oversize stdin, an unknown user, user "root" with a session.
+        NOT_FOUND: unknown sandbox. FAILED_PRECONDITION: the sandbox is not leased,
+        or user "root" on a backend that cannot run it.
         A command that times out, is killed, overflows its output cap or loses
         its sandbox still answers OK with a typed outcome.
         """

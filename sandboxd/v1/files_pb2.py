@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/files.proto\x12\x0bsandboxd.v1\"3\n\x04\x46ile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x0c\n\x04mode\x18\x03 \x01(\r\"I\n\x11WriteFilesRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12 \n\x05\x66iles\x18\x02 \x03(\x0b\x32\x11.sandboxd.v1.File\"+\n\x12WriteFilesResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x03\"H\n\x10ReadFilesRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\x12\x11\n\tmax_bytes\x18\x03 \x01(\x03\"5\n\x11ReadFilesResponse\x12 \n\x05\x66iles\x18\x01 \x03(\x0b\x32\x11.sandboxd.v1.File\"0\n\x0cUploadHeader\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"R\n\x0bUploadChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.UploadHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"1\n\x17UploadDirectoryResponse\x12\x16\n\x0e\x62ytes_received\x18\x01 \x01(\x03\"<\n\x18\x44ownloadDirectoryRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x1d\n\rDownloadChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xd7\x02\n\x0b\x46ileService\x12M\n\nWriteFiles\x12\x1e.sandboxd.v1.WriteFilesRequest\x1a\x1f.sandboxd.v1.WriteFilesResponse\x12J\n\tReadFiles\x12\x1d.sandboxd.v1.ReadFilesRequest\x1a\x1e.sandboxd.v1.ReadFilesResponse\x12S\n\x0fUploadDirectory\x12\x18.sandboxd.v1.UploadChunk\x1a$.sandboxd.v1.UploadDirectoryResponse(\x01\x12X\n\x11\x44ownloadDirectory\x12%.sandboxd.v1.DownloadDirectoryRequest\x1a\x1a.sandboxd.v1.DownloadChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/files.proto\x12\x0bsandboxd.v1\"3\n\x04\x46ile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x0c\n\x04mode\x18\x03 \x01(\r\"W\n\x11WriteFilesRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12 \n\x05\x66iles\x18\x02 \x03(\x0b\x32\x11.sandboxd.v1.File\x12\x0c\n\x04user\x18\x03 \x01(\t\"+\n\x12WriteFilesResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x03\"V\n\x10ReadFilesRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\x12\x11\n\tmax_bytes\x18\x03 \x01(\x03\x12\x0c\n\x04user\x18\x04 \x01(\t\"5\n\x11ReadFilesResponse\x12 \n\x05\x66iles\x18\x01 \x03(\x0b\x32\x11.sandboxd.v1.File\"0\n\x0cUploadHeader\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"R\n\x0bUploadChunk\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x19.sandboxd.v1.UploadHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04part\"1\n\x17UploadDirectoryResponse\x12\x16\n\x0e\x62ytes_received\x18\x01 \x01(\x03\"<\n\x18\x44ownloadDirectoryRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x1d\n\rDownloadChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xd7\x02\n\x0b\x46ileService\x12M\n\nWriteFiles\x12\x1e.sandboxd.v1.WriteFilesRequest\x1a\x1f.sandboxd.v1.WriteFilesResponse\x12J\n\tReadFiles\x12\x1d.sandboxd.v1.ReadFilesRequest\x1a\x1e.sandboxd.v1.ReadFilesResponse\x12S\n\x0fUploadDirectory\x12\x18.sandboxd.v1.UploadChunk\x1a$.sandboxd.v1.UploadDirectoryResponse(\x01\x12X\n\x11\x44ownloadDirectory\x12%.sandboxd.v1.DownloadDirectoryRequest\x1a\x1a.sandboxd.v1.DownloadChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,23 +34,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FILE']._serialized_start=40
   _globals['_FILE']._serialized_end=91
   _globals['_WRITEFILESREQUEST']._serialized_start=93
-  _globals['_WRITEFILESREQUEST']._serialized_end=166
-  _globals['_WRITEFILESRESPONSE']._serialized_start=168
-  _globals['_WRITEFILESRESPONSE']._serialized_end=211
-  _globals['_READFILESREQUEST']._serialized_start=213
-  _globals['_READFILESREQUEST']._serialized_end=285
-  _globals['_READFILESRESPONSE']._serialized_start=287
-  _globals['_READFILESRESPONSE']._serialized_end=340
-  _globals['_UPLOADHEADER']._serialized_start=342
-  _globals['_UPLOADHEADER']._serialized_end=390
-  _globals['_UPLOADCHUNK']._serialized_start=392
-  _globals['_UPLOADCHUNK']._serialized_end=474
-  _globals['_UPLOADDIRECTORYRESPONSE']._serialized_start=476
-  _globals['_UPLOADDIRECTORYRESPONSE']._serialized_end=525
-  _globals['_DOWNLOADDIRECTORYREQUEST']._serialized_start=527
-  _globals['_DOWNLOADDIRECTORYREQUEST']._serialized_end=587
-  _globals['_DOWNLOADCHUNK']._serialized_start=589
-  _globals['_DOWNLOADCHUNK']._serialized_end=618
-  _globals['_FILESERVICE']._serialized_start=621
-  _globals['_FILESERVICE']._serialized_end=964
+  _globals['_WRITEFILESREQUEST']._serialized_end=180
+  _globals['_WRITEFILESRESPONSE']._serialized_start=182
+  _globals['_WRITEFILESRESPONSE']._serialized_end=225
+  _globals['_READFILESREQUEST']._serialized_start=227
+  _globals['_READFILESREQUEST']._serialized_end=313
+  _globals['_READFILESRESPONSE']._serialized_start=315
+  _globals['_READFILESRESPONSE']._serialized_end=368
+  _globals['_UPLOADHEADER']._serialized_start=370
+  _globals['_UPLOADHEADER']._serialized_end=418
+  _globals['_UPLOADCHUNK']._serialized_start=420
+  _globals['_UPLOADCHUNK']._serialized_end=502
+  _globals['_UPLOADDIRECTORYRESPONSE']._serialized_start=504
+  _globals['_UPLOADDIRECTORYRESPONSE']._serialized_end=553
+  _globals['_DOWNLOADDIRECTORYREQUEST']._serialized_start=555
+  _globals['_DOWNLOADDIRECTORYREQUEST']._serialized_end=615
+  _globals['_DOWNLOADCHUNK']._serialized_start=617
+  _globals['_DOWNLOADCHUNK']._serialized_end=646
+  _globals['_FILESERVICE']._serialized_start=649
+  _globals['_FILESERVICE']._serialized_end=992
 # @@protoc_insertion_point(module_scope)

@@ -17,12 +17,14 @@ class File(_message.Message):
     def __init__(self, path: _Optional[str] = ..., content: _Optional[bytes] = ..., mode: _Optional[int] = ...) -> None: ...
 
 class WriteFilesRequest(_message.Message):
-    __slots__ = ("sandbox_id", "files")
+    __slots__ = ("sandbox_id", "files", "user")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     files: _containers.RepeatedCompositeFieldContainer[File]
-    def __init__(self, sandbox_id: _Optional[str] = ..., files: _Optional[_Iterable[_Union[File, _Mapping]]] = ...) -> None: ...
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., files: _Optional[_Iterable[_Union[File, _Mapping]]] = ..., user: _Optional[str] = ...) -> None: ...
 
 class WriteFilesResponse(_message.Message):
     __slots__ = ("bytes_written",)
@@ -31,14 +33,16 @@ class WriteFilesResponse(_message.Message):
     def __init__(self, bytes_written: _Optional[int] = ...) -> None: ...
 
 class ReadFilesRequest(_message.Message):
-    __slots__ = ("sandbox_id", "paths", "max_bytes")
+    __slots__ = ("sandbox_id", "paths", "max_bytes", "user")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     paths: _containers.RepeatedScalarFieldContainer[str]
     max_bytes: int
-    def __init__(self, sandbox_id: _Optional[str] = ..., paths: _Optional[_Iterable[str]] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    user: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., paths: _Optional[_Iterable[str]] = ..., max_bytes: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
 
 class ReadFilesResponse(_message.Message):
     __slots__ = ("files",)

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class FileServiceStub:
     """Moving files in and out of leased sandboxes. Paths are relative to the
-    workspace (/workspace) or absolute inside it; nothing outside is reachable.
+    workspace (/workspace) or absolute inside one of the two file roots,
+    /workspace and /tmp; nothing outside them is reachable.
     """
 
     def __init__(self, channel):
@@ -60,13 +61,16 @@ class FileServiceStub:
 
 class FileServiceServicer:
     """Moving files in and out of leased sandboxes. Paths are relative to the
-    workspace (/workspace) or absolute inside it; nothing outside is reachable.
+    workspace (/workspace) or absolute inside one of the two file roots,
+    /workspace and /tmp; nothing outside them is reachable.
     """
 
     def WriteFiles(self, request, context):
         """Writes several files in one call, creating parent directories.
-        INVALID_ARGUMENT: empty, duplicate or escaping path; bad mode; oversize payload.
-        NOT_FOUND: unknown sandbox. FAILED_PRECONDITION: sandbox not leased.
+        INVALID_ARGUMENT: empty, duplicate or escaping path; bad mode; oversize
+        payload; an unknown user.
+        NOT_FOUND: unknown sandbox. FAILED_PRECONDITION: sandbox not leased, or
+        user "root" on a backend that cannot run it.
         RESOURCE_EXHAUSTED: the workspace is full (bytes or files).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -86,7 +90,10 @@ class FileServiceServicer:
     def UploadDirectory(self, request_iterator, context):
         """Uploads a tar stream and extracts it under a directory. The first message
         carries the header, the rest carry data.
-        INVALID_ARGUMENT: missing header, escaping path, a tar member that escapes.
+        INVALID_ARGUMENT: missing header, escaping path, a tar member that escapes,
+        a member declaring more data than the archive holds.
+        RESOURCE_EXHAUSTED: the archive's files, at their apparent sizes (a
+        sparse member counts whole), exceed the sandbox's disk limit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -133,7 +140,8 @@ def add_FileServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class FileService:
     """Moving files in and out of leased sandboxes. Paths are relative to the
-    workspace (/workspace) or absolute inside it; nothing outside is reachable.
+    workspace (/workspace) or absolute inside one of the two file roots,
+    /workspace and /tmp; nothing outside them is reachable.
     """
 
     @staticmethod

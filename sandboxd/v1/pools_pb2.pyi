@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PoolSpec(_message.Message):
-    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds")
+    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds", "runtime")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class PoolSpec(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     MAX_READY_FIELD_NUMBER: _ClassVar[int]
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     min_ready: int
@@ -44,7 +45,8 @@ class PoolSpec(_message.Message):
     labels: _containers.ScalarMap[str, str]
     max_ready: int
     idle_seconds: float
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
+    runtime: str
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class PoolStatus(_message.Message):
     __slots__ = ("ready", "creating", "leased", "releasing", "failed_total", "waiting", "last_error", "warm_target")

@@ -70,7 +70,8 @@ class PoolServiceServicer:
         """Creates a pool and starts warming min_ready sandboxes.
         INVALID_ARGUMENT: bad name, image, sizes or limits (message names the field).
         ALREADY_EXISTS: a pool with that name exists.
-        FAILED_PRECONDITION: the image is not present on the backend.
+        FAILED_PRECONDITION: the image is not present on the backend, or the
+        runtime is unknown or not available there (the message names it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -18,6 +18,7 @@ class ProblemKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROBLEM_KIND_BACKEND_UNHEALTHY: _ClassVar[ProblemKind]
     PROBLEM_KIND_POOL_TOO_SMALL: _ClassVar[ProblemKind]
     PROBLEM_KIND_LIFETIME_TOO_SHORT: _ClassVar[ProblemKind]
+    PROBLEM_KIND_RUNTIME_UNAVAILABLE: _ClassVar[ProblemKind]
 PROBLEM_KIND_UNSPECIFIED: ProblemKind
 PROBLEM_KIND_IMAGE_MISSING: ProblemKind
 PROBLEM_KIND_LIMITS_INVALID: ProblemKind
@@ -26,6 +27,7 @@ PROBLEM_KIND_CAPACITY_TOO_SMALL: ProblemKind
 PROBLEM_KIND_BACKEND_UNHEALTHY: ProblemKind
 PROBLEM_KIND_POOL_TOO_SMALL: ProblemKind
 PROBLEM_KIND_LIFETIME_TOO_SHORT: ProblemKind
+PROBLEM_KIND_RUNTIME_UNAVAILABLE: ProblemKind
 
 class PreflightRequest(_message.Message):
     __slots__ = ("pool", "template", "concurrent", "expected_duration_seconds")
@@ -40,12 +42,14 @@ class PreflightRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., template: _Optional[_Union[Template, _Mapping]] = ..., concurrent: _Optional[int] = ..., expected_duration_seconds: _Optional[float] = ...) -> None: ...
 
 class Template(_message.Message):
-    __slots__ = ("image", "limits")
+    __slots__ = ("image", "limits", "runtime")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     image: str
     limits: _common_pb2.Limits
-    def __init__(self, image: _Optional[str] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ...) -> None: ...
+    runtime: str
+    def __init__(self, image: _Optional[str] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class Problem(_message.Message):
     __slots__ = ("kind", "message", "field")

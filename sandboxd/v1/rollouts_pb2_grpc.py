@@ -33,6 +33,8 @@ class RolloutServiceStub:
     them (zero advantage, hard staleness bound) and streams batches to the
     trainer, which acknowledges them (unacknowledged batches are redelivered).
     Runs belong to the calling tenant; another tenant's run answers NOT_FOUND.
+    A run name is 1-128 characters with no '/' and no control characters
+    (NUL, newline, ...); any other answers INVALID_ARGUMENT in every RPC.
     """
 
     def __init__(self, channel):
@@ -96,6 +98,8 @@ class RolloutServiceServicer:
     them (zero advantage, hard staleness bound) and streams batches to the
     trainer, which acknowledges them (unacknowledged batches are redelivered).
     Runs belong to the calling tenant; another tenant's run answers NOT_FOUND.
+    A run name is 1-128 characters with no '/' and no control characters
+    (NUL, newline, ...); any other answers INVALID_ARGUMENT in every RPC.
     """
 
     def ConfigureRun(self, request, context):
@@ -124,7 +128,14 @@ class RolloutServiceServicer:
         (released by the queue when it cancels the group) and the token state of
         its trajectories so far (kept when the group is parked). The answer says
         whether the group was cancelled (stop, and do not submit it).
-        NOT_FOUND: unknown run or group. INVALID_ARGUMENT: a bad field.
+        While the group runs, each lease reported must be the caller's own and
+        in force, and each trajectory's sandbox_id must be under one of the
+        group's leases (reported now or before).
+        NOT_FOUND: unknown run or group; a lease not reported before that is
+        unknown, ended or another tenant's (lease_ids[i] named).
+        INVALID_ARGUMENT: a bad field, e.g. a malformed lease or sandbox id, a
+        sandbox not under the group's leases, a trajectory_id with control
+        characters or over 256 characters.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,7 +145,9 @@ class RolloutServiceServicer:
         """Submits a finished group. Rewards are run here when a trajectory names a
         verifier; infrastructure failures are typed and masked, never reward 0.
         The answer says what the queue did with the group.
-        NOT_FOUND: unknown run or group. INVALID_ARGUMENT: a bad field (named).
+        NOT_FOUND: unknown run or group. INVALID_ARGUMENT: a bad field (named),
+        e.g. a trajectory_id or prompt_id with control characters or over 256
+        characters.
         FAILED_PRECONDITION: the group was already submitted or was cancelled.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -246,6 +259,8 @@ class RolloutService:
     them (zero advantage, hard staleness bound) and streams batches to the
     trainer, which acknowledges them (unacknowledged batches are redelivered).
     Runs belong to the calling tenant; another tenant's run answers NOT_FOUND.
+    A run name is 1-128 characters with no '/' and no control characters
+    (NUL, newline, ...); any other answers INVALID_ARGUMENT in every RPC.
     """
 
     @staticmethod

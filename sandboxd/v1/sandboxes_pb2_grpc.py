@@ -75,9 +75,15 @@ class SandboxServiceServicer:
         """Leases n sandboxes from a pool (a GRPO group when n > 1). Hands over
         READY sandboxes at once; otherwise waits while the pool creates more,
         up to timeout_seconds or the call's deadline, whichever is sooner.
-        INVALID_ARGUMENT: n < 1, min_n > n, bad labels or TTL.
+        With min_n > 0 it hands over at most what the tenant's quotas leave.
+        INVALID_ARGUMENT: n < 1, min_n > n, bad labels or TTL, a timeout that is
+        negative, NaN or infinite.
         NOT_FOUND: no such pool.
-        FAILED_PRECONDITION: n (or min_n) above the pool's max_size: can never be satisfied.
+        FAILED_PRECONDITION: n (or min_n) above the pool's max_size, or above
+        what the tenant's max_sandboxes or max_memory_bytes quota could ever
+        hold: can never be satisfied.
+        RESOURCE_EXHAUSTED: n (or min_n) does not fit the tenant's quotas now;
+        the retry-after-seconds trailer (and RetryInfo) says when to ask again.
         DEADLINE_EXCEEDED: not enough sandboxes in time; nothing stays leased.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -109,6 +115,7 @@ class SandboxServiceServicer:
 
     def ListSandboxes(self, request, context):
         """Lists sandboxes filtered by pool, state and labels (all must match).
+        INVALID_ARGUMENT: a bad pool name, state or label (key or value).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -81,7 +81,11 @@ class SnapshotServiceServicer:
         NOT_FOUND: unknown sandbox.
         FAILED_PRECONDITION: the sandbox is not leased, or its workspace holds
         something a snapshot cannot carry (a symlink leaving the workspace).
-        RESOURCE_EXHAUSTED: the tenant's snapshot byte quota would be exceeded.
+        RESOURCE_EXHAUSTED: the tenant's snapshot byte quota would be exceeded,
+        or the workspace's files, counted at their apparent sizes (a sparse
+        file counts whole), could never be restored into its sandbox (a file
+        or all of them above its disk limit); the message names the file.
+        Nothing is stored then.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -14,7 +14,7 @@ import docker
 import pytest
 
 from sandboxd.app import App, build_app
-from sandboxd.backends.base import LABEL_INSTANCE
+from sandboxd.backends.base import GVISOR, LABEL_INSTANCE, RUNC, RUNTIMES
 from sandboxd.client import AsyncClient
 from sandboxd.settings import Settings, load_settings
 
@@ -33,6 +33,34 @@ def engine() -> docker.DockerClient:
     client = docker.from_env()
     client.ping()
     return client
+
+
+def gvisor_registered(engine: docker.DockerClient) -> bool:
+    """Whether the engine has gVisor's runtime under the name the server's settings default to."""
+    from sandboxd.settings import DockerBackendSettings
+
+    return DockerBackendSettings().gvisor_runtime in (engine.info().get("Runtimes") or {})
+
+
+@pytest.fixture
+def runtime() -> str:
+    """The runtime of the ``pool`` fixture's pool; a module that runs under
+    every runtime overrides it with ``each_runtime``."""
+    return RUNC
+
+
+NO_GVISOR = "gVisor's runtime (runsc) is not registered with the engine (scripts/setup.sh test does it)"
+
+
+@pytest.fixture(params=RUNTIMES)
+def each_runtime(request: pytest.FixtureRequest, engine: docker.DockerClient) -> str:
+    """Each runtime in turn; gVisor is skipped where the engine lacks it."""
+    name = str(request.param)
+    if name == GVISOR and not gvisor_registered(engine):
+        pytest.skip(
+            "gVisor's runtime (runsc) is not registered with the engine (scripts/setup.sh test does it)"
+        )
+    return name
 
 
 def instance_containers(engine: docker.DockerClient, instance: str) -> list[Any]:
@@ -104,6 +132,6 @@ async def client(app: App) -> AsyncIterator[AsyncClient]:
 
 
 @pytest.fixture
-async def pool(client: AsyncClient, image: str) -> str:
-    await client.create_pool("it", image, min_ready=2, max_size=8)
+async def pool(client: AsyncClient, image: str, runtime: str) -> str:
+    await client.create_pool("it", image, min_ready=2, max_size=8, runtime=runtime)
     return "it"

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sandboxd.backends.base import GVISOR
 from sandboxd.client import AsyncClient, Sandbox
+from sandboxd.errors import FailedPrecondition
 from tests.probing import while_probing
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -24,8 +26,20 @@ LIMITS = {
 
 
 @pytest.fixture
-async def hostile_pool(client: AsyncClient, image: str) -> AsyncIterator[str]:
-    await client.create_pool("hostile", image, min_ready=2, max_size=4, limits=LIMITS)
+def runtime(each_runtime: str) -> str:
+    return each_runtime
+
+
+def limits_of(runtime: str) -> dict[str, int]:
+    """LIMITS as a pool of ``runtime`` may set them (gVisor refuses a file-count limit)."""
+    return {k: v for k, v in LIMITS.items() if not (runtime == GVISOR and k == "max_files")}
+
+
+@pytest.fixture
+async def hostile_pool(client: AsyncClient, image: str, runtime: str) -> AsyncIterator[str]:
+    await client.create_pool(
+        "hostile", image, min_ready=2, max_size=4, limits=limits_of(runtime), runtime=runtime
+    )
     yield "hostile"
     await client.delete_pool("hostile", force=True)
 
@@ -54,25 +68,65 @@ async def test_fork_bomb_is_contained(pair: tuple[Sandbox, Sandbox]) -> None:
     assert after.ok and int(after.text) < 10, "the bomb's processes were all killed"
 
 
-async def test_memory_hog_is_oom_killed(pair: tuple[Sandbox, Sandbox]) -> None:
+async def test_memory_hog_is_oom_killed(pair: tuple[Sandbox, Sandbox], runtime: str) -> None:
     victim, bystander = pair
     attack = victim.exec(["python3", "-c", "x = bytearray(512 << 20); print(len(x))"], timeout=60)
     result, latencies = await while_probing(bystander, attack)
     assert result.outcome == "OOM_KILLED", result
     assert_responsive(latencies)
+    if runtime == GVISOR:
+        # gVisor has no per-process OOM killer: the whole sandbox stops.
+        assert "whole sandbox" in result.detail
+        assert (await bystander.exec("echo still here")).text == "still here\n"
+        return
     assert (await victim.exec("echo still here")).text == "still here\n"
 
 
-async def test_file_explosion_stops_at_the_file_limit(pair: tuple[Sandbox, Sandbox]) -> None:
+async def test_file_explosion_stops_at_the_file_limit(pair: tuple[Sandbox, Sandbox], runtime: str) -> None:
     victim, bystander = pair
     script = "import os\nfor i in range(1_000_000):\n    open(f'f{i}', 'w').close()\n"
     attack = victim.exec(["python3", "-c", script], timeout=60)
     result, latencies = await while_probing(bystander, attack)
+    if runtime == GVISOR:
+        # No file-count limit there: each file lives in the sandbox's memory,
+        # so the memory limit stops the explosion (and the sandbox).
+        assert result.outcome == "OOM_KILLED", result
+        assert_responsive(latencies)
+        return
     assert result.outcome == "FILE_LIMIT", result
     assert_responsive(latencies)
     usage = await victim.client.usage(victim.id)
     assert usage.files_limit == LIMITS["max_files"]
     assert LIMITS["max_files"] - 10 <= usage.files <= LIMITS["max_files"]
+
+
+@pytest.mark.parametrize(
+    ("attack", "outcome"),
+    [
+        ("import os\nfor i in range(1_000_000):\n    open(f'/dev/shm/f{i}', 'w').close()\n", "FILE_LIMIT"),
+        ("with open('/dev/shm/big', 'wb') as f:\n    for _ in range(100):\n        f.write(bytes(1 << 20))\n",
+         "DISK_FULL"),
+    ],
+    ids=["files", "bytes"],
+)  # fmt: skip
+async def test_dev_shm_is_limited_like_the_workspace(
+    pair: tuple[Sandbox, Sandbox], attack: str, outcome: str, runtime: str
+) -> None:
+    # /dev/shm is writable (POSIX semaphores, shared memory) but bounded in
+    # files and bytes: a loop there ends at its limit, not at the memory cgroup.
+    victim, bystander = pair
+    result, latencies = await while_probing(bystander, victim.exec(["python3", "-c", attack], timeout=60))
+    if runtime == GVISOR and outcome == "FILE_LIMIT":
+        # As in the workspace: the memory limit bounds the file count there.
+        assert result.outcome == "OOM_KILLED", result
+        assert latencies, "the bystander's commands were answered during the attack"
+        return
+    assert result.outcome == outcome, result
+    assert "/dev/shm" in result.detail, result
+    assert latencies, "the bystander's commands were answered during the attack"
+    count = await victim.exec("ls -A /dev/shm | wc -l")
+    assert count.ok and 1 <= int(count.text) <= 4096
+    assert (await victim.exec("echo still here")).text == "still here\n"
 
 
 async def test_disk_fill_is_disk_full(pair: tuple[Sandbox, Sandbox]) -> None:
@@ -129,7 +183,18 @@ async def test_usage_reports_memory_and_pids(client: AsyncClient, hostile_pool: 
         assert usage.disk_limit_bytes == LIMITS["disk_bytes"]
 
 
-async def test_per_acquire_limits_lower_the_pool_limits(client: AsyncClient, hostile_pool: str) -> None:
+async def test_per_acquire_limits_lower_the_pool_limits(
+    client: AsyncClient, hostile_pool: str, runtime: str
+) -> None:
+    if runtime == GVISOR:
+        # The pids limit is fixed when a gVisor sandbox starts: refused, named.
+        with pytest.raises(FailedPrecondition, match="fixes the pids limit"):
+            async with client.acquire(hostile_pool, limits={"pids": 16}):
+                pass
+        async with client.acquire(hostile_pool, limits={"memory_bytes": 48 << 20}) as sb:
+            r = await sb.exec(["python3", "-c", "x = bytearray(80 << 20)"], timeout=30)
+            assert r.outcome == "OOM_KILLED", r
+        return
     async with client.acquire(hostile_pool, limits={"memory_bytes": 48 << 20, "pids": 16}) as sb:
         r = await sb.exec(["python3", "-c", "x = bytearray(80 << 20)"], timeout=30)
         assert r.outcome == "OOM_KILLED", r

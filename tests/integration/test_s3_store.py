@@ -1,17 +1,14 @@
 """The S3 blob store against a real S3-compatible server: versitygw (the
 Versity S3 Gateway, a Go module that scripts/setup.sh builds) serving a
-temporary directory on 127.0.0.1. Signature V4, listing, deletes, and whole
-snapshots stored there and garbage-collected."""
+temporary directory on 127.0.0.1. Signature V4, listing, deletes, streamed
+blobs (multipart uploads, ranged reads), and whole snapshots stored there and
+garbage-collected."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import secrets
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,59 +19,17 @@ from sandboxd.app import build_app
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient
 from sandboxd.settings import load_settings
-from sandboxd.stores.s3 import S3BlobStore, S3Config
+from sandboxd.stores.s3 import PART_BYTES, S3BlobStore, S3Config
+from tests.integration import versitygw
+from tests.integration.versitygw import ACCESS, SECRET
 
 pytestmark = pytest.mark.timeout(60)
-
-ACCESS, SECRET = "sandboxd-test", "sandboxd-test-secret"
-
-
-def versitygw_binary() -> str:
-    found = shutil.which("versitygw")
-    gopath = os.environ.get("GOPATH") or str(Path.home() / "go")
-    candidate = Path(gopath) / "bin" / "versitygw"
-    if found:
-        return found
-    if candidate.exists():
-        return str(candidate)
-    raise AssertionError("versitygw not found: run scripts/setup.sh (it builds it with `go install`)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def s3_endpoint(tmp_path: Path) -> Iterator[str]:
-    root = tmp_path / "s3"
-    root.mkdir()
-    port = free_port()
-    log = (tmp_path / "versitygw.log").open("wb")
-    proc = subprocess.Popen(
-        [versitygw_binary(), "--access", ACCESS, "--secret", SECRET, "--port", f"127.0.0.1:{port}",
-         "--quiet", "posix", "--nometa", str(root)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        for _ in range(400):  # up to ~20 s for the port to accept
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.05).close()
-                break
-            except OSError as e:
-                if proc.poll() is not None:
-                    raise AssertionError(
-                        f"versitygw exited: {(tmp_path / 'versitygw.log').read_text()}"
-                    ) from e
-                time.sleep(0.05)  # a pause between polls of another process's port
-        else:
-            raise AssertionError("versitygw did not start listening")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    with versitygw.serve(tmp_path) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture
@@ -107,6 +62,44 @@ async def test_blob_operations(store: S3BlobStore) -> None:
         await store.get_ranges("ns/01/k1", [(0, 1)])
     with pytest.raises(errors.BackendError, match="ends before"):
         await store.get_ranges("ns/05/k5", [(4990, 20)])
+
+
+async def _pieces(data: bytes, step: int = 1 << 20) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), step):
+        yield data[i : i + step]
+
+
+async def _uploads_in_progress(store: S3BlobStore) -> int:
+    _, body = await store._request("GET", store._url(query={"uploads": ""}))
+    return body.count(b"<Upload>")
+
+
+async def test_streamed_blobs_go_up_in_parts_and_come_back_in_ranges(store: S3BlobStore) -> None:
+    data = os.urandom(2 * PART_BYTES + 12345)
+    assert await store.put_stream("ns/packs/big", _pieces(data), len(data)) == len(data)
+    assert await store.put_stream("ns/packs/big", _pieces(data), len(data)) == 0, "present: not written again"
+    got = [p async for p in store.read_stream("ns/packs/big", 100, len(data) - 200)]
+    assert b"".join(got) == data[100:-100] and max(map(len, got)) <= PART_BYTES
+    small = [p async for p in store.read_stream("ns/packs/big", 7, 5)]
+    assert small == [data[7:12]]
+    # Another count than announced, or a source that fails, stores nothing and leaves no upload open.
+    for key, announced in (("over", len(data) - 1), ("under", len(data) + 1), ("one-put", 100)):
+        with pytest.raises(errors.BackendError, match="announced"):
+            await store.put_stream(f"ns/packs/{key}", _pieces(data), announced)
+
+    async def failing() -> AsyncIterator[bytes]:
+        yield data[:PART_BYTES]
+        yield data[PART_BYTES : 2 * PART_BYTES]
+        raise errors.FailedPrecondition("the file changed while it was read")
+
+    with pytest.raises(errors.FailedPrecondition):
+        await store.put_stream("ns/packs/failing", failing(), len(data))
+    assert await store.list_keys() == ["ns/packs/big"]
+    assert await _uploads_in_progress(store) == 0
+    with pytest.raises(errors.BackendError, match="ends before"):
+        _ = [p async for p in store.read_stream("ns/packs/big", 0, len(data) + 1)]
+    with pytest.raises(errors.NotFound, match="ns/packs/none"):
+        _ = [p async for p in store.read_stream("ns/packs/none", 0, 10)]
 
 
 async def test_wrong_secret_is_refused(s3_endpoint: str) -> None:

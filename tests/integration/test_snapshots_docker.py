@@ -16,21 +16,43 @@ import pytest
 
 from sandboxd import errors
 from sandboxd.app import App, build_app
+from sandboxd.backends.base import GVISOR, RUNC
 from sandboxd.client import AsyncClient, Sandbox
-from sandboxd.core import manifest as mf
-from sandboxd.core import snapshots
-from sandboxd.core.snapshots import LABEL_SNAPSHOT, blob_key, tenant_namespace
+from sandboxd.core.snapshots import LABEL_SNAPSHOT, blob_key, contents, tenant_namespace
+from sandboxd.core.snapshots import manifest as mf
 from sandboxd.settings import DockerBackendSettings
-from tests.integration.conftest import make_settings, poll, running_app
+from tests.integration.conftest import NO_GVISOR, gvisor_registered, make_settings, poll, running_app
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(params=["in-place", "through-sandbox"])
+# How the workspace is read, and the runtime of the ``pool`` fixture's pool:
+# gVisor sandboxes are always read through the sandbox.
+MODES = [
+    pytest.param(("in-place", RUNC), id="in-place"),
+    pytest.param(("through-sandbox", RUNC), id="through-sandbox"),
+    pytest.param(("through-sandbox", GVISOR), id="gvisor"),
+]
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest, engine: docker.DockerClient) -> tuple[str, str]:
+    read, runtime = request.param
+    if runtime == GVISOR and not gvisor_registered(engine):
+        pytest.skip(NO_GVISOR)
+    return str(read), str(runtime)
+
+
+@pytest.fixture
+def runtime(mode: tuple[str, str]) -> str:
+    return mode[1]
+
+
+@pytest.fixture
 async def app(
-    request: pytest.FixtureRequest, tmp_path: Path, engine: docker.DockerClient, image: str
+    mode: tuple[str, str], tmp_path: Path, engine: docker.DockerClient, image: str
 ) -> AsyncIterator[App]:
-    settings = make_settings(tmp_path, **{"backend.host_workspaces": request.param == "in-place"})
+    settings = make_settings(tmp_path, **{"backend.host_workspaces": mode[0] == "in-place"})
     async with running_app(settings, engine) as app:
         yield app
 
@@ -205,13 +227,13 @@ async def test_large_first_snapshot_reads_while_it_lists(
     (nothing asks how large it is). The capture is exactly what was listed."""
     assert app.snapshots is not None
     answers: list[bool] = []
-    real_large = app.snapshots._large
+    real_large = app.snapshots._workspaces.large
 
     async def large(rec: Any) -> bool:
         answers.append(await real_large(rec))
         return answers[-1]
 
-    monkeypatch.setattr(app.snapshots, "_large", large)
+    monkeypatch.setattr(app.snapshots._workspaces, "large", large)
     async with client.acquire(pool, timeout=60) as sb:
         r = await sb.exec(
             "mkdir -p d && for i in 1 2 3; do head -c 3500000 /dev/urandom > d/big$i; done "
@@ -358,13 +380,13 @@ async def test_snapshots_of_a_restored_workspace_follow_its_journal(
         assert app.snapshots is not None
         manager = app.snapshots
         walks: list[str] = []
-        real_list = manager._list_in_place
+        real_list = manager._workspaces.list_in_place
 
         async def spy_list(*a: Any, **kw: Any) -> Any:
             walks.append("walk")
             return await real_list(*a, **kw)
 
-        monkeypatch.setattr(manager, "_list_in_place", spy_list)
+        monkeypatch.setattr(manager._workspaces, "list_in_place", spy_list)
         async with AsyncClient(app.address) as client:
             await client.create_pool("j", image, min_ready=1, max_size=4)
             async with client.acquire("j", timeout=60) as sb:
@@ -451,17 +473,17 @@ async def test_a_journal_that_recorded_most_of_the_workspace_is_answered_by_a_wa
 ) -> None:
     """A rewrite of most files costs less as one walk than as a look per
     recorded path; the snapshot is the same either way."""
-    monkeypatch.setattr(snapshots, "_REWALK_TOUCHED", 2)
+    monkeypatch.setattr(contents, "_REWALK_TOUCHED", 2)
     async with running_app(make_settings(tmp_path), engine) as app:
         assert app.snapshots is not None
         walks: list[str] = []
-        real_list = app.snapshots._list_in_place
+        real_list = app.snapshots._workspaces.list_in_place
 
         async def spy_list(*a: Any, **kw: Any) -> Any:
             walks.append("walk")
             return await real_list(*a, **kw)
 
-        monkeypatch.setattr(app.snapshots, "_list_in_place", spy_list)
+        monkeypatch.setattr(app.snapshots._workspaces, "list_in_place", spy_list)
         async with AsyncClient(app.address) as client:
             await client.create_pool("w", image, min_ready=1, max_size=2)
             async with client.acquire("w", timeout=60) as sb:

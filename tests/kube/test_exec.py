@@ -13,12 +13,16 @@ comes (put_tar), and a /workspace directory (persistent sessions start there).
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
+import re
 import secrets
 import tarfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -27,6 +31,7 @@ from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, P
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.client import AsyncClient
 from sandboxd.errors import NotFound
+from sandboxd.images.build import default_image_tag
 from tests.kube.conftest import (
     IMAGE,
     REAL_NODE_NAME,
@@ -38,6 +43,7 @@ from tests.kube.conftest import (
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(120)]
 
 LOCAL_EXEC_NS = "sandboxd-local-exec"
+T = TypeVar("T")
 
 
 async def _ensure_namespace(kube: KubeClient) -> None:
@@ -141,18 +147,12 @@ async def test_exec_into_a_deleted_pod_is_sandbox_lost(sandbox: tuple[Kubernetes
 
 
 def _real_image() -> str:
-    image = os.environ.get("SANDBOXD_KUBE_IMAGE", "")
-    if not image:
-        cached = sorted((Path.home() / ".cache/sandboxd/images").glob("*.tar"))
-        image = f"sandboxd/rollout:{cached[-1].stem}" if cached else ""
-    return image
+    # The default image: the node imports the cached rootfs of every image as
+    # it starts, and others (a code-judge image) may be cached after that.
+    return os.environ.get("SANDBOXD_KUBE_IMAGE", "") or default_image_tag()
 
 
-@pytest.fixture
-async def real_sandbox(kubeconfig: str, namespace: str) -> AsyncIterator[tuple[KubernetesBackend, str]]:
-    """A sandbox on the real kubelet node of deploy/testcluster/node-up.sh, in
-    a namespace that enforces Pod Security "restricted"."""
-    require_real_node()
+def _real_backend(kubeconfig: str, namespace: str) -> KubernetesBackend:
     instance = "rn-" + secrets.token_hex(3)
     pod = PodOptions(
         namespace=namespace,
@@ -161,19 +161,31 @@ async def real_sandbox(kubeconfig: str, namespace: str) -> AsyncIterator[tuple[K
         tolerations=({"key": "sandboxd.io/real-node", "operator": "Exists", "effect": "NoSchedule"},),
         image_pull_policy="Never",
     )
-    backend = KubernetesBackend(
+    return KubernetesBackend(
         KubernetesOptions(
             instance=instance, namespace=namespace, kubeconfig=kubeconfig, pod=pod, ready_timeout=90,
             exec_health_check=True,
         )
     )  # fmt: skip
-    await backend.ping()
-    handle = await backend.create(
+
+
+async def _real_create(backend: KubernetesBackend, disk_bytes: int = 64 << 20) -> str:
+    return await backend.create(
         SandboxSpec(
             "sb-" + secrets.token_hex(6), "p", _real_image(),
-            Limits(memory_bytes=256 << 20, cpu_millis=500, disk_bytes=64 << 20),
+            Limits(memory_bytes=256 << 20, cpu_millis=500, disk_bytes=disk_bytes),
         )
     )  # fmt: skip
+
+
+@pytest.fixture
+async def real_sandbox(kubeconfig: str, namespace: str) -> AsyncIterator[tuple[KubernetesBackend, str]]:
+    """A sandbox on the real kubelet node of deploy/testcluster/node-up.sh, in
+    a namespace that enforces Pod Security "restricted"."""
+    require_real_node()
+    backend = _real_backend(kubeconfig, namespace)
+    await backend.ping()
+    handle = await _real_create(backend)
     try:
         yield backend, handle
     finally:
@@ -253,3 +265,244 @@ async def test_control_plane_on_the_real_node_files_sessions_snapshot_restore(
         finally:
             await client.release(lease.id)
         await client.delete_pool("rn")
+
+
+# -- Containment on the real node -------------------------------------------
+# What a command does to leave its tree (setsid, a cleared environment, a
+# double fork that execs with an empty environment) does not save it from a
+# time-out, an output cap or an abandoned stream; another exec of the same
+# sandbox is untouched; a Pod deleted under a command makes it SANDBOX_LOST.
+# A bystander sandbox keeps answering throughout, and the fixture's Pods go.
+
+# Four ways out of a command's process tree, each sleeper named by its argv;
+# the command goes on only once all four run, then says so.
+DETACH = (
+    "env -i setsid sleep 1001 & disown; "
+    "(unset SANDBOXD_EXEC SANDBOXD_SESSION; setsid sleep 1002 &); "
+    "(env -i sh -c 'sleep 1003 &' &); "
+    "python3 -c 'import os\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    '        os.execve("/bin/sleep", ["sleep", "1004"], {})\n'
+    "    os._exit(0)\n"
+    "os.wait()'; "
+    "until [ \"$(pgrep -c -x -f 'sleep 100[1-4]')\" = 4 ]; do sleep 0.05; done; "
+    "echo started; "
+)
+DETACHED = r"^sleep 100[0-4]$"
+WRAPPER_LINE = re.compile(rb"line \d+:|cd --|exec bash|exec env|SANDBOXD|__SBXD|sandboxd")
+
+Pair = tuple[KubernetesBackend, str, str]
+
+
+@pytest.fixture
+async def real_pair(kubeconfig: str, namespace: str) -> AsyncIterator[Pair]:
+    """A victim and a bystander sandbox on the real kubelet node; both Pods
+    are gone at the end. No disk limit: its ephemeral-storage limit counts
+    the container's root filesystem where the node's snapshotter copies the
+    image (the test node's does), which evicts a Pod that lives this long."""
+    require_real_node()
+    backend = _real_backend(kubeconfig, namespace)
+    await backend.ping()
+    handles = await asyncio.gather(_real_create(backend, 0), _real_create(backend, 0))
+    try:
+        yield backend, handles[0], handles[1]
+    finally:
+        for handle in handles:
+            await backend.destroy(handle)
+        for handle in handles:
+
+            def deleted(h: str = handle) -> bool:
+                return backend.cache.get(h) is None
+
+            await poll(deleted, timeout=60, what=f"Pod {handle} gone")
+        await backend.close()
+
+
+async def probed(backend: KubernetesBackend, bystander: str, attack: Awaitable[T]) -> T:
+    """``attack``'s result, while the bystander keeps running ``true`` in a
+    session and answering."""
+    answered = 0
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        nonlocal answered
+        while not done.is_set():
+            _, _, r = await run(backend, bystander, ExecSpec(shell="true", session="probe", timeout=60))
+            assert r.outcome is ExecOutcome.EXITED and r.exit_code == 0, r
+            answered += 1
+
+    prober = asyncio.create_task(probe())
+    try:
+        result = await attack
+    finally:
+        done.set()
+        await prober
+    assert answered, "the bystander's commands were answered during the attack"
+    return result
+
+
+async def count(backend: KubernetesBackend, handle: str, pattern: str) -> int:
+    """How many of the sandbox's processes have an argv matching ``pattern``."""
+    out, _, r = await run(
+        backend, handle, ExecSpec(shell=f"ps -eo args --no-headers | grep -cE '{pattern}' || true")
+    )
+    assert r.outcome is ExecOutcome.EXITED and r.exit_code == 0, r
+    return int(out)
+
+
+async def gone(backend: KubernetesBackend, handle: str, pattern: str = DETACHED) -> None:
+    async def none_left() -> bool:
+        return await count(backend, handle, pattern) == 0
+
+    await poll(none_left, timeout=30, what=f"no process matching {pattern} left")
+
+
+async def _keep_state(backend: KubernetesBackend, handle: str, session: str) -> None:
+    if session:
+        _, _, r = await run(
+            backend, handle, ExecSpec(shell="cd /tmp && export KEEP=kept", session=session, cwd="")
+        )
+        assert r.exit_code == 0, r
+
+
+async def _state_kept(backend: KubernetesBackend, handle: str, session: str) -> None:
+    if session:
+        out, _, _ = await run(backend, handle, ExecSpec(shell="pwd; echo $KEEP", session=session, cwd=""))
+        assert out == b"/tmp\nkept\n", "the session's shell survived with its state"
+
+
+@pytest.mark.kube_node
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("session", ["", "s"], ids=["oneshot", "session"])
+async def test_real_node_detached_processes_die_at_timeout_and_output_cap(
+    real_pair: Pair, session: str
+) -> None:
+    backend, sb, bystander = real_pair
+    await _keep_state(backend, sb, session)
+    spec = ExecSpec(shell=DETACH + "sleep 1000", timeout=5, session=session, cwd="")
+    out, _, r = await probed(backend, bystander, run(backend, sb, spec))
+    assert r.outcome is ExecOutcome.TIMED_OUT and out == b"started\n", (out, r)
+    await gone(backend, sb)
+    spec = ExecSpec(shell=DETACH + "yes", timeout=60, output_limit=100_000, session=session, cwd="")
+    out, _, r = await probed(backend, bystander, run(backend, sb, spec))
+    assert r.outcome is ExecOutcome.OUTPUT_TRUNCATED and out.startswith(b"started\n"), r
+    await gone(backend, sb, r"^sleep 100[0-4]$|^yes$")
+    await _state_kept(backend, sb, session)
+
+
+@pytest.mark.kube_node
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("session", ["", "s"], ids=["oneshot", "session"])
+async def test_real_node_abandoned_command_dies_whole(real_pair: Pair, session: str) -> None:
+    backend, sb, bystander = real_pair
+    await _keep_state(backend, sb, session)
+
+    async def abandon() -> None:
+        events = backend.exec(sb, ExecSpec(shell=DETACH + "sleep 1000", timeout=600, session=session, cwd=""))
+        async for event in events:
+            if isinstance(event, OutputChunk) and b"started" in event.data:
+                break
+        await events.aclose()  # type: ignore[attr-defined]
+        await gone(backend, sb)
+
+    await probed(backend, bystander, abandon())
+    await _state_kept(backend, sb, session)
+
+
+@pytest.mark.kube_node
+@pytest.mark.timeout(240)
+async def test_real_node_a_concurrent_exec_is_unaffected(real_pair: Pair) -> None:
+    backend, sb, bystander = real_pair
+    # Another one-shot, running all along (until told to end) with a
+    # detached child of its own; and a daemon an earlier command of the
+    # session left.
+    hold = "setsid sleep 2001 >/dev/null 2>&1 & until [ -e /tmp/go ]; do sleep 0.05; done; echo survived"
+    other = asyncio.create_task(run(backend, sb, ExecSpec(shell=hold, timeout=120)))
+    _, _, r = await run(
+        backend,
+        sb,
+        ExecSpec(shell="cd /tmp && export KEEP=kept && (env -i setsid sleep 2002 &)", session="s"),
+    )
+    assert r.exit_code == 0, r
+
+    async def both_up() -> bool:
+        return await count(backend, sb, "^sleep 200[12]$") == 2
+
+    await poll(both_up, timeout=30, what="the other exec's processes up")
+    for session in ("", "s"):
+        spec = ExecSpec(shell=DETACH + "sleep 1000", timeout=5, session=session, cwd="")
+        out, _, r = await probed(backend, bystander, run(backend, sb, spec))
+        assert r.outcome is ExecOutcome.TIMED_OUT and out == b"started\n", r
+        await gone(backend, sb)
+        assert await count(backend, sb, "^sleep 200[12]$") == 2, (
+            "the other exec's and the earlier command's live on"
+        )
+        assert not other.done()
+    await run(backend, sb, ExecSpec(shell="touch /tmp/go"))
+    out, _, r = await asyncio.wait_for(other, 60)
+    assert (out, r.exit_code) == (b"survived\n", 0), r
+    await _state_kept(backend, sb, "s")
+
+
+@pytest.mark.kube_node
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("session", ["", "s"], ids=["oneshot", "session"])
+async def test_real_node_pod_deleted_under_a_command_is_sandbox_lost(
+    real_pair: Pair, namespace: str, session: str
+) -> None:
+    backend, sb, bystander = real_pair
+
+    async def attack() -> tuple[ExecResult, bytes]:
+        result, err = None, b""
+        async for event in backend.exec(
+            sb, ExecSpec(shell="echo started; sleep 30", timeout=120, session=session)
+        ):
+            if isinstance(event, OutputChunk):
+                if event.data == b"started\n":
+                    await backend.client.request(
+                        "DELETE", f"/api/v1/namespaces/{namespace}/pods/{sb}",
+                        body={"gracePeriodSeconds": 0},
+                    )  # fmt: skip
+                elif event.stream == 2:
+                    err += event.data
+            else:
+                result = event
+        assert result is not None
+        return result, err
+
+    result, err = await probed(backend, bystander, attack())
+    assert result.outcome is ExecOutcome.SANDBOX_LOST, result
+    assert not WRAPPER_LINE.search(err), err
+
+
+@pytest.mark.kube_node
+@pytest.mark.timeout(240)
+async def test_real_node_exit_in_a_session_is_exited_and_no_wrapper_line(real_pair: Pair) -> None:
+    backend, sb, bystander = real_pair
+    hog = ("python3", "-c", "x = bytearray(512 << 20)")
+    cases: list[tuple[ExecSpec, ExecOutcome, int]] = [
+        (ExecSpec(shell="exit 5", session="s", cwd=""), ExecOutcome.EXITED, 5),
+        (ExecSpec(shell="kill -9 $$"), ExecOutcome.EXITED, 137),
+        (ExecSpec(shell="sleep 100", timeout=2), ExecOutcome.TIMED_OUT, -1),
+        (ExecSpec(argv=hog, timeout=60), ExecOutcome.OOM_KILLED, -1),
+        (ExecSpec(shell="sleep 100", timeout=2, session="s", cwd=""), ExecOutcome.TIMED_OUT, -1),
+        (ExecSpec(argv=hog, timeout=60, session="s", cwd=""), ExecOutcome.OOM_KILLED, -1),
+        (ExecSpec(shell="kill -9 $$", session="s", cwd=""), ExecOutcome.EXITED, 137),
+    ]
+
+    async def attack() -> None:
+        for spec, outcome, code in cases:
+            _, err, r = await run(backend, sb, spec)
+            assert r.outcome is outcome, (spec, r)
+            if code >= 0:
+                assert r.exit_code == code, (spec, r)
+            assert not WRAPPER_LINE.search(err), (spec, err)
+            after = replace(spec, shell="echo next", argv=(), timeout=30)
+            out, err, r = await run(backend, sb, after)
+            assert (out, err, r.exit_code) == (b"next\n", b"", 0), (spec, r)
+
+    await probed(backend, bystander, attack())
+    out, _, _ = await run(backend, sb, ExecSpec(shell="pwd", session="s", cwd=""))
+    assert out == b"/workspace\n", "a new session after the shell exited"

@@ -1,5 +1,5 @@
 """Shared helpers for the unit tier: an in-memory control plane (FakeBackend,
-in-memory or on-disk StateStore, system or fake clock), an in-process gRPC
+in-memory or on-disk SqliteStateStore, system or fake clock), an in-process gRPC
 server, a deadline-bounded polling helper, and a guard that fails any test
 leaving asyncio tasks behind."""
 
@@ -23,7 +23,7 @@ from sandboxd.core.control import ControlPlane, ExecRequest
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.pools import PoolConfig, WarmPool
-from sandboxd.core.store import StateStore
+from sandboxd.core.state import SqliteStateStore
 from sandboxd.settings import Settings, load_settings
 
 IMAGE = "sandboxd/unit:latest"
@@ -227,7 +227,7 @@ async def make_control(no_task_leaks: None) -> AsyncIterator[MakeControl]:
         settings = make_settings(**overrides)
         backend = backend if backend is not None else FakeBackend()
         clock = clock if clock is not None else SystemClock()
-        control = ControlPlane(settings, backend, StateStore(store_path), clock)
+        control = ControlPlane(settings, backend, SqliteStateStore(store_path), clock)
         await control.start()
         h = Harness(control, backend, clock, settings)
         made.append(h)

@@ -164,3 +164,18 @@ def test_check_upload_accepts_inside_and_refuses_escapes(names: list[str], depth
             check_upload(io.BytesIO(bad))
     else:
         assert check_upload(io.BytesIO(bad)) == len(names) + 1
+
+
+def test_a_link_refusal_names_the_link_and_where_it_leads() -> None:
+    from sandboxd.backends.shell import link_refusal
+
+    out = link_refusal("link:/workspace/r\ntarget:/\nresolved:/\n")
+    assert out == (
+        "/workspace/r is a symbolic link to '/': "
+        "it leads out of /workspace, and file paths do not follow links"
+    )
+    # A chain that looks inside but ends outside: where it ends counts.
+    assert "leads out of /workspace" in link_refusal("link:/workspace/c\ntarget:r\nresolved:/etc\n")
+    assert "even within /tmp" in link_refusal("link:/tmp/a\ntarget:b\nresolved:/tmp/b\n")
+    # Without the sandbox's resolution, the target is read as text ("..").
+    assert "leads out of /workspace" in link_refusal("link:/workspace/s/up\ntarget:../..\n")

@@ -7,7 +7,9 @@ nothing may leak."""
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import threading
+import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from sandboxd.v1 import (  # noqa: F401 - registers every service descriptor
     files_pb2,
     pools_pb2,
     preflight_pb2,
+    rollouts_pb2,
     sandboxes_pb2,
     snapshots_pb2,
 )
@@ -250,6 +253,263 @@ def test_rpc_survives_generated_messages(live: Live, method: d.MethodDescriptor)
         return int(reply.status)
 
     assert live.run(health()) == health_pb2.HealthCheckResponse.SERVING
+
+
+# -- properties of single fields ------------------------------------------------
+# Each holds for every generated value, on a pool and lease of its own (the
+# barrage above may have released or deleted the shared ones).
+
+ROOTS = ("/workspace", "/tmp")
+SEGMENTS = ["..", ".", "", "workspace", "tmp", "etc", "x", "\x00", "ü", " ", "...", "~"]
+PATHS = st.builds(
+    lambda absolute, parts: ("/" if absolute else "") + "/".join(parts),
+    st.booleans(),
+    st.lists(st.one_of(st.sampled_from(SEGMENTS), st.text(max_size=6)), max_size=6),
+)
+INT32S = st.one_of(
+    st.sampled_from([i for i in INTS if -(2**31) <= i < 2**31]), st.integers(-(2**31), 2**31 - 1)
+)
+PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+PROPERTY_POOL_SIZE = 4
+
+
+@dataclass
+class Own:
+    """A pool, a lease on one of its sandboxes and a run, made for the property tests."""
+
+    pool: str
+    lease_id: str
+    sandbox_id: str
+    run: str
+
+
+@pytest.fixture(scope="module")
+def own(live: Live) -> Iterator[Own]:
+    from sandboxd.client import AsyncClient
+    from sandboxd.client.rollouts import RolloutClient
+
+    async def make() -> Own:
+        async with AsyncClient(live.app.address) as client:
+            await client.create_pool("props", "img", min_ready=1, max_size=PROPERTY_POOL_SIZE)
+            lease = await client.lease("props", timeout=5, lease_ttl=3600)
+            await RolloutClient(client).configure("props", batch_groups=1, group_size=2)
+        return Own("props", lease.id, lease.sandboxes[0].id, "props")
+
+    yield live.run(make())
+
+
+async def _unary(app: App, method: str, request: Any, reply: type[Any]) -> tuple[grpc.StatusCode, str, Any]:
+    """Code, details and reply of one unary call, by its full method name."""
+    async with grpc.aio.insecure_channel(app.address) as channel:
+        call = channel.unary_unary(
+            method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=reply.FromString
+        )
+        try:
+            return grpc.StatusCode.OK, "", await call(request, timeout=5)
+        except grpc.aio.AioRpcError as e:
+            return e.code(), e.details() or "", None
+
+
+def _inside_roots(cwd: str) -> bool:
+    full = posixpath.normpath(cwd if cwd.startswith("/") else f"/workspace/{cwd}")
+    return any(full == r or full.startswith(r + "/") for r in ROOTS)
+
+
+def _allowed_cwd(cwd: str) -> bool:
+    """Absolute cwds are kept; relative ones must stay beneath /workspace."""
+    if cwd.startswith("/"):
+        return True
+    full = posixpath.normpath(f"/workspace/{cwd}")
+    return full == "/workspace" or full.startswith("/workspace/")
+
+
+def test_exec_cwd_stays_beneath_the_workspace_or_is_refused(live: Live, own: Own) -> None:
+    @PROPERTY
+    @given(cwd=st.one_of(PATHS, st.sampled_from(TRICKY)))
+    def run(cwd: str) -> None:
+        request = exec_pb2.ExecRequest(sandbox_id=own.sandbox_id, shell="pwd", cwd=cwd)
+        code, details, reply = live.run(
+            _unary(live.app, "/sandboxd.v1.ExecService/Exec", request, exec_pb2.ExecResponse)
+        )
+        if cwd and ("\x00" in cwd or len(cwd) > 4096 or not _allowed_cwd(cwd)):
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (cwd, code, details)
+            assert details.startswith("cwd: "), (cwd, details)
+            return
+        assert code == grpc.StatusCode.OK, (cwd, code, details)
+        if reply.result.exit_code == 0 and not cwd.startswith("/"):
+            where = reply.result.stdout.decode().rstrip("\n")
+            assert where == "/workspace" or where.startswith("/workspace/"), (cwd, where)
+
+    run()
+
+
+def _good_run_name(name: str) -> bool:
+    return (
+        0 < len(name) <= 128
+        and "/" not in name
+        and not any(unicodedata.category(c) in ("Cc", "Cs") for c in name)
+    )
+
+
+def test_run_names_are_taken_only_when_clean(live: Live, own: Own) -> None:
+    @PROPERTY
+    @given(name=st.one_of(st.text(max_size=140), st.sampled_from(TRICKY)))
+    def run(name: str) -> None:
+        expected = grpc.StatusCode.OK if _good_run_name(name) else grpc.StatusCode.INVALID_ARGUMENT
+        configure = rollouts_pb2.ConfigureRunRequest(run=name, config=rollouts_pb2.RunConfig(batch_groups=1))
+        figures = rollouts_pb2.GetFiguresRequest(run=name)
+        for method, request, reply in [
+            ("ConfigureRun", configure, rollouts_pb2.ConfigureRunResponse),
+            ("GetFigures", figures, rollouts_pb2.GetFiguresResponse),
+        ]:
+            path = f"/sandboxd.v1.RolloutService/{method}"
+            code, details, _ = live.run(_unary(live.app, path, request, reply))
+            assert code == expected, (method, name, code, details)
+            if code != grpc.StatusCode.OK:
+                assert details.startswith("run: "), (method, name, details)
+
+    run()
+
+
+def test_slot_counts_below_one_are_refused(live: Live, own: Own) -> None:
+    @PROPERTY
+    @given(count=INT32S)
+    def run(count: int) -> None:
+        request = rollouts_pb2.RequestSlotsRequest(run=own.run, count=count)
+        path = "/sandboxd.v1.RolloutService/RequestSlots"
+        code, details, _ = live.run(_unary(live.app, path, request, rollouts_pb2.RequestSlotsResponse))
+        if count < 1:
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (count, code, details)
+            assert details.startswith("count: "), (count, details)
+        else:
+            assert code in (grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED), (count, code, details)
+
+    run()
+
+
+def test_acquire_counts_are_checked(live: Live, own: Own) -> None:
+    @PROPERTY
+    @given(n=INT32S, min_n=INT32S)
+    def run(n: int, min_n: int) -> None:
+        request = sandboxes_pb2.AcquireRequest(pool=own.pool, n=n, min_n=min_n, timeout_seconds=0.05)
+        path = "/sandboxd.v1.SandboxService/Acquire"
+        code, details, reply = live.run(_unary(live.app, path, request, sandboxes_pb2.AcquireResponse))
+        wanted = n or 1
+        if n < 0:
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("n: "), (n, min_n, code)
+        elif min_n < 0 or min_n > wanted:
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (n, min_n, code, details)
+            assert details.startswith("min_n: "), (n, min_n, details)
+        elif (min_n or wanted) > PROPERTY_POOL_SIZE:
+            assert code == grpc.StatusCode.FAILED_PRECONDITION, (n, min_n, code, details)
+        else:
+            assert code in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED), (n, min_n, code, details)
+        if reply is not None:
+            assert (min_n or wanted) <= len(reply.sandboxes) <= wanted
+            release = sandboxes_pb2.ReleaseRequest(lease_id=reply.lease.id)
+            path = "/sandboxd.v1.SandboxService/Release"
+            live.run(_unary(live.app, path, release, sandboxes_pb2.ReleaseResponse))
+
+    run()
+
+
+# Links planted in the property sandbox: out of /workspace (to /, to /tmp,
+# through a chain, with ".." in the target), out of /tmp, and one inside.
+LINKS = {
+    "/workspace/r": "/",
+    "/workspace/t": "/tmp",
+    "/workspace/chain": "r",
+    "/workspace/up": "../..",
+    "/workspace/inroot": "real",
+    "/tmp/tr": "/",
+}
+LINK_PATHS = st.builds(
+    lambda absolute, parts: ("/" if absolute else "") + "/".join(parts),
+    st.booleans(),
+    st.lists(st.sampled_from(["r", "t", "chain", "up", "inroot", "tr", "real", "f", "..", ".", "tmp", "etc"]),
+             min_size=1, max_size=5),
+)  # fmt: skip
+
+
+def _through_link(path: str) -> str | None:
+    """The planted link a file path passes through, if any (as a directory
+    on the way; the path itself being a link is a different refusal)."""
+    full = posixpath.normpath(path if path.startswith("/") else f"/workspace/{path}")
+    parts = full.strip("/").split("/")
+    for i in range(1, len(parts)):
+        prefix = "/" + "/".join(parts[:i])
+        if prefix in LINKS:
+            return prefix
+    return None
+
+
+def test_file_paths_through_planted_links_are_refused(live: Live, own: Own) -> None:
+    """ReadFiles, WriteFiles and DownloadDirectory of generated path shapes
+    over planted links: a path on the way through a link is INVALID_ARGUMENT
+    naming it, and no write lands below a link."""
+    (box,) = [b for b in live.backend.sandboxes.values() if b.spec.sandbox_id == own.sandbox_id]
+
+    def plant() -> None:
+        box.links.clear()
+        box.links.update(LINKS)
+        for path in [p for p in box.files if p.startswith(("/workspace/", "/tmp/"))]:
+            del box.files[path]
+        box.dirs.add("/workspace/real")
+        box.files["/workspace/real/f"] = (b"inside", 0o644)
+
+    @PROPERTY
+    @given(path=LINK_PATHS, call=st.sampled_from(["read", "write", "download"]))
+    def run(path: str, call: str) -> None:
+        plant()  # a write over a link itself replaces it, as documented
+        reply: Any
+        if call == "read":
+            request: Any = files_pb2.ReadFilesRequest(sandbox_id=own.sandbox_id, paths=[path])
+            method, reply = "ReadFiles", files_pb2.ReadFilesResponse
+        elif call == "write":
+            request = files_pb2.WriteFilesRequest(
+                sandbox_id=own.sandbox_id, files=[files_pb2.File(path=path, content=b"x")]
+            )
+            method, reply = "WriteFiles", files_pb2.WriteFilesResponse
+        else:
+            request = files_pb2.DownloadDirectoryRequest(sandbox_id=own.sandbox_id, path=path)
+            method, reply = "DownloadDirectory", files_pb2.DownloadChunk
+        if call == "download":
+            code, details = live.run(_download(live.app, request))
+        else:
+            code, details, _ = live.run(
+                _unary(live.app, f"/sandboxd.v1.FileService/{method}", request, reply)
+            )
+        assert code not in BAD_STATUSES, (path, call, code, details)
+        full = posixpath.normpath(path if path.startswith("/") else f"/workspace/{path}")
+        link = _through_link(path) if _inside_roots(path) else None
+        if call == "download" and full in LINKS:
+            link = full
+        if link is not None:
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (path, call, code, details)
+            assert f"{link} is a symbolic link" in details, (path, call, details)
+        for written in [*box.files, *box.dirs]:
+            assert _through_link(written) is None, (path, call, written)
+
+    try:
+        run()
+    finally:
+        box.links.clear()
+
+
+async def _download(app: App, request: Any) -> tuple[grpc.StatusCode, str]:
+    """Code and details of a DownloadDirectory call, its stream read whole."""
+    async with grpc.aio.insecure_channel(app.address) as channel:
+        call = channel.unary_stream(
+            "/sandboxd.v1.FileService/DownloadDirectory",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=files_pb2.DownloadChunk.FromString,
+        )
+        try:
+            async for _ in call(request, timeout=5):
+                pass
+            return grpc.StatusCode.OK, ""
+        except grpc.aio.AioRpcError as e:
+            return e.code(), e.details() or ""
 
 
 def test_nothing_leaked_after_fuzzing(live: Live) -> None:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.backends import hostwatch
+from sandboxd.backends import hostfs
 from sandboxd.backends.hostfs import HostWorkspace
-from sandboxd.backends.hostwatch import Watcher
 from sandboxd.backends.snapshot_shell import LIST_FORMAT
+from sandboxd.core.snapshots import journal as journals
+from sandboxd.core.snapshots.journal import Watcher
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -92,6 +93,34 @@ def test_paths_through_links_are_refused(tree: Path, view: HostWorkspace) -> Non
     assert not view.each_dir(["d", "link"], lambda fd, rel: None)
 
 
+@pytest.mark.parametrize("resolver", ["openat2", "walk"])
+def test_links_chains_and_dots_are_refused_by_either_resolver(
+    tree: Path, view: HostWorkspace, resolver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """openat2 (RESOLVE_BENEATH, no links) where the kernel has it, else the
+    component walk: the same answers for links out, chains, ``..`` in a
+    target and in the path, and a link that stays inside."""
+    if resolver == "walk":
+        monkeypatch.setattr(hostfs, "_openat2", None)
+    elif hostfs._openat2 is None:
+        pytest.skip("no openat2 on this machine")
+    (tree / "chain").symlink_to("link")
+    (tree / "dots").symlink_to("d/../..")
+    (tree / "inside").symlink_to("d")
+    for rel in ("link", "link/etc", "chain/etc", "dots/ws", "inside/e", "d/../d", "..", "d/rel"):
+        assert view.walk_dir(rel) == [], rel
+        assert view.open_file(f"{rel}/x") is None, rel
+    assert dict(view.read_files([("inside/f.txt", 5), ("chain/etc/hostname", 5)])) == {
+        "inside/f.txt": None,
+        "chain/etc/hostname": None,
+    }
+    # Real directories still open, whichever resolver.
+    assert {r[5] for r in view.walk_dir("d/e")} == {"d/e"}
+    f = view.open_file("d/f.txt")
+    assert f is not None and b"".join(f.chunks()) == b"hello"
+    f.close()
+
+
 @pytest.fixture
 def watcher() -> Iterator[Watcher]:
     w = Watcher()
@@ -104,7 +133,7 @@ def watcher() -> Iterator[Watcher]:
 def test_a_journal_records_what_was_touched(tree: Path, view: HostWorkspace, watcher: Watcher) -> None:
     journal = watcher.journal()
     view.walk(journal.watch)
-    assert journal.take() == hostwatch.Changes()
+    assert journal.take() == journals.Changes()
     (tree / "d" / "f.txt").write_bytes(b"changed")
     (tree / "new").mkdir()
     (tree / "new" / "inner").write_bytes(b"x")
@@ -116,7 +145,7 @@ def test_a_journal_records_what_was_touched(tree: Path, view: HostWorkspace, wat
     assert changes.written == {"d/f.txt"}
     assert changes.fresh == {"new"}
     assert "new/inner" not in changes.touched, "a directory made since is not watched until walked"
-    assert journal.take() == hostwatch.Changes(), "taking starts afresh"
+    assert journal.take() == journals.Changes(), "taking starts afresh"
 
 
 def test_a_moved_directory_or_a_storm_breaks_a_journal(
@@ -130,7 +159,7 @@ def test_a_moved_directory_or_a_storm_breaks_a_journal(
 
     fresh = watcher.journal()
     view.walk(fresh.watch)
-    monkeypatch.setattr(hostwatch, "MAX_TOUCHED", 10)
+    monkeypatch.setattr(journals, "MAX_TOUCHED", 10)
     for i in range(20):
         (tree / f"f{i}").write_bytes(b"")
     assert fresh.take() is None

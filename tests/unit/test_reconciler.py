@@ -70,7 +70,7 @@ class Rejecting(FakeBackend):
         self._creating += 1
         self.max_concurrent_creates = max(self.max_concurrent_creates, self._creating)
         try:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)  # a yield, so attempts started together overlap
             raise self.error("the engine said no")
         finally:
             self._creating -= 1
@@ -258,17 +258,19 @@ async def test_create_failures_are_counted_by_reason(make_control: MakeControl) 
     backend.transient_failures = 2
     h = await make_control(backend=backend)
     # The control plane of the harness has a no-op meter; build one with a real one.
-    from sandboxd.core.control import ControlPlane
-    from sandboxd.core.store import StateStore
+    from sandboxd.core.control import AcquireRequest, ControlPlane
+    from sandboxd.core.state import SqliteStateStore
 
-    control = ControlPlane(h.settings, backend, StateStore(None), h.clock, meter=provider.get_meter("t"))
+    control = ControlPlane(
+        h.settings, backend, SqliteStateStore(None), h.clock, meter=provider.get_meter("t")
+    )
     await control.start()
     try:
         from sandboxd.core.pools import PoolConfig
 
         pool = await control.create_pool(PoolConfig("m", "img:1", 2, 4, h.settings.limits.__class__()))  # type: ignore[arg-type]
         await wait_for(lambda: pool.ready == 2, timeout=10.0, what="warm")
-        await control.acquire("m", 1, 0, {}, 0, 5.0, None)
+        await control.acquire(AcquireRequest("m", timeout=5.0))
         text = render(reader.get_metrics_data())
     finally:
         await control.stop()
@@ -291,7 +293,11 @@ async def test_total_budget_is_shared_fairly_between_pools(make_control: MakeCon
     a = await h.pool("a", min_ready=6, max_size=8)
     b = await h.pool("b", min_ready=6, max_size=8)
     await wait_for(lambda: a.ready + b.ready == 6 and not a.creating and not b.creating, what="budget full")
-    await asyncio.sleep(0.05)
+    # A pass of the background loop on the full budget, then one more here:
+    # neither may create past it.
+    passes = h.control.reconciler.passes
+    a.poke()
+    await wait_for(lambda: h.control.reconciler.passes > passes, what="a pass on the full budget")
     h.control.reconciler.reconcile()
     await a.drain()
     await b.drain()
@@ -335,10 +341,10 @@ async def test_waiters_reclaim_warm_sandboxes_of_other_pools_when_the_budget_is_
 
 
 def test_pacer_lets_a_burst_through_then_paces() -> None:
-    now = [100.0]
-    pacer = Pacer(rate=4.0, burst=2, now=lambda: now[0])
+    clock = FakeClock(start=100.0)
+    pacer = Pacer(rate=4.0, burst=2, clock=clock)
     assert [pacer.reserve() for _ in range(4)] == [0.0, 0.0, 0.25, 0.5]
-    now[0] += 10.0  # quiet spell: the burst is available again
+    clock.advance(10.0)  # quiet spell: the burst is available again
     assert pacer.reserve() == 0.0
     assert Pacer(rate=0.0).reserve() == 0.0
 
@@ -400,3 +406,46 @@ async def test_a_deferred_refill_goes_ahead_after_the_bound(make_control: MakeCo
     with h.control.reconciler.urgent():
         await h.acquire(n=1)
         await wait_for(lambda: pool.ready == 1, timeout=5.0, what="refilled despite urgent work")
+
+
+# -- the injected clock drives every wait -------------------------------------------------
+
+
+async def test_fake_clock_sleeps_and_timeouts_end_only_when_it_is_advanced() -> None:
+    clock = FakeClock()
+    sleeper = asyncio.create_task(clock.sleep(5.0))
+
+    async def timed_out() -> bool:
+        try:
+            async with clock.timeout(2.0):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            return True
+        return False
+
+    timer = asyncio.create_task(timed_out())
+    await asyncio.sleep(0)
+    clock.advance(1.0)
+    await asyncio.sleep(0)
+    assert not sleeper.done() and not timer.done()
+    clock.advance(1.0)
+    assert await timer
+    assert not sleeper.done()
+    clock.advance(3.0)
+    await sleeper
+
+
+async def test_liveness_sweeps_wait_for_the_injected_clock(make_control: MakeControl) -> None:
+    clock = FakeClock()
+    h = await make_control(clock=clock, pools__liveness_interval_seconds=5.0)
+    pool = await h.warm_pool(min_ready=2, max_size=4)
+    reconciler = h.control.reconciler
+    victim = pool.ready_records()[0]
+    h.backend.kill(victim.handle)
+    passes = reconciler.passes
+    pool.poke()
+    await wait_for(lambda: reconciler.passes > passes, what="a pass")
+    assert victim.state is State.READY  # the sweep is not due on the clock yet
+    clock.advance(5.0)
+    await wait_for(lambda: victim.state is State.GONE, what="swept once the interval passed")
+    await wait_for(lambda: pool.ready == 2, what="replaced")

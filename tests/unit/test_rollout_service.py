@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from sandboxd import errors
@@ -16,7 +18,7 @@ from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient
 from sandboxd.client.rollouts import RolloutClient, trajectory
 from sandboxd.v1 import rollouts_pb2 as pb
-from tests.unit.conftest import IMAGE, MakeApp, make_settings
+from tests.unit.conftest import IMAGE, UNKNOWN_LEASE, UNKNOWN_SANDBOX, MakeApp, make_settings
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -163,3 +165,156 @@ async def test_restart_loses_no_queued_group_or_unacked_batch(tmp_path: Path) ->
     finally:
         await app.stop(grace=0.2)
     await asyncio.sleep(0)
+
+
+# -- input checks ---------------------------------------------------------------
+
+
+async def _code(call: Any) -> tuple[grpc.StatusCode, str]:
+    """Status and details of a unary call or of a stream's first message."""
+    try:
+        if hasattr(call, "__aiter__"):
+            async for _ in call:
+                break
+        else:
+            await call
+    except grpc.aio.AioRpcError as e:
+        return e.code(), e.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+@pytest.mark.parametrize("count", [0, -1, -(2**31)])
+async def test_request_slots_count_below_one_is_invalid(make_app: MakeApp, count: int) -> None:
+    app = await make_app()
+    async with AsyncClient(app.address) as client:
+        r = RolloutClient(client)
+        await r.configure("run", batch_groups=1, group_size=2)
+        with pytest.raises(errors.InvalidArgument) as info:
+            await r.request_slots("run", count)
+        assert info.value.field == "count"
+        with pytest.raises(errors.InvalidArgument) as info:
+            await r.request_slots("unknown-run", count)  # the argument first, then the lookup
+        assert info.value.field == "count"
+        assert (await r.figures("run")).in_flight == 0
+
+
+BAD_RUN_NAMES = ["", "nul\x00byte", "new\nline", "tab\t", "esc\x1b[31m", "del\x7f", "a/b", "r" * 129]
+
+
+@pytest.mark.parametrize("name", BAD_RUN_NAMES, ids=repr)
+async def test_bad_run_names_are_invalid_in_every_rpc(make_app: MakeApp, name: str) -> None:
+    app = await make_app()
+    async with AsyncClient(app.address) as client:
+        stub = RolloutClient(client).stub
+        calls = {
+            "ConfigureRun": stub.ConfigureRun(
+                pb.ConfigureRunRequest(run=name, config=pb.RunConfig(batch_groups=1))
+            ),
+            "RequestSlots": stub.RequestSlots(pb.RequestSlotsRequest(run=name, count=1)),
+            "ReportProgress": stub.ReportProgress(pb.ReportProgressRequest(run=name, group_id="grp-1")),
+            "SubmitGroup": stub.SubmitGroup(pb.SubmitGroupRequest(run=name, group_id="grp-1")),
+            "PullBatch": stub.PullBatch(pb.PullBatchRequest(run=name, max_batches=1)),
+            "AckBatch": stub.AckBatch(pb.AckBatchRequest(run=name, batch_id="bat-1")),
+            "PublishPolicyVersion": stub.PublishPolicyVersion(
+                pb.PublishPolicyVersionRequest(run=name, version=1)
+            ),
+            "WatchPolicyVersion": stub.WatchPolicyVersion(pb.WatchPolicyVersionRequest(run=name)),
+            "GetFigures": stub.GetFigures(pb.GetFiguresRequest(run=name)),
+        }
+        assert set(calls) == {m.name for m in pb.DESCRIPTOR.services_by_name["RolloutService"].methods}
+        for rpc, call in calls.items():
+            code, details = await _code(call)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (rpc, code, details)
+            assert details.startswith("run: "), (rpc, details)
+    assert app.rollouts is not None and app.rollouts.runs == {}
+
+
+@pytest.mark.parametrize("name", ["r", "run-1", "Run.Ü 2", "😀", "r" * 128])
+async def test_good_run_names(make_app: MakeApp, name: str) -> None:
+    app = await make_app()
+    async with AsyncClient(app.address) as client:
+        r = RolloutClient(client)
+        await r.configure(name, batch_groups=1, group_size=2)
+        assert len(await r.request_slots(name, 1)) == 1
+
+
+async def test_nul_in_trajectory_and_prompt_ids_is_invalid(make_app: MakeApp) -> None:
+    app = await make_app()
+    async with AsyncClient(app.address) as client:
+        r = RolloutClient(client)
+        await r.configure("run", batch_groups=1, group_size=2)
+        (slot,) = await r.request_slots("run", 1)
+        with pytest.raises(errors.InvalidArgument) as info:
+            await r.report_progress("run", slot.group_id, trajectories=[trajectory("t\x00")])
+        assert info.value.field == "trajectories[0].trajectory_id"
+        with pytest.raises(errors.InvalidArgument) as info:
+            await r.submit("run", slot.group_id, [trajectory("a"), trajectory("b\x00")])
+        assert info.value.field == "trajectories[1].trajectory_id"
+        with pytest.raises(errors.InvalidArgument) as info:
+            await r.submit("run", slot.group_id, pair("x"), prompt_id="p\x00")
+        assert info.value.field == "prompt_id"
+        # Nothing was taken: the group is still running and can be submitted.
+        assert (await r.submit("run", slot.group_id, pair("x"))).outcome == pb.GROUP_OUTCOME_ADMITTED
+
+
+async def test_nan_filter_mean_bounds_are_invalid(make_app: MakeApp) -> None:
+    app = await make_app()
+    async with AsyncClient(app.address) as client:
+        r = RolloutClient(client)
+        for name in ("filter_mean_min", "filter_mean_max"):
+            with pytest.raises(errors.InvalidArgument) as info:
+                await r.configure("run", batch_groups=1, **{name: float("nan")})
+            assert info.value.field == f"config.{name}"
+
+
+TWO_TENANTS = {"alice": {"token": "tok-alice"}, "bob": {"token": "tok-bob"}}
+
+
+async def test_report_progress_takes_only_the_callers_leases_and_sandboxes(make_app: MakeApp) -> None:
+    app = await make_app(tenants=TWO_TENANTS)
+    async with (
+        AsyncClient(app.address, token="tok-alice") as alice,
+        AsyncClient(app.address, token="tok-bob") as bob,
+    ):
+        r = RolloutClient(alice)
+        await alice.create_pool("p", IMAGE, max_size=4)
+        await bob.create_pool("p", IMAGE, max_size=4)
+        await r.configure("run", batch_groups=1, group_size=1, pool="p", sandboxes_per_group=1)
+        (slot,) = await r.request_slots("run", 1)
+        mine, other, foreign = await alice.lease("p"), await alice.lease("p"), await bob.lease("p")
+
+        async def report(lease_ids: list[str], sandbox_id: str = "") -> pb.ReportProgressResponse:
+            t = [trajectory("t", segments=[(0, 3)], sandbox_id=sandbox_id)] if sandbox_id else []
+            return await r.report_progress("run", slot.group_id, lease_ids=lease_ids, trajectories=t)
+
+        with pytest.raises(errors.NotFound, match=r"lease_ids\[0\]"):
+            await report([UNKNOWN_LEASE])
+        with pytest.raises(errors.NotFound, match=r"lease_ids\[1\]"):
+            await report([mine.id, foreign.id])  # another tenant's lease: as if unknown
+        with pytest.raises(errors.InvalidArgument) as info:
+            await report(["not-a-lease"])
+        assert info.value.field == "lease_ids[0]"
+        with pytest.raises(errors.InvalidArgument) as info:
+            await report([mine.id], foreign[0].id)  # bob's sandbox, not under alice's lease
+        assert info.value.field == "trajectories[0].sandbox_id"
+        with pytest.raises(errors.InvalidArgument) as info:
+            await report([mine.id], other[0].id)  # alice's, but under a lease not reported
+        assert info.value.field == "trajectories[0].sandbox_id"
+        with pytest.raises(errors.InvalidArgument) as info:
+            await report([mine.id], UNKNOWN_SANDBOX)
+        assert info.value.field == "trajectories[0].sandbox_id"
+        assert app.rollouts is not None
+        group = app.rollouts.runs["alice/run"].queue.find(slot.group_id)
+        assert group.lease_ids == [] and group.trajectories == []
+
+        ok = await report([mine.id], mine[0].id)
+        assert not ok.cancelled
+        # Leases reported before stay acceptable, even once ended.
+        await mine.release()
+        assert not (await report([mine.id], mine[0].id)).cancelled
+        assert not (await report([other.id], other[0].id)).cancelled
+        assert group.lease_ids == [mine.id, other.id]
+        # Bob's lease was never touched.
+        assert app.control.leases.find(foreign.id) is not None
+        await other.release()
+        await foreign.release()

@@ -8,6 +8,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
+import grpc
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -20,6 +21,7 @@ from sandboxd.errors import DeadlineExceeded, FailedPrecondition, InvalidArgumen
 from sandboxd.settings import TelemetrySettings
 from sandboxd.telemetry import MetricsServer, Telemetry
 from sandboxd.telemetry.status import format_table, run_status
+from sandboxd.v1 import demand_pb2
 from tests.unit.conftest import IMAGE, MakeApp, make_settings, wait_for
 
 pytestmark = pytest.mark.timeout(30)
@@ -53,6 +55,27 @@ async def test_demand_errors_map_to_status_codes(client: AsyncClient) -> None:
     assert info.value.field == "spec.max_ready"
     updated = await client.update_pool("d", max_ready=2)
     assert updated.spec.max_ready == 2
+
+
+async def test_demand_sources_and_prewarm_timeouts_are_checked(app: App, client: AsyncClient) -> None:
+    await client.create_pool("d", IMAGE, max_size=4, max_ready=4)
+    for source in ("gen\x00", "gen\n0", "s" * 129):
+        with pytest.raises(InvalidArgument) as info:
+            await client.set_demand("d", 1, source=source)
+        assert info.value.field == "source"
+        with pytest.raises(InvalidArgument) as info:
+            await client.prewarm("d", 1, source=source)
+        assert info.value.field == "source"
+    # NaN and infinity would have made the wait endless. (The raw stub: the
+    # client would derive its own RPC deadline from these.)
+    for timeout in (-1.0, float("nan"), float("inf")):
+        request = demand_pb2.PrewarmRequest(pool="d", count=1, wait=True, timeout_seconds=timeout)
+        with pytest.raises(grpc.aio.AioRpcError) as raw:
+            await client.demand.Prewarm(request, timeout=5)
+        assert raw.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (raw.value.details() or "").startswith("timeout_seconds: ")
+    # Only this announcement counts: none of the refused ones was recorded.
+    assert (await client.set_demand("d", 1, source="gen-0 ü")).announced == 1
 
 
 async def test_prewarm_with_wait_returns_once_ready(client: AsyncClient) -> None:

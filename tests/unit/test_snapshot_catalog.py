@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandboxd import errors
-from sandboxd.core import manifest as mf
-from sandboxd.core.snapshot_catalog import BaseGone, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots import manifest as mf
+from sandboxd.core.snapshots.catalog import BaseGone, SnapshotCatalog, SnapshotInfo
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,24 +15,23 @@ import grpc
 import pytest
 
 from sandboxd import cli, errors
-from sandboxd.app import App
+from sandboxd.app import App, make_snapshot_manager
 from sandboxd.backends.snapshot_shell import TAR_SCRIPT
 from sandboxd.client import AsyncClient
 from sandboxd.clock import FakeClock
-from sandboxd.core import manifest as mf
 from sandboxd.core.files import FileData
 from sandboxd.core.lifecycle import State
-from sandboxd.core.manifest import Entry
-from sandboxd.core.snapshot_catalog import MAX_DEPTH
 from sandboxd.core.snapshots import (
     LABEL_POLICY,
     LABEL_SNAPSHOT,
     SnapshotManager,
     blob_key,
-    make_snapshot_manager,
     tenant_namespace,
 )
-from sandboxd.core.tarstream import read_members
+from sandboxd.core.snapshots import manifest as mf
+from sandboxd.core.snapshots.catalog import MAX_DEPTH
+from sandboxd.core.snapshots.manifest import Entry
+from sandboxd.core.snapshots.tarstream import read_members
 from sandboxd.core.tenancy import acting_as
 from sandboxd.v1 import snapshots_pb2
 from tests.unit.conftest import IMAGE, Harness, MakeApp, MakeControl
@@ -163,7 +162,7 @@ async def test_incremental_snapshot_reads_and_stores_only_changes(
 
     read: list[bytes] = []
     written: list[int] = []
-    real_run, real_put = manager._run, manager.blobs.put_absent
+    real_run, real_put = manager._workspaces.run, manager.blobs.put_absent
 
     async def spy_run(rec: Any, script: str, **kw: Any) -> bytes:
         if script == TAR_SCRIPT:
@@ -174,7 +173,7 @@ async def test_incremental_snapshot_reads_and_stores_only_changes(
         written.append(await real_put(blobs))
         return written[-1]
 
-    monkeypatch.setattr(manager, "_run", spy_run)
+    monkeypatch.setattr(manager._workspaces, "run", spy_run)
     monkeypatch.setattr(manager.blobs, "put_absent", spy_put)
     child = await target.snapshot(session="agent", policy_version=2, turn=2)
     assert read == [b"new.txt\x00src/main.py\x00"], "only changed files are read"
@@ -282,7 +281,7 @@ async def test_quota_exceeded_is_resource_exhausted(make_app: MakeApp) -> None:
         await client.delete_snapshot(first.id)
         await client.delete_snapshot(second.id)
         await sb.write_files({"big.bin": b"small now"})
-        # (more.bin's blob was written before the refusal; GC would free it.)
+        # (more.bin's blob, written before the refusal, was deleted with it.)
         assert (await sb.snapshot()).size_bytes == 12277 - 10240 + len("small now")
 
 

@@ -3,6 +3,7 @@ limit ceilings, per-acquire limits and pre-flight."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -11,11 +12,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sandboxd import errors
 from sandboxd.app import App
+from sandboxd.backends.base import Limits, SandboxSpec
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient
 from sandboxd.core.tenancy import acting_as
+from sandboxd.errors import ResourceExhausted
 from sandboxd.settings import load_settings
-from tests.unit.conftest import MakeApp
+from sandboxd.v1 import common_pb2
+from tests.unit.conftest import MakeApp, MakeControl, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -102,7 +106,11 @@ async def test_over_quota_is_resource_exhausted_with_retry_after(alice: AsyncCli
 async def test_memory_quota(alice: AsyncClient) -> None:
     await alice.create_pool("big", "img", min_ready=0, max_size=5, limits={"memory_bytes": 128 << 20})
     lease = await alice.lease("big", timeout=5)
-    with pytest.raises(errors.ResourceExhausted, match="memory"):
+    with pytest.raises(errors.ResourceExhausted, match="memory") as info:
+        await alice.lease("big", timeout=5)
+    assert info.value.retry_after is not None
+    # Two of 128 MiB never fit a 192 MiB quota, however much is released.
+    with pytest.raises(errors.FailedPrecondition, match="max_memory_bytes"):
         await alice.lease("big", n=2, timeout=5)
     await lease.release()
 
@@ -210,3 +218,85 @@ async def test_oversize_message_is_refused_and_nothing_breaks(make_app: MakeApp)
             with pytest.raises(errors.SandboxdError, match="RESOURCE_EXHAUSTED|larger than"):
                 await sb.write_files({"big": b"x" * (2 << 20)})
             assert (await sb.exec("echo ok")).text == "ok\n"
+
+
+def _retry_trailer(e: errors.SandboxdError) -> str | None:
+    """The retry-after-seconds trailer of the RPC error behind ``e``, if any."""
+    cause = e.__cause__
+    assert isinstance(cause, grpc.aio.AioRpcError)
+    for key, value in cause.trailing_metadata() or ():
+        if key == "retry-after-seconds":
+            return str(value)
+    return None
+
+
+async def test_group_acquire_gets_only_what_the_quota_leaves(alice: AsyncClient) -> None:
+    await alice.create_pool("g", "img", min_ready=5, max_size=5, limits={"memory_bytes": 64 << 20})
+    first = await alice.lease("g", n=5, min_n=1, timeout=5)
+    assert len(first.sandboxes) == 3  # max_sandboxes = 3, not the 5 asked for
+    with pytest.raises(errors.ResourceExhausted, match="holds 3 of 3") as info:
+        await alice.lease("g", n=5, min_n=1, timeout=5)
+    assert info.value.retry_after is not None and _retry_trailer(info.value) is not None
+    await alice.release(first.id, [first.sandboxes[0].id, first.sandboxes[1].id])
+    second = await alice.lease("g", n=5, min_n=1, timeout=5)
+    assert len(second.sandboxes) == 2
+    assert len(await alice.list_sandboxes(state=common_pb2.SANDBOX_STATE_LEASED)) == 3
+    await first.release()
+    await second.release()
+
+
+async def test_group_acquire_gets_only_what_the_memory_quota_leaves(alice: AsyncClient) -> None:
+    # 96 MiB each: three fit max_sandboxes, two fit max_memory_bytes (192 MiB).
+    await alice.create_pool("m", "img", min_ready=4, max_size=4, limits={"memory_bytes": 96 << 20})
+    lease = await alice.lease("m", n=4, min_n=1, timeout=5)
+    assert len(lease.sandboxes) == 2
+    with pytest.raises(errors.ResourceExhausted, match="memory") as info:
+        await alice.lease("m", n=2, min_n=1, timeout=5)
+    assert info.value.retry_after is not None
+    await lease.release()
+
+
+@pytest.mark.parametrize(
+    ("n", "min_n", "quota"),
+    [(4, 0, "max_sandboxes"), (5, 4, "max_sandboxes"), (3, 3, "max_memory_bytes")],
+)
+async def test_acquire_that_can_never_fit_the_quota_is_failed_precondition(
+    alice: AsyncClient, n: int, min_n: int, quota: str
+) -> None:
+    memory = (96 << 20) if quota == "max_memory_bytes" else (64 << 20)
+    await alice.create_pool("never", "img", min_ready=0, max_size=5, limits={"memory_bytes": memory})
+    with pytest.raises(errors.FailedPrecondition, match=quota) as info:
+        await alice.lease("never", n=n, min_n=min_n, timeout=5)
+    assert _retry_trailer(info.value) is None  # no release would ever make room
+    assert await alice.list_sandboxes(state=common_pb2.SANDBOX_STATE_LEASED) == []
+
+
+class _GatedCreates(FakeBackend):
+    """Creates wait for ``gate``, so an acquire can be held mid-wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def create(self, spec: SandboxSpec) -> str:
+        await self.gate.wait()
+        return await super().create(spec)
+
+
+async def test_concurrent_acquires_share_one_quota(make_control: MakeControl) -> None:
+    backend = _GatedCreates()
+    h = await make_control(backend=backend, tenants=TENANTS)
+    with acting_as("alice"):
+        await h.pool("c", min_ready=0, max_size=5, limits=Limits(memory_bytes=64 << 20))
+        # The pool is empty: the first acquire waits for creates while the
+        # second is admitted, and the quota must count what the first was granted.
+        first = asyncio.create_task(h.acquire("c", 2))
+        await wait_for(lambda: h.control.pools["alice/c"].waiting > 0, what="first acquire waiting")
+        with pytest.raises(ResourceExhausted, match="holds 2 of 3"):
+            await h.acquire("c", 2)
+        backend.gate.set()
+        _, records = await first
+        assert len(records) == 2
+        _, extra = await h.acquire("c", 3, min_n=1)
+        assert len(extra) == 1
+        assert h.control.usage("alice").sandboxes == 3

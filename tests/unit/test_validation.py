@@ -117,6 +117,8 @@ async def test_reserved_env_prefix_says_so(h: Harness) -> None:
         (dict(ttl=float("nan")), "lease_ttl_seconds"),
         (dict(ttl=1e9), "lease_ttl_seconds"),
         (dict(timeout=-0.5), "timeout_seconds"),
+        (dict(timeout=float("nan")), "timeout_seconds"),
+        (dict(timeout=float("inf")), "timeout_seconds"),
     ],
 )
 async def test_bad_acquire_arguments(h: Harness, kw: dict[str, Any], field: str) -> None:
@@ -125,6 +127,17 @@ async def test_bad_acquire_arguments(h: Harness, kw: dict[str, Any], field: str)
         await h.acquire(**kw)
     assert info.value.field == field
     assert pool.waiting == 0
+
+
+async def test_release_of_malformed_sandbox_ids(h: Harness) -> None:
+    await h.pool()
+    lease, records = await h.acquire()
+    for bad in ("sb-\x00", "", "../sb-000000000000", "x" * 5000):
+        with pytest.raises(InvalidArgument) as info:
+            await h.control.release(lease.lease_id, [records[0].sandbox_id, bad])
+        assert info.value.field == "sandbox_ids[1]"
+    assert h.control.leases.find(lease.lease_id) is not None  # nothing was released
+    assert await h.control.release(lease.lease_id, [records[0].sandbox_id]) == [records[0].sandbox_id]
 
 
 async def test_bad_heartbeat_ttl(h: Harness) -> None:
@@ -164,6 +177,12 @@ async def test_bad_update_pool_sizes(h: Harness) -> None:
         (dict(shell="true", env={"BAD-NAME": "x"}), "env['BAD-NAME']"),
         (dict(shell="true", env={"SANDBOXD_EXEC": "x"}), "env[SANDBOXD_EXEC]"),
         (dict(shell="true", cwd="nul\x00"), "cwd"),
+        (dict(shell="true", cwd="../../etc"), "cwd"),
+        (dict(shell="true", cwd="x/../.."), "cwd"),
+        (dict(shell="true", cwd=".."), "cwd"),
+        (dict(shell="true", cwd="w" * 5000), "cwd"),
+        (dict(shell="true", session="s", cwd="../.."), "cwd"),
+        (dict(shell="true", timeout=float("inf")), "timeout_seconds"),
     ],
 )
 async def test_bad_exec_requests(h: Harness, kw: dict[str, Any], field: str) -> None:
@@ -171,6 +190,42 @@ async def test_bad_exec_requests(h: Harness, kw: dict[str, Any], field: str) -> 
     with pytest.raises(InvalidArgument) as info:
         h.control.prepare_exec(ExecRequest(sandbox_id=rec.sandbox_id, **kw))
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("cwd", "where"),
+    [
+        ("", "/workspace"),
+        ("d", "/workspace/d"),
+        ("./d/", "/workspace/d"),
+        ("d/../e", "/workspace/e"),
+        ("/workspace", "/workspace"),
+        ("/workspace/x/y", "/workspace/x/y"),
+        ("/tmp", "/tmp"),
+        ("/tmp/job", "/tmp/job"),
+        ("/tmp/../workspace/z", "/workspace/z"),
+        # Absolute paths confine nothing (a command can cd there itself): kept, normalised.
+        ("/workspace/../etc", "/etc"),
+        ("/etc", "/etc"),
+        ("/", "/"),
+        ("//workspace", "/workspace"),
+    ],
+)
+async def test_exec_cwds_inside_the_roots_run_there(h: Harness, cwd: str, where: str) -> None:
+    _, rec = await h.leased()
+    _, spec = h.control.prepare_exec(ExecRequest(sandbox_id=rec.sandbox_id, shell="pwd", cwd=cwd))
+    assert spec.cwd == where
+    result, out, _ = await h.exec(rec.sandbox_id, "pwd", cwd=cwd)
+    assert result.exit_code == 0 and out == f"{where}\n".encode()
+
+
+async def test_list_sandboxes_refuses_bad_label_filters(h: Harness) -> None:
+    await h.pool()
+    for labels, field in [({"a\x00": "b"}, "labels['a\\x00']"), ({"a": "b\x00"}, "labels[a]")]:
+        with pytest.raises(InvalidArgument) as info:
+            h.control.list_sandboxes("", None, labels)
+        assert info.value.field == field
+    assert h.control.list_sandboxes("", None, {"a": "b"}) == []
 
 
 async def test_oversize_stdin(make_control: MakeControl) -> None:

@@ -1,18 +1,12 @@
-"""Sandboxes as containers on a Docker engine.
+"""Sandboxes as containers on a Docker engine: the backend port.
 
-Management calls (create, remove, list, inspect) go through the ``docker``
-SDK on a bounded thread pool, never on the event loop; exec and file traffic
-goes through the async raw client (rawapi). Containers are hardened by
-default: no network, non-root, no capabilities, no-new-privileges, read-only
-root, and a size- and inode-limited tmpfs as the workspace, so the kernel
-enforces disk bytes and file count.
-
-Each sandbox also gets a read-only bind mount of its own host directory, the
-*inbox*: a large archive (a snapshot restored or forked) is hard-linked there
-and extracted by the sandbox itself, so n sandboxes read it from the page
-cache instead of having it pushed n times through the engine's exec stream.
-Only what is linked for that sandbox is ever in it, and only while it is
-being extracted.
+Where a sandbox runs (its container: spec, create, remove, list, adoption by
+labels, capacity, limits, its inbox) is containers.py; files in and out (tar
+streams, archives staged in the inbox) are files.py. This module composes
+them with what runs inside: the spare shell that is a new sandbox's health
+check, named sessions, idle shells that fork one-shot commands, and engine
+execs of their own (execs.py, over the async raw client, rawapi), plus the
+host's view of a container (usage, its workspace in place).
 """
 
 from __future__ import annotations
@@ -21,118 +15,98 @@ import asyncio
 import builtins
 import contextlib
 import functools
-import os
-import secrets
-import shutil
-import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import docker
-import docker.errors
-import docker.types
-import requests.exceptions
-
 from sandboxd.backends.base import (
-    LABEL_INSTANCE,
-    LABEL_MANAGED,
-    LABEL_POOL,
-    LABEL_SANDBOX,
+    GVISOR,
+    ROOT_USER,
+    RUNC,
     WORKSPACE,
     BackendSandbox,
     ExecEvent,
     ExecOutcome,
     ExecResult,
     ExecSpec,
+    HostFacts,
     Limits,
     SandboxSpec,
     SandboxUsage,
 )
 from sandboxd.backends.docker.cgroups import ContainerProbe
-from sandboxd.backends.docker.execs import ShellSession, Target, kill_tree, run_oneshot
+from sandboxd.backends.docker.containers import Containers, DockerOptions
+from sandboxd.backends.docker.execs import EngineExec, run_oneshot
+from sandboxd.backends.docker.files import ContainerFiles
+from sandboxd.backends.docker.hostcap import host_facts
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.hostfs import HostWorkspace
-from sandboxd.backends.shell import ansi_c_quote, get_tar_argv, put_tar_argv
-from sandboxd.errors import (
-    BackendError,
-    InvalidArgument,
-    NotFound,
-    PermanentBackendError,
-    ResourceExhausted,
-    SandboxLost,
-    TransientBackendError,
-)
+from sandboxd.backends.session import SessionClosed, ShellSession
+from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote
+from sandboxd.errors import NotFound, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
-
-_TMP_BYTES = 64 << 20
-INBOX = "/.sandboxd/inbox"
-# An inbox directory without a container is only removed once it is this old,
-# so a sweep never races a create that made the directory a moment ago.
-_INBOX_GRACE_SECONDS = 300.0
-
-
-@dataclass(frozen=True)
-class DockerOptions:
-    instance: str
-    base_url: str | None = None
-    user: str = "1000:1000"
-    threads: int = 16
-    runtime: str | None = None
-    inbox_dir: Path | None = None
-    """Host directory for the sandboxes' inboxes (None: no inboxes; archives
-    are streamed). Must be a path on the engine's host."""
-    host_workspaces: bool = True
-    """Read workspaces in place (sandboxd.backends.hostfs) where this process
-    can see the containers' processes; False: always through the sandbox."""
-
 
 # Larger stdin goes through a real engine exec rather than the shell's command line.
 _RUNNER_STDIN_MAX = 64 << 10
 _IDLE_RUNNERS = 4
+# How long a failed or cancelled create waits for its cleanup before it
+# reports; the cleanup goes on in the background.
+_CLEANUP_WAIT_SECONDS = 5.0
 
 
 def _in_subshell(spec: ExecSpec) -> ExecSpec:
     """A one-shot exec as a subshell command: its own process, cwd and
     environment, nothing shared with the shell that forks it. The subshell
     execs, so the command's processes carry the exec tag in their environment
-    (a bare fork would not) and a timeout finds the whole tree."""
+    (a bare fork would not). It runs as a background job the shell waits
+    for, with the signals trapped: bash reports nothing about it then (a
+    foreground job killed by a signal gets "bash: line 3: 24 Killed ( cd --
+    ... )" on the command's stderr)."""
     body = (
         "exec " + " ".join(ansi_c_quote(a) for a in spec.argv)
         if spec.argv
         else f"exec bash -c {ansi_c_quote(spec.shell)}"
     )
-    command = f"( cd -- {ansi_c_quote(spec.cwd or WORKSPACE)} || exit 127; {body} )"
+    # <&0: a background job's stdin would be /dev/null, not the command's.
+    command = (
+        f"{ONESHOT_TRAPS}; ( cd -- {ansi_c_quote(spec.cwd or WORKSPACE)} || exit 127; {body} ) <&0 & wait $!"
+    )
     return replace(spec, argv=(), shell=command, cwd="", session="")
 
 
-def _raise_for_put(code: int, dest: str, message: str) -> None:
-    """Exit codes of the PUT_TAR script, as sandboxd errors."""
-    if code == 28:
-        raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
-    if code == 3:
-        raise InvalidArgument("path", f"cannot create directory {dest!r}: {message}")
-    if code != 0:
-        raise InvalidArgument("tar", f"extraction failed: {message or f'exit {code}'}")
+# How the engine names ROOT_USER: uid and gid 0. The container keeps its
+# capability set (none), no-new-privileges, read-only root and limits.
+_ROOT_ENGINE_USER = "0:0"
 
 
-def _container_name(sandbox_id: str) -> str:
-    return f"sandboxd-{sandbox_id}"
+class _RootEngineExec(EngineExec):
+    """An engine exec as uid 0 (ExecSpec.user == ROOT_USER). Without
+    capabilities a process may signal only its own uid's processes, so where
+    the host cannot kill the tree, the killer runs as uid 0 too."""
+
+    def __init__(self, engine: RawEngine, container: str, **kwargs: Any) -> None:
+        super().__init__(engine, container, user=_ROOT_ENGINE_USER, kill_user=_ROOT_ENGINE_USER, **kwargs)
 
 
 class DockerBackend:
+    """The backend port on one Docker engine: containers and files composed
+    with the shells and execs that run inside the sandboxes."""
+
     def __init__(self, options: DockerOptions) -> None:
         self._options = options
-        self._pool = ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="sandboxd-docker")
-        self._client = docker.DockerClient(
-            base_url=options.base_url or "unix:///var/run/docker.sock",
-            timeout=60,
-            max_pool_size=options.threads,
-        )
+        self._containers = Containers(options)
+        self._pool = self._containers.pool
         self._raw = RawEngine(EngineAddress.parse(options.base_url))
+        self._files = ContainerFiles(
+            self._raw,
+            self._containers,
+            user=options.user,
+            inbox_dir=options.inbox_dir,
+            exec_in=self.exec,
+            shell_stdin_max=_RUNNER_STDIN_MAX,
+        )
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._spare: dict[str, ShellSession] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
@@ -140,8 +114,8 @@ class DockerBackend:
         self._probes: dict[str, ContainerProbe | None] = {}
         # Idle shells per sandbox that fork one-shot commands.
         self._runners: dict[str, list[ShellSession]] = {}
-        # Host directory of each sandbox's inbox mount (None: it has none).
-        self._inboxes: dict[str, Path | None] = {}
+        # Each sandbox's isolation runtime, looked up once for adopted ones.
+        self._runtimes: dict[str, str] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -150,30 +124,22 @@ class DockerBackend:
     # -- Deployment ---------------------------------------------------------
 
     async def ping(self) -> None:
-        try:
-            await self._run(self._client.ping)
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"Docker engine unreachable: {e}") from e
+        await self._containers.ping()
 
     async def image_exists(self, image: str) -> bool:
-        try:
-            await self._run(self._client.images.get, image)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"cannot inspect image {image!r}: {e}") from e
+        return await self._containers.image_exists(image)
 
     async def create(self, spec: SandboxSpec) -> str:
-        name = _container_name(spec.sandbox_id)
-        loop = asyncio.get_running_loop()
-        creating = loop.run_in_executor(self._pool, self._create_sync, spec, name)
+        creating = asyncio.ensure_future(self._containers.create(spec))
         session: ShellSession | None = None
         try:
             handle, pid = await asyncio.shield(creating)
-            self._probes[handle] = ContainerProbe.open(pid) if pid else None
-            self._inboxes[handle] = self._inbox_path(spec.sandbox_id)
-            session = ShellSession(await self._target(handle), dict(spec.env))
+            self._runtimes[handle] = spec.runtime
+            # Under gVisor the host's view of the container (its cgroup's
+            # pids, /proc/<pid>/root) is gVisor's own, not the sandbox's.
+            host_view = pid and spec.runtime != GVISOR
+            self._probes[handle] = ContainerProbe.open(pid) if host_view else None
+            session = ShellSession(await self._transport(handle), self._spawn, spec.env)
             await session.start()
             # The spare shell doubles as the health check: a sandbox is READY
             # only once a command has run in it.
@@ -190,7 +156,10 @@ class DockerBackend:
             cleanup = asyncio.ensure_future(self._cleanup_create(creating, spec.sandbox_id, session))
             self._cleanups.add(cleanup)
             cleanup.add_done_callback(self._cleanups.discard)
-            await asyncio.shield(cleanup)
+            # Bounded: on a wedged engine the cleanup itself hangs, and the
+            # caller must hear of the failure now (it books the sandbox as in
+            # doubt and settles it by listing once the engine answers).
+            await asyncio.wait({cleanup}, timeout=_CLEANUP_WAIT_SECONDS)
             raise
 
     async def _cleanup_create(
@@ -200,125 +169,32 @@ class DockerBackend:
             await creating
         if session is not None:
             await session.close()
-        await self._remove_by_name(_container_name(sandbox_id))
-        inbox = self._inbox_path(sandbox_id)
-        if inbox is not None:
-            await self._run(shutil.rmtree, inbox, True)
-
-    def _create_sync(self, spec: SandboxSpec, name: str) -> tuple[str, int]:
-        """Creates and starts the container; returns its id and host pid."""
-        limits = spec.limits
-        uid, _, gid = self._options.user.partition(":")
-        owner = f",uid={uid},gid={gid or uid}" if uid.isdigit() else ""
-        workspace = "rw,exec,nosuid,nodev,mode=0755" + owner
-        if limits.disk_bytes:
-            workspace += f",size={limits.disk_bytes}"
-        if limits.max_files:
-            workspace += f",nr_inodes={limits.max_files}"
-        labels = {
-            **{k: v for k, v in spec.labels.items()},
-            LABEL_MANAGED: "true",
-            LABEL_INSTANCE: self._options.instance,
-            LABEL_POOL: spec.pool,
-            LABEL_SANDBOX: spec.sandbox_id,
-        }
-        kwargs: dict[str, Any] = dict(
-            image=spec.image,
-            command=["sleep", "infinity"],
-            name=name,
-            labels=labels,
-            detach=True,
-            init=True,
-            network_mode="none",
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            read_only=True,
-            tmpfs={
-                WORKSPACE: workspace,
-                "/tmp": f"rw,exec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes=4096",
-            },
-            user=self._options.user,
-            working_dir=WORKSPACE,
-            environment={"HOME": WORKSPACE, **spec.env},
-            hostname="sandbox",
-            stop_signal="SIGKILL",
-        )
-        if limits.memory_bytes:
-            kwargs["mem_limit"] = limits.memory_bytes
-            kwargs["memswap_limit"] = limits.memory_bytes
-        if limits.cpu_millis:
-            kwargs["nano_cpus"] = limits.cpu_millis * 1_000_000
-        if limits.pids:
-            kwargs["pids_limit"] = limits.pids
-        if self._options.runtime:
-            kwargs["runtime"] = self._options.runtime
-        inbox = self._inbox_path(spec.sandbox_id)
-        if inbox is not None:
-            try:
-                inbox.mkdir(parents=True, exist_ok=True)
-                inbox.chmod(0o755)  # the sandbox user reads it, whatever our umask
-            except OSError as e:
-                raise PermanentBackendError(f"cannot create the sandbox's inbox {inbox}: {e}") from e
-            mount = docker.types.Mount(target=INBOX, source=str(inbox), type="bind", read_only=True)
-            kwargs["mounts"] = [mount]
-        try:
-            container = self._client.containers.create(**kwargs)
-            container.start()
-            container.reload()
-            return str(container.id), int(container.attrs.get("State", {}).get("Pid") or 0)
-        except docker.errors.ImageNotFound as e:
-            raise PermanentBackendError(f"image {spec.image!r} is not present on the engine") from e
-        except docker.errors.APIError as e:
-            if e.is_client_error() and e.status_code != 409:
-                raise PermanentBackendError(f"the engine rejected the sandbox spec: {e.explanation}") from e
-            raise TransientBackendError(f"container create failed: {e.explanation}") from e
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"container create failed: {e}") from e
+        await self._containers.discard(sandbox_id)
 
     async def capacity(self) -> tuple[int, int]:
-        try:
-            info = await self._run(self._client.info)
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"cannot read engine info: {e}") from e
-        return int(info.get("MemTotal") or 0), int(info.get("NCPU") or 0)
+        return await self._containers.capacity()
+
+    async def host_facts(self) -> HostFacts:
+        """The engine host's limits, with per-container overheads measured
+        on live sandboxes where this process sees the host."""
+        info = await self._containers.engine_info()
+        address = self._options.base_url or ""
+        local = not address or address.startswith("unix://")
+        pids = [p.pid for p in self._probes.values() if p is not None]
+        return await self._run(host_facts, info, local, pids)
 
     async def update_limits(self, handle: str, limits: Limits) -> None:
-        body: dict[str, int] = {}
-        if limits.memory_bytes:
-            body["Memory"] = body["MemorySwap"] = limits.memory_bytes
-        if limits.cpu_millis:
-            body["NanoCpus"] = limits.cpu_millis * 1_000_000
-        if limits.pids:
-            body["PidsLimit"] = limits.pids
-        if body:
-            await self._run(self._update_sync, handle, body)
+        await self._containers.update_limits(handle, limits, await self._runtime(handle))
 
-    def _update_sync(self, handle: str, body: dict[str, int]) -> None:
-        # The SDK's update_container predates PidsLimit; the API takes it.
-        api = self._client.api
-        try:
-            response = api._post_json(api._url("/containers/{0}/update", handle), data=body)
-            api._raise_for_status(response)
-        except docker.errors.NotFound as e:
-            raise SandboxLost("the sandbox's container is gone") from e
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"cannot update limits: {e}") from e
+    async def runtimes(self) -> frozenset[str]:
+        """RUNC, and GVISOR when the engine has gVisor's runtime registered."""
+        registered = (await self._containers.engine_info()).get("Runtimes") or {}
+        return frozenset({RUNC, GVISOR} if self._options.gvisor_runtime in registered else {RUNC})
 
-    async def _remove_by_name(self, name: str) -> None:
-        with contextlib.suppress(BackendError):
-            await self._run(self._remove_sync, name)
-
-    def _remove_sync(self, ref: str) -> None:
-        try:
-            self._client.api.remove_container(ref, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as e:
-            if e.status_code == 409 and "already in progress" in str(e.explanation):
-                return
-            raise TransientBackendError(f"container remove failed: {e.explanation}") from e
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"container remove failed: {e}") from e
+    async def _runtime(self, handle: str) -> str:
+        if handle not in self._runtimes:
+            self._runtimes[handle] = await self._containers.runtime_of(handle) or RUNC
+        return self._runtimes[handle]
 
     async def destroy(self, handle: str) -> None:
         sessions = list(self._sessions.pop(handle, {}).values()) + self._runners.pop(handle, [])
@@ -327,70 +203,17 @@ class DockerBackend:
             sessions.append(spare)
         self._session_locks.pop(handle, None)
         self._probes.pop(handle, None)
-        inbox = self._inboxes.pop(handle, None)
+        self._runtimes.pop(handle, None)
         for session in sessions:
             await session.close()
-        await self._run(self._remove_sync, handle)
-        if inbox is not None:
-            await self._run(shutil.rmtree, inbox, True)
+        await self._containers.remove(handle)
 
     async def list(self) -> list[BackendSandbox]:
-        try:
-            containers = await self._run(
-                self._client.api.containers,
-                all=True,
-                filters={"label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"]},
-            )
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"cannot list containers: {e}") from e
-        out = []
-        for c in containers:
-            labels = c.get("Labels") or {}
-            out.append(
-                BackendSandbox(
-                    sandbox_id=labels.get(LABEL_SANDBOX, ""),
-                    pool=labels.get(LABEL_POOL, ""),
-                    handle=str(c["Id"]),
-                    running=c.get("State") == "running",
-                    labels=labels,
-                )
-            )
-        if self._options.inbox_dir is not None:
-            await self._run(self._sweep_inboxes, {s.sandbox_id for s in out})
-        return out
-
-    def _inbox_path(self, sandbox_id: str) -> Path | None:
-        root = self._options.inbox_dir
-        return None if root is None or not sandbox_id else root / sandbox_id
-
-    def _sweep_inboxes(self, keep: set[str]) -> None:
-        """Removes inboxes whose sandbox is gone (a crash between remove and
-        cleanup, or a container removed behind our back)."""
-        root = self._options.inbox_dir
-        assert root is not None
-        cutoff = time.time() - _INBOX_GRACE_SECONDS
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(root):
-                if entry.name not in keep and entry.is_dir(follow_symlinks=False):
-                    with contextlib.suppress(OSError):
-                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                            shutil.rmtree(entry.path, ignore_errors=True)
+        return await self._containers.list()
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
         """One ``containers list`` call for every handle asked about."""
-        try:
-            running = await self._run(
-                self._client.api.containers,
-                quiet=True,
-                filters={
-                    "label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"],
-                    "status": "running",
-                },
-            )
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise TransientBackendError(f"cannot list containers: {e}") from e
-        ids = {str(c["Id"]) for c in running}
-        return {h for h in handles if h in ids}
+        return await self._containers.alive(handles)
 
     async def close(self) -> None:
         await asyncio.gather(*self._cleanups, return_exceptions=True)
@@ -405,30 +228,19 @@ class DockerBackend:
         self._runners.clear()
         self._sessions.clear()
         self._spare.clear()
-        await self._run(self._client.close)
-        self._pool.shutdown(wait=False)
+        await self._containers.close()
 
     async def _is_running(self, handle: str) -> bool:
-        try:
-            state = await self._run(self._client.api.inspect_container, handle)
-        except docker.errors.NotFound:
-            return False
-        except (docker.errors.DockerException, requests.exceptions.RequestException):
-            # Cannot tell; do not declare it lost on a hiccup.
-            return True
-        return bool(state.get("State", {}).get("Running"))
+        return await self._containers.is_running(handle)
 
     # -- Runtime ------------------------------------------------------------
 
     async def _probe(self, handle: str) -> ContainerProbe | None:
         if handle not in self._probes:
             # Adopted after a restart: look the container's pid up once.
-            try:
-                state = await self._run(self._client.api.inspect_container, handle)
-                pid = int(state.get("State", {}).get("Pid") or 0)
-            except (docker.errors.DockerException, requests.exceptions.RequestException):
-                pid = 0
-            self._probes[handle] = ContainerProbe.open(pid) if pid else None
+            pid = await self._containers.host_pid(handle)
+            host_view = pid and await self._runtime(handle) != GVISOR
+            self._probes[handle] = ContainerProbe.open(pid) if host_view else None
         return self._probes[handle]
 
     async def host_workspace(self, handle: str) -> HostWorkspace | None:
@@ -436,25 +248,45 @@ class DockerBackend:
         # what the host sees below its init process's root.
         if not self._options.host_workspaces or self._options.runtime not in (None, "", "runc"):
             return None
+        if await self._runtime(handle) == GVISOR:
+            return None
         probe = await self._probe(handle)
         if probe is None:
             return None
         return await self._run(HostWorkspace.open, probe.pid, handle)
 
-    async def _target(self, handle: str) -> Target:
-        probe = await self._probe(handle)
+    async def _root_transport(self, handle: str) -> EngineExec:
+        """As _transport, as uid 0 (ROOT_USER)."""
+        return _RootEngineExec(
+            self._raw,
+            handle,
+            probe=await self._probe(handle),
+            is_running=self._is_running,
+            executor=self._pool,
+        )
 
-        async def alive() -> bool:
-            return await self._is_running(handle)
+    async def put_tar_as(self, handle: str, dest: str, chunks: AsyncIterator[bytes], user: str) -> None:
+        """put_tar as ``user``; root's files are extracted by a uid 0 engine exec."""
+        if user == ROOT_USER:
+            await self._files.put_tar_by_exec(handle, dest, chunks, engine_user=_ROOT_ENGINE_USER)
+        else:
+            await self.put_tar(handle, dest, chunks)
 
-        async def kill(var: str, tag: str) -> None:
-            if probe is not None:
-                # From the host: works even when the sandbox cannot fork.
-                await self._run(probe.kill_tagged, f"{var}={tag}".encode())
-            else:
-                await kill_tree(self._raw, handle, var, tag)
+    def get_tar_as(self, handle: str, base: str, paths: tuple[str, ...], user: str) -> AsyncIterator[bytes]:
+        """get_tar as ``user``."""
+        engine_user = _ROOT_ENGINE_USER if user == ROOT_USER else ""
+        return self._files.get_tar(handle, base, paths, engine_user=engine_user)
 
-        return Target(self._raw, handle, self._options.user, alive, kill, self._spawn, probe)
+    async def _transport(self, handle: str) -> EngineExec:
+        """A fresh exec stream into the sandbox, for one session or command."""
+        return EngineExec(
+            self._raw,
+            handle,
+            user=self._options.user,
+            probe=await self._probe(handle),
+            is_running=self._is_running,
+            executor=self._pool,
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -471,23 +303,36 @@ class DockerBackend:
 
     async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
         try:
-            if not spec.session and len(spec.stdin) > _RUNNER_STDIN_MAX:
-                async for event in run_oneshot(await self._target(handle), spec):
+            if spec.user == ROOT_USER:
+                # An engine exec of its own: no idle root shells are kept.
+                async for event in run_oneshot(await self._root_transport(handle), spec, self._spawn):
                     yield event
                 return
-            if not spec.session:
-                # A fresh process without an engine exec: a subshell forked by
-                # an idle shell of this sandbox (about 1 ms instead of ~40).
-                runner = await self._take_runner(handle)
-                try:
-                    async for event in runner.run(_in_subshell(spec)):
-                        yield event
-                finally:
-                    await self._give_runner(handle, runner)
+            if not spec.session and len(spec.stdin) > _RUNNER_STDIN_MAX:
+                async for event in run_oneshot(await self._transport(handle), spec, self._spawn):
+                    yield event
                 return
-            session = await self._session(handle, spec.session)
-            async for event in session.run(spec):
-                yield event
+            for attempt in range(2):
+                try:
+                    if not spec.session:
+                        # A fresh process without an engine exec: a subshell forked by
+                        # an idle shell of this sandbox (about 1 ms instead of ~40).
+                        runner = await self._take_runner(handle)
+                        try:
+                            async for event in runner.run(_in_subshell(spec)):
+                                yield event
+                        finally:
+                            await self._give_runner(handle, runner)
+                        return
+                    session = await self._session(handle, spec.session)
+                    async for event in session.run(spec):
+                        yield event
+                    return
+                except SessionClosed:
+                    # Closed while the command waited for it (a command
+                    # abandoned before could not be stopped): a new shell.
+                    if attempt:
+                        raise
         except (NotFound, SandboxLost):
             yield ExecResult(
                 ExecOutcome.SANDBOX_LOST, -1, 0.0, detail="the sandbox is not running", sandbox_gone=True
@@ -502,7 +347,7 @@ class DockerBackend:
         spare = self._spare.pop(handle, None)
         if spare is not None and not spare.dead:
             return spare
-        runner = ShellSession(await self._target(handle), {})
+        runner = ShellSession(await self._transport(handle), self._spawn)
         await runner.start()
         return runner
 
@@ -524,137 +369,24 @@ class DockerBackend:
             if spare is not None and not spare.dead:
                 session = spare
             else:
-                session = ShellSession(await self._target(handle), {})
+                session = ShellSession(await self._transport(handle), self._spawn)
                 await session.start()
             sessions[name] = session
             return session
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
-        head = bytearray()
-        stream = aiter(chunks)
-        async for chunk in stream:
-            head += chunk
-            if len(head) > _RUNNER_STDIN_MAX:
-                break
-        else:
-            # Small (the usual agent turn): extracted by a forked shell, no engine exec.
-            await self._put_small_tar(handle, dest, bytes(head))
-            return
-
-        async def rest() -> AsyncIterator[bytes]:
-            yield bytes(head)
-            async for chunk in stream:
-                yield chunk
-
-        await self._put_tar_by_exec(handle, dest, rest())
-
-    async def _put_small_tar(self, handle: str, dest: str, data: bytes) -> None:
-        await self._put_by_shell(handle, dest, put_tar_argv(dest), data)
+        await self._files.put_tar(handle, dest, chunks)
 
     # -- StagedTars ---------------------------------------------------------
 
     def staging_dir(self) -> Path | None:
-        root = self._options.inbox_dir
-        # Beside the inboxes: same filesystem, so handing a file over is a link.
-        return None if root is None else root.with_name(root.name + "-staged")
+        return self._files.staging_dir()
 
     async def stage_tar(self, handle: str, path: Path) -> str | None:
-        inbox = await self._inbox(handle)
-        if inbox is None:
-            return None
-        name = secrets.token_hex(8) + ".tar"
-        try:
-            await self._run(os.link, path, inbox / name)
-        except OSError:
-            return None  # an inbox gone missing or on another filesystem: stream it
-        return f"{INBOX}/{name}"
+        return await self._files.stage_tar(handle, path)
 
     async def unstage_tar(self, handle: str, staged: str) -> None:
-        inbox = self._inboxes.get(handle)
-        name = staged.rsplit("/", 1)[-1]
-        if inbox is None or not staged.startswith(INBOX + "/") or "/" in name or not name.endswith(".tar"):
-            return
-        with contextlib.suppress(OSError):
-            await self._run(os.unlink, inbox / name)
+        await self._files.unstage_tar(handle, staged)
 
-    async def _inbox(self, handle: str) -> Path | None:
-        if handle not in self._inboxes:
-            # Adopted after a restart: find its inbox mount once.
-            try:
-                state = await self._run(self._client.api.inspect_container, handle)
-            except (docker.errors.DockerException, requests.exceptions.RequestException):
-                return None
-            sources = [m.get("Source") for m in state.get("Mounts") or [] if m.get("Destination") == INBOX]
-            self._inboxes[handle] = Path(sources[0]) if sources and sources[0] else None
-        return self._inboxes[handle]
-
-    async def _put_by_shell(self, handle: str, dest: str, argv: builtins.list[str], data: bytes) -> None:
-        """Runs an extraction through a forked sandbox shell (no engine exec)."""
-        spec = ExecSpec(argv=tuple(argv), stdin=data, timeout=300, output_limit=65536)
-        stderr = bytearray()
-        result: ExecResult | None = None
-        async for event in self.exec(handle, spec):
-            if isinstance(event, ExecResult):
-                result = event
-            elif event.stream == 2:
-                stderr += event.data
-        assert result is not None
-        message = stderr.decode(errors="replace").strip()
-        if result.outcome is ExecOutcome.SANDBOX_LOST:
-            raise SandboxLost(f"upload failed: {result.detail}")
-        if result.outcome in (ExecOutcome.DISK_FULL, ExecOutcome.FILE_LIMIT):
-            raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
-        if result.outcome is not ExecOutcome.EXITED:
-            raise TransientBackendError(f"upload did not finish: {result.detail or result.outcome.name}")
-        _raise_for_put(result.exit_code, dest, message)
-
-    async def _put_tar_by_exec(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
-        exec_id = await self._raw.exec_create(
-            handle, put_tar_argv(dest), stdin=True, env={}, workdir=WORKSPACE, user=self._options.user
-        )
-        channel = await self._raw.exec_start(exec_id)
-        stderr = bytearray()
-
-        async def drain() -> None:
-            while (frame := await channel.read_frame()) is not None:
-                if frame[0] == 2 and len(stderr) < 8192:
-                    stderr.extend(frame[1])
-
-        reader = asyncio.create_task(drain())
-        try:
-            async for chunk in chunks:
-                await channel.write(chunk)
-            channel.close_stdin()
-            await reader
-        except (ConnectionError, OSError) as e:
-            raise SandboxLost(f"upload stream cut: {e}") from e
-        finally:
-            reader.cancel()
-            await channel.close()
-        info = await self._raw.exec_inspect(exec_id)
-        code = info.get("ExitCode")
-        _raise_for_put(code if isinstance(code, int) else -1, dest, stderr.decode(errors="replace").strip())
-
-    async def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
-        exec_id = await self._raw.exec_create(
-            handle, get_tar_argv(base, paths), stdin=False, env={}, workdir=WORKSPACE, user=self._options.user
-        )
-        channel = await self._raw.exec_start(exec_id)
-        stderr = bytearray()
-        try:
-            while (frame := await channel.read_frame()) is not None:
-                stream, data = frame
-                if stream == 1:
-                    yield data
-                elif len(stderr) < 8192:
-                    stderr.extend(data)
-        finally:
-            await channel.close()
-        info = await self._raw.exec_inspect(exec_id)
-        code = info.get("ExitCode")
-        message = stderr.decode(errors="replace").strip()
-        if code == 3:
-            missing = message.split("missing:", 1)[-1].splitlines()[0] if "missing:" in message else base
-            raise NotFound(f"no such file or directory in the sandbox: {missing}")
-        if code != 0:
-            raise BackendError(f"reading files failed: {message or f'exit {code}'}")
+    def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
+        return self._files.get_tar(handle, base, paths)

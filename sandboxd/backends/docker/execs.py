@@ -1,342 +1,279 @@
-"""Exec inside Docker containers: one-shot processes and persistent shells.
+"""Exec inside Docker containers: the engine's hijacked exec stream (rawapi)
+as the transport of sandboxd.backends.session, and the typed outcomes the
+container's cgroup counters explain (OOM kill, pids limit, file limit, full
+disk).
 
-Both run through the engine's hijacked exec stream (rawapi). Timeouts and
-output caps kill the whole process tree by environment tag (see
-sandboxd.backends.shell), so background children die too.
+How a stream's processes are contained, so that a kill ends all of them:
+
+- on the engine's host (the control plane sees the container's cgroups): the
+  stream starts behind GATE, is moved into a cgroup of its own (a Cell) before
+  it runs anything, and a kill freezes that cgroup and SIGKILLs everything in
+  it, after the environment-tag pass over the whole container;
+- through a remote engine: the stream starts behind REAPER (a child
+  subreaper), and a kill is TREE_KILL, run by an engine exec of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
+import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import replace
 
-from sandboxd.backends.base import (
-    WORKSPACE,
-    ExecEvent,
-    ExecOutcome,
-    ExecResult,
-    ExecSpec,
-    OutputChunk,
-)
-from sandboxd.backends.docker.cgroups import ContainerProbe, Counters
+from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
+from sandboxd.backends.docker.cgroups import Cell, ContainerProbe, Counters
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
-from sandboxd.backends.execstream import MarkerSplitter, OutputBudget, stop_detail
-from sandboxd.backends.shell import (
-    EXEC_TAG_VAR,
-    SESSION_TAG_VAR,
-    ansi_c_quote,
-    kill_argv,
-    session_command,
-)
-from sandboxd.errors import BackendError
+from sandboxd.backends.execstream import FirstLine
+from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
+from sandboxd.backends.shell import Tree, gate_argv, reaper_argv, tree_kill_argv
+from sandboxd.errors import BackendError, TransientBackendError
 
-# After a kill, how long we wait for the stream to end before giving up on it.
-_DRAIN_AFTER_KILL = 5.0
+IsRunning = Callable[[str], Awaitable[bool]]
+"""Whether the container with this id runs (True when the engine cannot tell)."""
 
-IsAlive = Callable[[], Awaitable[bool]]
-Killer = Callable[[str, str], Coroutine[Any, Any, None]]
+# Longest a gated stream may take to print its pid (a process start).
+_GATE_TIMEOUT = 30.0
+# Pauses (seconds) before asking the engine again whether a container whose
+# exec would not start still runs: it reports a container's death late.
+_ENGINE_CATCH_UP = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
-@dataclass
-class Target:
-    """The container an exec runs in, and how to reach into it."""
-
-    engine: RawEngine
-    container: str
-    user: str
-    is_alive: IsAlive
-    kill: Killer
-    """Kills every process whose environment has ``VAR=tag``: (VAR, tag)."""
-    spawn: Callable[[Coroutine[Any, Any, None]], None]
-    """Runs cleanup that must outlive a cancelled exec (owned by the backend)."""
-    probe: ContainerProbe | None = None
-
-
-def _explain(target: Target, before: Counters | None, result: ExecResult) -> ExecResult:
+def _explain(probe: ContainerProbe, before: Counters, result: ExecResult) -> ExecResult:
     """Names the limit behind a failed or timed-out command, if one was hit."""
-    if target.probe is None or before is None:
-        return result
     timed_out = result.outcome is ExecOutcome.TIMED_OUT
     if result.outcome is not ExecOutcome.EXITED and not timed_out:
         return result
     if result.outcome is ExecOutcome.EXITED and result.exit_code == 0:
         return result
-    reason = target.probe.classify(before, result.exit_code, timed_out)
+    reason = probe.classify(before, result.exit_code, timed_out)
     if reason is None:
         return result
     outcome, detail = reason
     return replace(result, outcome=outcome, detail=f"{detail}; {result.detail}" if result.detail else detail)
 
 
-async def kill_tree(engine: RawEngine, container: str, tag_var: str, tag: str) -> None:
-    try:
-        exec_id = await engine.exec_create(
-            container, kill_argv(tag_var, tag), stdin=False, env={}, workdir="/", user=""
-        )
-        channel = await engine.exec_start(exec_id)
-        while await channel.read_frame() is not None:
-            pass
-        await channel.close()
-    except BackendError:
-        # The container may be gone, which kills the tree anyway.
-        pass
+class EngineExec:
+    """One engine exec in one container (an ExecTransport): its hijacked
+    stream, and the container's host view (cgroup probe) for containing and
+    killing its processes and for naming the limits a command hit."""
 
-
-async def run_oneshot(target: Target, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-    engine, container, user, is_alive = target.engine, target.container, target.user, target.is_alive
-    before = target.probe.counters() if target.probe else None
-    tag = secrets.token_hex(8)
-    argv = list(spec.argv) if spec.argv else ["bash", "-c", spec.shell]
-    env = {**spec.env, EXEC_TAG_VAR: tag}
-    started = time.monotonic()
-    exec_id = await engine.exec_create(
-        container, argv, stdin=bool(spec.stdin), env=env, workdir=spec.cwd or WORKSPACE, user=user
-    )
-    channel = await engine.exec_start(exec_id)
-    feeder: asyncio.Task[None] | None = None
-    if spec.stdin:
-        feeder = asyncio.create_task(_feed(channel, spec.stdin))
-    budget = OutputBudget(spec.output_limit)
-    deadline = started + spec.timeout
-    stopped: ExecOutcome | None = None
-    # The kill runs beside the reader: the engine finishes an exec only once
-    # its output is consumed, so pausing the reader to kill would deadlock.
-    killer: asyncio.Task[None] | None = None
-    completed = False
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if stopped is None and remaining <= 0:
-                stopped = ExecOutcome.TIMED_OUT
-                killer = asyncio.create_task(target.kill(EXEC_TAG_VAR, tag))
-                deadline = time.monotonic() + _DRAIN_AFTER_KILL
-                continue
-            if stopped is not None and remaining <= 0:
-                break
-            frame = await channel.next_frame(remaining)
-            if isinstance(frame, TimeoutError):
-                continue
-            if frame is None:
-                break
-            stream, data = frame
-            data = budget.take(data)
-            if data:
-                yield OutputChunk(stream, data)
-            if budget.truncated and stopped is None:
-                stopped = ExecOutcome.OUTPUT_TRUNCATED
-                killer = asyncio.create_task(target.kill(EXEC_TAG_VAR, tag))
-                deadline = time.monotonic() + _DRAIN_AFTER_KILL
-        completed = True
-    finally:
-        if feeder is not None:
-            feeder.cancel()
-        if not completed and killer is None:
-            # The caller went away (client cancelled, stream cut): the command
-            # must not run on unattended.
-            target.spawn(target.kill(EXEC_TAG_VAR, tag))
-        await channel.close()
-        if killer is not None:
-            await _finish(killer)
-    duration = time.monotonic() - started
-    info = await _inspect_quietly(engine, exec_id)
-    exit_code = info.get("ExitCode")
-    if stopped is not None:
-        yield _explain(
-            target,
-            before,
-            ExecResult(
-                stopped,
-                -1,
-                duration,
-                signal=9,
-                output_truncated=budget.truncated,
-                detail=stop_detail(stopped, spec),
-            ),
-        )
-        return
-    if exit_code is None or info.get("Running"):
-        if not await is_alive():
-            yield ExecResult(
-                ExecOutcome.SANDBOX_LOST, -1, duration, detail="the sandbox stopped", sandbox_gone=True
-            )
-            return
-        yield ExecResult(ExecOutcome.SANDBOX_LOST, -1, duration, detail="the exec stream was cut")
-        return
-    yield _explain(target, before, ExecResult(ExecOutcome.EXITED, int(str(exit_code)), duration))
-
-
-async def _finish(task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(TimeoutError, BackendError):
-        await asyncio.wait_for(task, 10)
-
-
-async def _feed(channel: ExecChannel, data: bytes) -> None:
-    try:
-        await channel.write(data)
-        channel.close_stdin()
-    except (ConnectionError, OSError):
-        pass
-
-
-async def _inspect_quietly(engine: RawEngine, exec_id: str) -> dict[str, object]:
-    try:
-        return await engine.exec_inspect(exec_id)
-    except BackendError:
-        return {}
-
-
-class ShellSession:
-    """A bash kept open through an exec stream: one command at a time, state
-    (cwd, exported variables, functions) carried between commands."""
-
-    def __init__(self, target: Target, env: dict[str, str]) -> None:
-        self._target = target
-        self._engine = target.engine
-        self._container = target.container
-        self._user = target.user
-        self._env = env
-        self._tag = secrets.token_hex(8)
-        self._lock = asyncio.Lock()
+    def __init__(
+        self,
+        engine: RawEngine,
+        container: str,
+        *,
+        user: str,
+        probe: ContainerProbe | None,
+        is_running: IsRunning,
+        executor: Executor,
+        kill_user: str = "",
+    ) -> None:
+        """``executor`` runs the host-side freezes and kills, which block on
+        /proc and /sys; ``kill_user`` is who TREE_KILL runs as without the
+        host ("": the container's user)."""
+        self._engine = engine
+        self._container = container
+        self._user = user
+        self._probe = probe
+        self._is_running = is_running
+        self._executor = executor
+        self._kill_user = kill_user
         self._channel: ExecChannel | None = None
         self._exec_id = ""
-        self.dead = False
+        self._cell: Cell | None = None
+        self._root_host = 0
+        # Without the host: the root's pid comes as the first line of stdout.
+        self._first: FirstLine | None = None
+        self._root = 0
+        self._released = False
 
-    async def start(self) -> None:
-        env = {**self._env, SESSION_TAG_VAR: self._tag}
-        self._exec_id = await self._engine.exec_create(
-            self._container,
-            ["bash", "--noprofile", "--norc"],
-            stdin=True,
-            env=env,
-            workdir=WORKSPACE,
-            user=self._user,
-        )
-        self._channel = await self._engine.exec_start(self._exec_id)
+    @property
+    def clock(self) -> bool:
+        """TREE_KILL needs the clock at a session command's start; a cell does not."""
+        return self._cell is None
+
+    async def open(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, stdin: bool) -> None:
+        """Creates and starts the exec as the sandbox user, contained (see
+        the module docstring) before the command runs."""
+        cell = self._probe.cell() if self._probe is not None else None
+        if cell is not None:
+            argv = gate_argv(list(argv))
+        else:
+            argv = reaper_argv(list(argv))
+            self._first = FirstLine()
+        try:
+            self._exec_id = await self._engine.exec_create(
+                self._container, list(argv), stdin=stdin or cell is not None, env=dict(env), workdir=cwd,
+                user=self._user,
+            )  # fmt: skip
+            self._channel = await self._engine.exec_start(self._exec_id)
+            if cell is not None:
+                await self._enter(cell, stdin)
+        except BaseException:
+            if cell is not None and self._cell is None:
+                await self._blocking(cell.release)
+            raise
+
+    async def _enter(self, cell: Cell, stdin: bool) -> None:
+        """Reads GATE's pid, moves the process into ``cell``, lets it go on."""
+        assert self._channel is not None and self._probe is not None
+        first = FirstLine()
+        async with asyncio.timeout(_GATE_TIMEOUT):
+            while first.value is None:
+                frame = await self._channel.read_frame()
+                if frame is None:
+                    raise TransientBackendError("the exec ended before it started")
+                if frame[0] == 1 and first.feed(frame[1]):
+                    raise TransientBackendError("the exec printed before it started")
+        if not first.value.isdigit():
+            # The engine's own complaint (the runtime could not start it).
+            raise TransientBackendError(f"the exec did not start: {first.value.decode(errors='replace')}")
+        self._root = int(first.value)
+        pid = self._probe.host_pid(self._root)
+        if pid is not None and cell.enter(pid):
+            self._cell, self._root_host = cell, pid
+        else:
+            # Not contained: TREE_KILL finds what it starts by tag and parentage.
+            await self._blocking(cell.release)
+        await self._channel.write(b"\n")
+        if not stdin:
+            self._channel.close_stdin()
+
+    def _stream(self) -> ExecChannel:
+        if self._channel is None:
+            raise ConnectionError("the exec stream is closed")
+        return self._channel
+
+    async def write(self, data: bytes) -> None:
+        """Sends bytes to the exec's stdin."""
+        await self._stream().write(data)
+
+    async def close_stdin(self) -> None:
+        """Half-closes the exec's socket."""
+        self._stream().close_stdin()
+
+    async def read(self, timeout: float) -> Frame | TimeoutError | None:
+        """The next demultiplexed frame (see ExecChannel.next_frame), the
+        root's pid line taken off stdout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = await self._stream().next_frame(timeout)
+            if self._first is None or not isinstance(frame, tuple) or frame[0] != 1:
+                return frame
+            data = self._first.feed(frame[1])
+            if self._first.value is not None:
+                value, self._first = self._first.value, None
+                self._root = int(value) if value.isdigit() else 0
+            if data:
+                return 1, data
+            # Only the pid line came: the caller's deadline still holds.
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return TimeoutError()
+
+    async def exit_status(self) -> tuple[int | None, str]:
+        """The exec's exit code as the engine reports it (None while it runs)."""
+        try:
+            info = await self._engine.exec_inspect(self._exec_id)
+        except BackendError:
+            return None, ""
+        code = info.get("ExitCode")
+        if code is None or info.get("Running"):
+            return None, ""
+        return int(str(code)), ""
+
+    async def kill(self, tree: Tree) -> None:
+        """From the host when it sees the container (works even when the
+        sandbox cannot fork): the tag pass over the container, then the
+        stream's cell. Without a cell, TREE_KILL by an exec of its own."""
+        probe, cell = self._probe, self._cell
+        if probe is not None:
+            spare = self._root_host if tree.keep_root else 0
+
+            def from_host() -> None:
+                probe.kill_tagged(tree.pattern.encode(), freeze=cell is None)
+                if cell is not None:
+                    cell.kill(spare)
+
+            await self._blocking(from_host)
+        if cell is None:
+            await self._exec_quietly(tree_kill_argv(tree, self._root), self._kill_user)
+
+    async def settle(self) -> None:
+        """After a command in the stream's shell ended by itself: moves what
+        it left running out of the cell, so the next command's kill spares it."""
+        cell = self._cell
+        if cell is not None and any(p != self._root_host for p in cell.pids()):
+            await self._blocking(cell.settle, self._root_host)
+
+    async def alive(self) -> bool:
+        """Whether the container runs. The host sees its init process exit
+        at once; the engine notices later, so without the host a new exec
+        must start in it too. One that does not start means the container is
+        on its way out (or cannot take one more process): the engine gets a
+        moment to say which."""
+        if self._probe is not None:
+            return self._probe.running()
+        if not await self._is_running(self._container):
+            return False
+        if await self._exec_quietly(["true"], self._user) == 0:
+            return True
+        for delay in _ENGINE_CATCH_UP:
+            await asyncio.sleep(delay)
+            if not await self._is_running(self._container):
+                return False
+        return True
+
+    async def _exec_quietly(self, argv: list[str], user: str) -> int:
+        """Runs ``argv`` by an exec of its own to its end: 0 if it exited 0,
+        1 if it did not start or failed, -1 if the engine did not answer."""
+        try:
+            exec_id = await self._engine.exec_create(
+                self._container, argv, stdin=False, env={}, workdir="/", user=user
+            )
+            channel = await self._engine.exec_start(exec_id)
+            try:
+                while await channel.read_frame() is not None:
+                    pass
+            finally:
+                await channel.close()
+            info = await self._engine.exec_inspect(exec_id)
+        except TransientBackendError:
+            return -1
+        except BackendError:
+            # The container may be gone, which ends its processes anyway.
+            return 1
+        return 0 if info.get("ExitCode") == 0 else 1
+
+    def watch_limits(self) -> Explain:
+        """Reads the cgroup counters now, to compare when the command ends."""
+        if self._probe is None:
+            return unchanged
+        return functools.partial(_explain, self._probe, self._probe.counters())
 
     async def close(self) -> None:
-        self.dead = True
+        """Closes the stream and gives the cell back (what is left in it
+        moves to the container's cgroup); the exec id stays for exit_status."""
         if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+            channel, self._channel = self._channel, None
+            await channel.close()
+        if self._cell is not None and not self._released:
+            self._released = True
+            with contextlib.suppress(OSError):
+                await self._blocking(self._cell.release)
 
-    async def run(self, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-        async with self._lock:
-            async for event in self._run_locked(spec, self._target.is_alive):
-                yield event
+    async def _blocking(self, fn: Callable[..., object], *args: object) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
-    async def _run_locked(self, spec: ExecSpec, is_alive: IsAlive) -> AsyncIterator[ExecEvent]:
-        if self._channel is None or self.dead:
-            raise BackendError("session is closed")
-        channel = self._channel
-        marker = f"__SBXD_{secrets.token_hex(8)}__".encode()
-        tag = secrets.token_hex(8)
-        command = spec.shell if spec.shell else " ".join(ansi_c_quote(a) for a in spec.argv)
-        started = time.monotonic()
-        before = self._target.probe.counters() if self._target.probe else None
-        try:
-            await channel.write(
-                session_command(
-                    command,
-                    tag=tag,
-                    marker=marker.decode(),
-                    cwd=spec.cwd,
-                    env=dict(spec.env),
-                    stdin=spec.stdin,
-                )
-            )
-        except (ConnectionError, OSError):
-            self.dead = True
-            yield await self._lost(started, is_alive)
-            return
-        budget = OutputBudget(spec.output_limit)
-        splitters = {1: MarkerSplitter(marker), 2: MarkerSplitter(marker)}
-        deadline = started + spec.timeout
-        stopped: ExecOutcome | None = None
-        escalated = False
-        killers: list[asyncio.Task[None]] = []
-        completed = False
-        try:
-            while not (splitters[1].exit_code is not None and splitters[2].done):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if stopped is None:
-                        stopped = ExecOutcome.TIMED_OUT
-                        killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
-                        deadline = time.monotonic() + 2.0
-                        continue
-                    if not escalated:
-                        # The command is a shell builtin (e.g. an endless loop):
-                        # only killing the shell stops it.
-                        escalated = True
-                        self.dead = True
-                        killers.append(asyncio.create_task(self._target.kill(SESSION_TAG_VAR, self._tag)))
-                        deadline = time.monotonic() + 2.0
-                        continue
-                    break
-                frame = await channel.next_frame(remaining)
-                if isinstance(frame, TimeoutError):
-                    continue
-                if frame is None:
-                    self.dead = True
-                    break
-                stream, data = frame
-                splitter = splitters.get(stream)
-                if splitter is None or splitter.done:
-                    continue
-                out = budget.take(splitter.feed(data))
-                if out:
-                    yield OutputChunk(stream, out)
-                if budget.truncated and stopped is None:
-                    stopped = ExecOutcome.OUTPUT_TRUNCATED
-                    killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
-                    deadline = time.monotonic() + 2.0
-            completed = True
-        finally:
-            if not completed:
-                # Abandoned mid-command: the shell's state is unknown, so the
-                # session (and everything it runs) goes.
-                self.dead = True
-                self._target.spawn(self._target.kill(SESSION_TAG_VAR, self._tag))
-        duration = time.monotonic() - started
-        for killer in killers:
-            await _finish(killer)
-        if self.dead:
-            await self.close()
-        if stopped is not None:
-            detail = stop_detail(stopped, spec)
-            if escalated:
-                detail += "; the session shell was restarted (cwd and environment reset)"
-            yield _explain(
-                self._target,
-                before,
-                ExecResult(stopped, -1, duration, signal=9, output_truncated=budget.truncated, detail=detail),
-            )
-            return
-        if splitters[1].exit_code is None:
-            yield await self._ended(started, is_alive)
-            return
-        yield _explain(self._target, before, ExecResult(ExecOutcome.EXITED, splitters[1].exit_code, duration))
 
-    async def _ended(self, started: float, is_alive: IsAlive) -> ExecResult:
-        info = await _inspect_quietly(self._engine, self._exec_id)
-        code = info.get("ExitCode")
-        if isinstance(code, int) and await is_alive():
-            return ExecResult(
-                ExecOutcome.EXITED,
-                code,
-                time.monotonic() - started,
-                detail="the session shell exited; the next command starts a new session",
-            )
-        return await self._lost(started, is_alive)
-
-    async def _lost(self, started: float, is_alive: IsAlive) -> ExecResult:
-        alive = await is_alive()
-        detail = "the session stream was cut" if alive else "the sandbox stopped"
-        return ExecResult(
-            ExecOutcome.SANDBOX_LOST, -1, time.monotonic() - started, detail=detail, sandbox_gone=not alive
-        )
+async def run_oneshot(transport: EngineExec, spec: ExecSpec, spawn: Spawn) -> AsyncIterator[ExecEvent]:
+    """Runs ``spec`` as an engine exec of its own; the engine's errors
+    (NotFound, SandboxLost, TransientBackendError) pass through."""
+    command = OneShot(transport, spec, spawn)
+    await command.start()
+    async for event in command.follow():
+        yield event

@@ -24,12 +24,15 @@ API_VERSION = "v1.41"
 
 @dataclass(frozen=True)
 class EngineAddress:
+    """Where the Docker engine listens: a unix socket path, or a TCP host and port."""
+
     unix_path: str = ""
     host: str = ""
     port: int = 0
 
     @classmethod
     def parse(cls, base_url: str | None) -> EngineAddress:
+        """unix:// (default /var/run/docker.sock) or tcp:// / http:// (port 2375); ValueError otherwise."""
         if not base_url or base_url.startswith("unix://"):
             path = (base_url or "unix:///var/run/docker.sock").removeprefix("unix://")
             return cls(unix_path=path)
@@ -69,14 +72,17 @@ class ExecChannel:
         return stream, data
 
     async def write(self, data: bytes) -> None:
+        """Sends ``data`` to the process's stdin, waiting while the socket's buffer is full."""
         self._writer.write(data)
         await self._writer.drain()
 
     def close_stdin(self) -> None:
+        """Half-closes the socket so the process reads EOF; output can still be read."""
         if self._writer.can_write_eof():
             self._writer.write_eof()
 
     async def close(self) -> None:
+        """Drops any read in progress and closes the connection; connection errors are ignored."""
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
@@ -86,6 +92,8 @@ class ExecChannel:
 
 
 class RawEngine:
+    """The engine's exec endpoints, a connection a call; 404 is NotFound, 409 SandboxLost, else transient."""
+
     def __init__(self, address: EngineAddress) -> None:
         self._address = address
 
@@ -150,6 +158,7 @@ class RawEngine:
         workdir: str,
         user: str,
     ) -> str:
+        """Creates (does not start) an exec without a TTY in ``container``; returns its id."""
         body = {
             "AttachStdin": stdin,
             "AttachStdout": True,
@@ -164,6 +173,7 @@ class RawEngine:
         return str(result["Id"])
 
     async def exec_start(self, exec_id: str) -> ExecChannel:
+        """Starts the exec on a hijacked connection; SandboxLost when the container is not running."""
         status, _, reader, writer = await self._send(
             "POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}, upgrade=True
         )
@@ -175,6 +185,7 @@ class RawEngine:
         return ExecChannel(reader, writer)
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        """The engine's JSON state of the exec (Running, ExitCode, Pid, ...)."""
         result = await self._call("GET", f"/exec/{exec_id}/json")
         assert isinstance(result, dict)
         return result

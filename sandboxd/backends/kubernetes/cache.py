@@ -37,6 +37,8 @@ PERMANENT_WAITING = frozenset(
 
 @dataclass
 class PodInfo:
+    """What the cache keeps of a Pod: enough to tell whether it serves, and if not, why."""
+
     name: str
     uid: str
     phase: str
@@ -56,14 +58,17 @@ class PodInfo:
 
     @property
     def running(self) -> bool:
+        """Whether it is Running and not being deleted (a deleting Pod counts as gone)."""
         return self.phase == "Running" and not self.deleting
 
     @property
     def serving(self) -> bool:
+        """Whether it is running and Ready."""
         return self.running and self.ready
 
 
 def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
+    """A Pod's summary, only ``keep_annotations`` kept; a start problem waiting cannot fix is permanent."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
@@ -107,6 +112,8 @@ Predicate = Callable[[PodInfo | None], bool]
 
 
 class PodCache:
+    """This control plane's Pods in one namespace, kept current by one list and a resumed watch."""
+
     def __init__(
         self,
         client: KubeClient,
@@ -126,11 +133,13 @@ class PodCache:
         self.relists = 0
 
     async def start(self) -> None:
+        """Lists the Pods, then watches from there; returns with the list in. Again, it does nothing."""
         if self._task is None:
             await self._list()
             self._task = asyncio.create_task(self._run(), name=f"pod-watch {self._path}")
 
     async def stop(self) -> None:
+        """Ends the watch and cancels every wait still pending."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -143,6 +152,7 @@ class PodCache:
         self._waiters.clear()
 
     def get(self, name: str) -> PodInfo | None:
+        """The Pod as last seen, or None when the cache holds no such Pod; never asks the API server."""
         return self.pods.get(name)
 
     async def wait(self, name: str, predicate: Predicate, timeout: float) -> PodInfo | None:

@@ -75,6 +75,8 @@ def load_configuration(kubeconfig: str | None, context: str | None) -> k8s_clien
 
 
 class KubeClient:
+    """The API server as JSON dicts: requests on a bounded thread pool, watch and exec streams on aiohttp."""
+
     def __init__(self, cfg: k8s_client.Configuration, *, threads: int = 16, timeout: float = 30.0) -> None:
         cfg.connection_pool_maxsize = max(threads, 4) + _URGENT_THREADS
         self.cfg = cfg
@@ -103,6 +105,8 @@ class KubeClient:
         timeout: float | None = None,
         urgent: bool = False,
     ) -> Json:
+        """The JSON answer (``{}`` when empty); KubeError for a non-2xx one (status 0: no answer at all).
+        ``urgent`` requests, a caller waiting on them, get a lane of their own."""
         loop = asyncio.get_running_loop()
         call = functools.partial(self._request_sync, method, path, query, body, content_type, timeout)
         return await loop.run_in_executor(self._urgent if urgent else self._pool, call)
@@ -154,16 +158,19 @@ class KubeClient:
         return self._ssl
 
     def auth_headers(self) -> dict[str, str]:
+        """The bearer token header for a stream, read afresh each time; empty when there is no token."""
         token = self.cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
         return {"Authorization": token} if token else {}
 
     def session(self) -> aiohttp.ClientSession:
+        """The one aiohttp session for streams, with the client's TLS; made again after it is closed."""
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl_context(), limit=0)
             self._session = aiohttp.ClientSession(connector=connector, read_bufsize=1 << 22)
         return self._session
 
     def url(self, path: str, query: Mapping[str, Any] | list[tuple[str, Any]] | None = None) -> str:
+        """The full URL of ``path`` on the API server; a list ``query`` may repeat a key (exec's command)."""
         qs = urlencode(list(query.items()) if isinstance(query, Mapping) else (query or []))
         return f"{self.cfg.host}{path}" + (f"?{qs}" if qs else "")
 
@@ -194,6 +201,7 @@ class KubeClient:
             raise KubeError(0, "", f"watch {path}: {e}") from e
 
     async def close(self) -> None:
+        """Closes the stream session, the ApiClient and both thread pools, not waiting for requests."""
         if self._session is not None:
             await self._session.close()
         loop = asyncio.get_running_loop()
@@ -203,6 +211,7 @@ class KubeClient:
 
 
 def transient(e: KubeError) -> bool:
+    """Whether asking again may succeed: no answer, a conflict (409), throttling (429) or a 5xx."""
     return e.status == 0 or e.status in (409, 429) or e.status >= 500
 
 
@@ -213,10 +222,12 @@ def unreachable(e: KubeError) -> bool:
 
 
 def unavailable(e: KubeError, what: str) -> TransientBackendError:
+    """The error for an API server that is unreachable right now; ``what`` says what could not be done."""
     return TransientBackendError(f"the Kubernetes API server is unavailable; {what} (retry): {e}")
 
 
 def wrap(e: KubeError, what: str) -> BackendError:
+    """``e`` as sandboxd's error: transient when asking again may succeed, else permanent."""
     cls = TransientBackendError if transient(e) else PermanentBackendError
     return cls(f"{what}: {e}")
 

@@ -1,259 +1,165 @@
-"""Exec in sandbox Pods: one-shot commands and persistent shell sessions,
-over the API server's exec stream (wsexec). The protocol inside the sandbox
-(tagged process trees, session markers) is sandboxd.backends.shell's, the
-same as the Docker backend's; this module only differs in transport.
+"""Exec in sandbox Pods: the API server's exec stream (wsexec) as the
+transport of sandboxd.backends.session. Limits are named afterwards by the
+backend from the Pod's own counters (limits.py), not per stream.
+
+The control plane cannot reach a node's cgroups, so a stream's processes are
+contained from inside: it starts behind REAPER (its first process a child
+subreaper, which whatever detaches below it is re-parented to), and a kill
+is TREE_KILL, run by an exec of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
 
-from sandboxd.backends.base import WORKSPACE, ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
-from sandboxd.backends.execstream import MarkerSplitter, OutputBudget, stop_detail
+from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
+from sandboxd.backends.execstream import FirstLine
+from sandboxd.backends.kubernetes.cache import PodCache
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, unavailable, unreachable
 from sandboxd.backends.kubernetes.wsexec import ExecStream, wrap_argv
-from sandboxd.backends.shell import EXEC_TAG_VAR, SESSION_TAG_VAR, ansi_c_quote, kill_argv, session_command
+from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
+from sandboxd.backends.shell import Tree, reaper_argv, tree_kill_argv
 
-_DRAIN_AFTER_KILL = 5.0
+# How long a kill or a liveness probe may wait on its own exec's output.
+_PROBE_READ = 10.0
+# How the runtime answers an exec into a container whose process limit is full.
+_NO_PROCESS_SLOT = "resource temporarily unavailable"
 
 
-@dataclass
-class PodTarget:
-    client: KubeClient
-    namespace: str
-    pod: str
-    container: str
-    is_alive: Callable[[], Awaitable[bool]]
-    spawn: Callable[[Coroutine[Any, Any, None]], None]
+class PodExec:
+    """One exec into one sandbox Pod's container (an ExecTransport); the
+    Pod's liveness comes from the backend's watch cache."""
 
-    async def open(
-        self, argv: list[str], *, stdin: bool, cwd: str = WORKSPACE, env: dict[str, str] | None = None
-    ) -> ExecStream:
-        return await ExecStream.open(
-            self.client,
-            self.namespace,
-            self.pod,
-            self.container,
-            wrap_argv(argv, cwd, env or {}),
+    def __init__(self, client: KubeClient, cache: PodCache, namespace: str, pod: str, container: str) -> None:
+        self._client = client
+        self._cache = cache
+        self._namespace = namespace
+        self._pod = pod
+        self._container = container
+        self._stream: ExecStream | None = None
+        self._first: FirstLine | None = FirstLine()
+        self._root = 0
+
+    @property
+    def clock(self) -> bool:
+        """Always: TREE_KILL tells a session command's processes by start time."""
+        return True
+
+    async def open(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, stdin: bool) -> None:
+        """Opens the exec, ``argv`` wrapped to start in ``cwd`` with ``env``
+        (Kubernetes exec has neither) behind REAPER. Raises KubeError."""
+        self._stream = await ExecStream.open(
+            self._client,
+            self._namespace,
+            self._pod,
+            self._container,
+            reaper_argv(wrap_argv(argv, cwd, env)),
             stdin=stdin,
         )
 
-    async def kill(self, var: str, tag: str) -> None:
-        """Kills every process whose environment carries ``var=tag``."""
+    def _opened(self) -> ExecStream:
+        if self._stream is None:
+            raise ConnectionError("the exec stream is not open")
+        return self._stream
+
+    async def write(self, data: bytes) -> None:
+        """Sends bytes on the stdin channel."""
+        await self._opened().write(data)
+
+    async def close_stdin(self) -> None:
+        """Closes the stdin channel (v5 streams; with v4 it stays open)."""
+        await self._opened().close_stdin()
+
+    async def read(self, timeout: float) -> Frame | TimeoutError | None:
+        """The next stdout/stderr frame (see ExecStream.next_frame), the
+        root's pid line (REAPER's) taken off stdout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = await self._opened().next_frame(timeout)
+            if self._first is None or not isinstance(frame, tuple) or frame[0] != 1:
+                return frame
+            data = self._first.feed(frame[1])
+            if self._first.value is not None:
+                value, self._first = self._first.value, None
+                self._root = int(value) if value.isdigit() else 0
+            if data:
+                return 1, data
+            # Only the pid line came: the caller's deadline still holds.
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return TimeoutError()
+
+    async def exit_status(self) -> tuple[int | None, str]:
+        """The exit code and failure message from the stream's status frame."""
+        if self._stream is None:
+            return None, ""
+        return self._stream.exit_code, self._stream.failure
+
+    async def kill(self, tree: Tree) -> None:
+        """Kills the tree through an exec of its own (TREE_KILL)."""
+        await self._run(tree_kill_argv(tree, self._root))
+
+    async def settle(self) -> None:
+        """Nothing to do: TREE_KILL tells earlier commands' processes by start time."""
+
+    def running(self) -> bool:
+        """Whether the watch cache has the Pod running (not being deleted)."""
+        pod = self._cache.get(self._pod)
+        return pod is not None and pod.running
+
+    async def alive(self) -> bool:
+        """running(), and a new exec still starts in the container: the cache
+        hears of a container that died under a command only a while later."""
+        if not self.running():
+            return False
+        code = await self._run(["true"])
+        return code != 1 and self.running()
+
+    async def _run(self, argv: list[str]) -> int:
+        """Runs ``argv`` as is by an exec of its own: 0 if it exited 0, 1 if
+        it did not start (the Pod or its container is gone) or failed, -1
+        if that says nothing about the container (the API server did not
+        answer, or the container's process table is full)."""
         try:
             stream = await ExecStream.open(
-                self.client, self.namespace, self.pod, self.container, kill_argv(var, tag), stdin=False
+                self._client, self._namespace, self._pod, self._container, argv, stdin=False
             )
-        except KubeError:
-            return  # the Pod may be gone, which kills the tree anyway
+        except KubeError as e:
+            return -1 if unreachable(e) or _NO_PROCESS_SLOT in str(e).lower() else 1
         try:
-            while not isinstance(await stream.next_frame(10.0), TimeoutError | None):
+            while isinstance(await stream.next_frame(_PROBE_READ), tuple):
                 pass
         finally:
             await stream.close()
+        if stream.exit_code == 0:
+            return 0
+        return -1 if _NO_PROCESS_SLOT in stream.failure.lower() else 1
+
+    def watch_limits(self) -> Explain:
+        """Nothing per command: the backend names limits after the fact."""
+        return unchanged
+
+    async def close(self) -> None:
+        """Closes the WebSocket; the status frame stays readable."""
+        if self._stream is not None:
+            await self._stream.close()
 
 
-async def _finish(task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(TimeoutError, KubeError):
-        await asyncio.wait_for(task, 10)
-
-
-async def run_oneshot(target: PodTarget, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-    tag = secrets.token_hex(8)
-    argv = list(spec.argv) if spec.argv else ["bash", "-c", spec.shell]
-    started = time.monotonic()
+async def run_oneshot(transport: PodExec, spec: ExecSpec, spawn: Spawn) -> AsyncIterator[ExecEvent]:
+    """Runs ``spec`` as an exec of its own. A stream that does not open is
+    SANDBOX_LOST, except while the Pod runs and the API server does not
+    answer: then the command never started, which raises UNAVAILABLE."""
+    command = OneShot(transport, spec, spawn)
     try:
-        stream = await target.open(
-            argv, stdin=bool(spec.stdin), cwd=spec.cwd or WORKSPACE, env={**spec.env, EXEC_TAG_VAR: tag}
-        )
+        await command.start()
     except KubeError as e:
-        alive = await target.is_alive()
+        alive = transport.running()
         if alive and unreachable(e):
-            # Not an outcome of the command (it never started): the caller
-            # gets UNAVAILABLE, and the sandbox and its lease are kept.
+            # Not an outcome of the command: the caller gets UNAVAILABLE, and
+            # the sandbox and its lease are kept.
             raise unavailable(e, "the command did not start") from e
         yield ExecResult(ExecOutcome.SANDBOX_LOST, -1, 0.0, detail=str(e), sandbox_gone=not alive)
         return
-    feeder: asyncio.Task[None] | None = None
-    if spec.stdin:
-        feeder = asyncio.create_task(_feed(stream, spec.stdin))
-    budget = OutputBudget(spec.output_limit)
-    deadline = started + spec.timeout
-    stopped: ExecOutcome | None = None
-    killer: asyncio.Task[None] | None = None
-    completed = False
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if stopped is not None:
-                    break
-                stopped = ExecOutcome.TIMED_OUT
-                killer = asyncio.create_task(target.kill(EXEC_TAG_VAR, tag))
-                deadline = time.monotonic() + _DRAIN_AFTER_KILL
-                continue
-            frame = await stream.next_frame(remaining)
-            if isinstance(frame, TimeoutError):
-                continue
-            if frame is None:
-                break
-            data = budget.take(frame[1])
-            if data:
-                yield OutputChunk(frame[0], data)
-            if budget.truncated and stopped is None:
-                stopped = ExecOutcome.OUTPUT_TRUNCATED
-                killer = asyncio.create_task(target.kill(EXEC_TAG_VAR, tag))
-                deadline = time.monotonic() + _DRAIN_AFTER_KILL
-        completed = True
-    finally:
-        if feeder is not None:
-            feeder.cancel()
-        if not completed and killer is None:
-            target.spawn(target.kill(EXEC_TAG_VAR, tag))
-        await stream.close()
-        if killer is not None:
-            await _finish(killer)
-    duration = time.monotonic() - started
-    if stopped is not None:
-        yield ExecResult(
-            stopped,
-            -1,
-            duration,
-            signal=9,
-            output_truncated=budget.truncated,
-            detail=stop_detail(stopped, spec),
-        )
-        return
-    code = stream.exit_code
-    if code is None:
-        alive = await target.is_alive()
-        detail = stream.failure or ("the exec stream was cut" if alive else "the sandbox stopped")
-        yield ExecResult(ExecOutcome.SANDBOX_LOST, -1, duration, detail=detail, sandbox_gone=not alive)
-        return
-    yield ExecResult(ExecOutcome.EXITED, code, duration)
-
-
-async def _feed(stream: ExecStream, data: bytes) -> None:
-    with contextlib.suppress(ConnectionError, OSError, KubeError):
-        await stream.write(data)
-        await stream.close_stdin()
-
-
-class ShellSession:
-    """A bash kept open through one exec stream; cwd, exports and functions
-    persist between commands (the protocol of sandboxd.backends.shell)."""
-
-    def __init__(self, target: PodTarget, env: dict[str, str]) -> None:
-        self._target = target
-        self._env = env
-        self._tag = secrets.token_hex(8)
-        self._lock = asyncio.Lock()
-        self._stream: ExecStream | None = None
-        self.dead = False
-
-    async def start(self) -> None:
-        self._stream = await self._target.open(
-            ["bash", "--noprofile", "--norc"], stdin=True, env={**self._env, SESSION_TAG_VAR: self._tag}
-        )
-
-    async def close(self) -> None:
-        self.dead = True
-        if self._stream is not None:
-            await self._stream.close()
-            self._stream = None
-
-    async def run(self, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-        async with self._lock:
-            async for event in self._run_locked(spec):
-                yield event
-
-    async def _run_locked(self, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-        stream = self._stream
-        if stream is None or self.dead:
-            raise KubeError(0, "", "session is closed")
-        marker = f"__SBXD_{secrets.token_hex(8)}__"
-        tag = secrets.token_hex(8)
-        command = spec.shell if spec.shell else " ".join(ansi_c_quote(a) for a in spec.argv)
-        started = time.monotonic()
-        line = session_command(
-            command, tag=tag, marker=marker, cwd=spec.cwd, env=dict(spec.env), stdin=spec.stdin
-        )
-        try:
-            await stream.write(line)
-        except (ConnectionError, OSError, KubeError):
-            self.dead = True
-            yield await self._lost(started)
-            return
-        budget = OutputBudget(spec.output_limit)
-        splitters = {1: MarkerSplitter(marker.encode()), 2: MarkerSplitter(marker.encode())}
-        deadline = started + spec.timeout
-        stopped: ExecOutcome | None = None
-        escalated = False
-        killers: list[asyncio.Task[None]] = []
-        completed = False
-        try:
-            while not (splitters[1].exit_code is not None and splitters[2].done):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    if stopped is None:
-                        stopped = ExecOutcome.TIMED_OUT
-                        killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
-                        deadline = time.monotonic() + 2.0
-                        continue
-                    if not escalated:
-                        escalated = self.dead = True
-                        killers.append(asyncio.create_task(self._target.kill(SESSION_TAG_VAR, self._tag)))
-                        deadline = time.monotonic() + 2.0
-                        continue
-                    break
-                frame = await stream.next_frame(remaining)
-                if isinstance(frame, TimeoutError):
-                    continue
-                if frame is None:
-                    self.dead = True
-                    break
-                splitter = splitters.get(frame[0])
-                if splitter is None or splitter.done:
-                    continue
-                out = budget.take(splitter.feed(frame[1]))
-                if out:
-                    yield OutputChunk(frame[0], out)
-                if budget.truncated and stopped is None:
-                    stopped = ExecOutcome.OUTPUT_TRUNCATED
-                    killers.append(asyncio.create_task(self._target.kill(EXEC_TAG_VAR, tag)))
-                    deadline = time.monotonic() + 2.0
-            completed = True
-        finally:
-            if not completed:
-                self.dead = True
-                self._target.spawn(self._target.kill(SESSION_TAG_VAR, self._tag))
-        duration = time.monotonic() - started
-        for killer in killers:
-            await _finish(killer)
-        if self.dead:
-            await self.close()
-        if stopped is not None:
-            detail = stop_detail(stopped, spec)
-            if escalated:
-                detail += "; the session shell was restarted (cwd and environment reset)"
-            yield ExecResult(
-                stopped, -1, duration, signal=9, output_truncated=budget.truncated, detail=detail
-            )
-            return
-        if splitters[1].exit_code is None:
-            yield await self._lost(started)
-            return
-        yield ExecResult(ExecOutcome.EXITED, splitters[1].exit_code, duration)
-
-    async def _lost(self, started: float) -> ExecResult:
-        alive = await self._target.is_alive()
-        detail = "the session stream was cut" if alive else "the sandbox stopped"
-        return ExecResult(
-            ExecOutcome.SANDBOX_LOST, -1, time.monotonic() - started, detail=detail, sandbox_gone=not alive
-        )
+    async for event in command.follow():
+        yield event

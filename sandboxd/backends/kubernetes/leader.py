@@ -32,6 +32,8 @@ def _now_micro() -> str:
 
 
 class LeaderElector:
+    """One replica's side of the election: of every elector on the same Lease, at most one leads."""
+
     def __init__(
         self,
         client: KubeClient,
@@ -69,17 +71,21 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
+        """Whether this elector holds the Lease now."""
         return self.leading.is_set()
 
     def start(self) -> None:
+        """Starts campaigning in the background; a second call does nothing."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"leader-election {self.name}")
 
     async def wait_leading(self, timeout: float | None = None) -> None:
+        """Campaigns (if not yet) and returns once leading; TimeoutError after ``timeout`` seconds."""
         self.start()
         await asyncio.wait_for(self.leading.wait(), timeout)
 
     async def stop(self, release: bool = True) -> None:
+        """Stops campaigning; a leader clears the Lease (``release``) so a standby takes over at once."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -38,6 +38,7 @@ def _data_key(pool_key: str) -> str:
 
 
 def encode_mark(mark: LeaseMark) -> str:
+    """The annotation value of ``mark``: compact JSON, keys sorted, so one lease always reads the same."""
     return json.dumps(
         {
             "id": mark.lease_id,
@@ -52,6 +53,7 @@ def encode_mark(mark: LeaseMark) -> str:
 
 
 def decode_mark(text: str) -> LeaseMark | None:
+    """The lease an annotation records; None for an unreadable one, so its Pod counts as not leased."""
     try:
         d: dict[str, Any] = json.loads(text)
         return LeaseMark(
@@ -62,6 +64,8 @@ def decode_mark(text: str) -> LeaseMark | None:
 
 
 class KubeLedger:
+    """The Ledger on the API server: leases as Pod annotations, pool specs in one ConfigMap."""
+
     def __init__(self, client: KubeClient, namespace: str, instance: str, label_selector: str) -> None:
         self._client = client
         self._ns = namespace
@@ -74,6 +78,7 @@ class KubeLedger:
     # -- leases ---------------------------------------------------------------
 
     async def mark_leased(self, handle: str, mark: LeaseMark) -> None:
+        """Merge-patches the lease onto the Pod (urgent lane, retried for about 4 s); SandboxLost on 404."""
         body = {"metadata": {"annotations": {ANNOTATION_LEASE: encode_mark(mark)}}}
         try:
             await idempotent(
@@ -88,6 +93,8 @@ class KubeLedger:
             raise wrap(e, f"cannot record the lease on Pod {handle}") from e
 
     async def lease_marks(self) -> list[tuple[str, str, LeaseMark]]:
+        """(sandbox id, Pod name, lease) of each of the instance's Pods with a readable lease;
+        Pods being deleted are left out."""
         try:
             body = await idempotent(
                 lambda: self._client.request(
@@ -109,6 +116,7 @@ class KubeLedger:
     # -- pool specs -------------------------------------------------------------
 
     async def load_pool_specs(self) -> dict[str, str]:
+        """Pool specs by pool key, read from the ConfigMap; none when it does not exist yet."""
         try:
             cm = await idempotent(lambda: self._client.request("GET", self._cm))
         except KubeError as e:
@@ -122,9 +130,11 @@ class KubeLedger:
         return out
 
     async def save_pool_spec(self, key: str, spec: str) -> None:
+        """Sets the pool's key in the ConfigMap, creating the ConfigMap on first use."""
         await self._patch_pools({_data_key(key): spec})
 
     async def delete_pool_spec(self, key: str) -> None:
+        """Removes the pool's key; a missing key or ConfigMap is not an error."""
         await self._patch_pools({_data_key(key): None})
 
     async def _patch_pools(self, data: dict[str, str | None]) -> None:

@@ -48,6 +48,8 @@ KILL_ALL_ARGV = ["sh", "-c", "i=0; while [ $i -lt 200 ]; do kill -9 -1 2>/dev/nu
 
 @dataclass(frozen=True)
 class Counters:
+    """The container's limit counters at one moment; only a rise between two readings means anything."""
+
     oom_kills: int = 0
     pids_max_events: int = 0
 
@@ -73,6 +75,8 @@ def parse_counters(text: str) -> Counters | None:
 
 @dataclass(frozen=True)
 class Workspace:
+    """The workspace filesystem's inodes and blocks, total and free, as statvfs reports them."""
+
     files: int
     files_free: int
     blocks: int
@@ -81,6 +85,7 @@ class Workspace:
 
 
 def parse_fs(text: str) -> Workspace | None:
+    """From FS_ARGV's output; None when it is not five numbers."""
     with contextlib.suppress(ValueError):
         files, ffree, blocks, bavail, bsize = (int(x) for x in text.split()[:5])
         return Workspace(files, ffree, blocks, bavail, bsize)
@@ -88,6 +93,7 @@ def parse_fs(text: str) -> Workspace | None:
 
 
 def explain_counters(before: Counters, after: Counters) -> tuple[ExecOutcome, str] | None:
+    """The limit a failed command hit, by the counter that rose (an OOM kill first); None if none rose."""
     if after.oom_kills > before.oom_kills:
         return ExecOutcome.OOM_KILLED, "a process hit the sandbox's memory limit and was killed"
     if after.pids_max_events > before.pids_max_events:
@@ -96,6 +102,7 @@ def explain_counters(before: Counters, after: Counters) -> tuple[ExecOutcome, st
 
 
 def explain_fs(fs: Workspace) -> tuple[ExecOutcome, str] | None:
+    """FILE_LIMIT when no inode is free, DISK_FULL when no block is; None while there is room."""
     if fs.files and fs.files_free == 0:
         return ExecOutcome.FILE_LIMIT, f"the workspace holds its maximum of {fs.files} files"
     if fs.blocks and fs.blocks_free == 0:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sandboxd.backends.base import (
+    GVISOR,
     LABEL_INSTANCE,
     LABEL_MANAGED,
     LABEL_POOL,
@@ -76,6 +77,8 @@ KEEPALIVE = ("sh", "-c", "while :; do sleep 86400 & wait; done")
 
 @dataclass(frozen=True)
 class PodOptions:
+    """How every sandbox Pod of one instance is built, whatever its pool (from the backend settings)."""
+
     namespace: str
     instance: str
     uid: int = 1000
@@ -83,6 +86,9 @@ class PodOptions:
     command: tuple[str, ...] = ()
     """What the container runs; () = KEEPALIVE."""
     runtime_class: str | None = None
+    """RuntimeClass of runc pools' Pods; None = the node default."""
+    gvisor_runtime_class: str = "gvisor"
+    """RuntimeClass of pools of runtime GVISOR; "" = none (such pools are refused)."""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     priority_class: str | None = None
@@ -122,6 +128,7 @@ def tenant_class(tenant: str) -> str:
 
 
 def tenant_of(pool: str) -> str:
+    """The tenant of an internal pool key ("tenant/name", or a bare name for the default tenant)."""
     tenant, sep, _ = pool.partition("/")
     return tenant if sep else DEFAULT_TENANT
 
@@ -241,7 +248,9 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
             {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": str(_TMP_BYTES)}},
         ],
     }
-    if opts.runtime_class:
+    if spec.runtime == GVISOR:
+        pod_spec["runtimeClassName"] = opts.gvisor_runtime_class
+    elif opts.runtime_class:
         pod_spec["runtimeClassName"] = opts.runtime_class
     if opts.node_selector:
         pod_spec["nodeSelector"] = dict(opts.node_selector)

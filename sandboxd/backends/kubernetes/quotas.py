@@ -27,6 +27,8 @@ def _scope(name: str) -> dict[str, Any]:
 
 
 class TenantQuotaManager:
+    """Each tenant's ResourceQuota and the PriorityClass that scopes it, so the API server enforces it."""
+
     def __init__(self, client: KubeClient, namespace: str) -> None:
         self._client = client
         self._ns = namespace
@@ -34,6 +36,7 @@ class TenantQuotaManager:
         self._classes: set[str] = set()
 
     async def set(self, tenant: str, pods: int, memory_bytes: int) -> None:
+        """Applies the tenant's quota (0 = no limit on that resource; both 0 deletes the quota)."""
         name = tenant_class(tenant)
         try:
             await self._ensure_class(name, tenant)

@@ -39,6 +39,7 @@ _WRAP = 'echo 1000 2>/dev/null >/proc/self/oom_score_adj; cd -- "$1" || exit 125
 
 
 def wrap_argv(argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> list[str]:
+    """``argv`` run in ``cwd`` with ``env`` added, first in line for the OOM killer; exit 125 if no cwd."""
     return ["sh", "-c", _WRAP, "sandboxd-exec", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
 
 
@@ -62,6 +63,7 @@ class ExecStream:
         *,
         stdin: bool,
     ) -> ExecStream:
+        """Starts ``argv`` in the Pod's container (v5 if the server speaks it); KubeError if it cannot."""
         query: list[tuple[str, str]] = [("container", container)]
         query += [("command", a) for a in argv]
         query += [("stdout", "true"), ("stderr", "true"), ("stdin", "true" if stdin else "false")]
@@ -88,10 +90,12 @@ class ExecStream:
         return cls(ws)
 
     async def write(self, data: bytes) -> None:
+        """Sends ``data`` to the command's stdin, in frames of at most 64 KiB."""
         for i in range(0, len(data), 1 << 16):
             await self._ws.send_bytes(bytes([STDIN]) + data[i : i + (1 << 16)])
 
     async def close_stdin(self) -> None:
+        """Ends the command's stdin, output still flowing; only v5 can, so with v4 it does nothing."""
         if self.protocol == V5:
             await self._ws.send_bytes(bytes([CLOSE, STDIN]))
 
@@ -147,11 +151,13 @@ class ExecStream:
 
     @property
     def failure(self) -> str:
+        """Why the exec did not succeed, from the status frame; '' on success or before the frame."""
         if self.status is None or self.status.get("status") == "Success":
             return ""
         return str(self.status.get("message") or self.status.get("reason") or "exec failed")
 
     async def close(self) -> None:
+        """Closes the socket (ending the exec's stream); closing again does nothing."""
         if not self._closed:
             self._closed = True
             await self._ws.close()

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ControllerInput:
+    """One run's figures and budget at a control tick: everything ``plan`` reads."""
+
     target: int
     """The concurrency target now."""
     in_flight_mean: float
@@ -34,6 +36,8 @@ class ControllerInput:
 
 @dataclass(frozen=True)
 class ControllerTuning:
+    """How hard the controller pushes: headroom over the matching rate, how far one step may move."""
+
     headroom: float = 1.2
     idle_tolerance: float = 0.03
     max_step_up: float = 2.0
@@ -42,6 +46,8 @@ class ControllerTuning:
 
 @dataclass(frozen=True)
 class Decision:
+    """The concurrency target to run at, and why, in words for the run's status."""
+
     target: int
     reason: str
 
@@ -52,6 +58,7 @@ def staleness_cap(batch_groups: int, max_staleness: int, extra_slots: int = 0) -
 
 
 def plan(x: ControllerInput, tuning: ControllerTuning = ControllerTuning()) -> Decision:
+    """The next concurrency target: always between one group and the staleness (and pool) cap."""
     cap = staleness_cap(x.batch_groups, x.max_staleness, x.extra_slots)
     if x.pool_cap:
         cap = min(cap, x.pool_cap)

@@ -16,9 +16,11 @@ class EventRate:
         self._events: deque[tuple[float, float]] = deque()
 
     def add(self, now: float, amount: float = 1.0) -> None:
+        """Stamps ``amount`` with ``now``, which must not be earlier than the last stamp."""
         self._events.append((now, amount))
 
     def total(self, now: float, window: float) -> float:
+        """The sum stamped within ``window`` seconds before ``now``; older amounts are dropped for good."""
         while self._events and self._events[0][0] < now - window:
             self._events.popleft()
         return sum(a for _, a in self._events)
@@ -36,9 +38,11 @@ class TimeSplit:
 
     @property
     def state(self) -> str:
+        """The state it is in now."""
         return self._state
 
     def set(self, now: float, state: str | None = None, level: float | None = None) -> None:
+        """Changes the state and/or level from ``now`` on (None keeps it); a no-op when neither changes."""
         new_state = self._state if state is None else state
         new_level = self._level if level is None else level
         if new_state == self._state and new_level == self._level:
@@ -56,12 +60,14 @@ class TimeSplit:
         return [(max(a, start), b, s, lv) for a, b, s, lv in spans if b > max(a, start)]
 
     def seconds(self, now: float, window: float) -> dict[str, float]:
+        """Seconds in each state over the trailing ``window``; busy, idle and away are always there."""
         out: dict[str, float] = {"busy": 0.0, "idle": 0.0, "away": 0.0}
         for a, b, s, _ in self._spans(now, window):
             out[s] = out.get(s, 0.0) + b - a
         return out
 
     def mean_level(self, now: float, window: float) -> float:
+        """The level's time-weighted mean over the trailing ``window``; the current one if no time passed."""
         spans = self._spans(now, window)
         total = sum(b - a for a, b, _, _ in spans)
         return sum((b - a) * lv for a, b, _, lv in spans) / total if total > 0 else self._level
@@ -69,6 +75,8 @@ class TimeSplit:
 
 @dataclass
 class StalenessStats:
+    """How many policy versions behind the consumed samples were, not windowed; ``budget`` is S."""
+
     budget: int
     count: float = 0.0
     total: float = 0.0
@@ -78,6 +86,7 @@ class StalenessStats:
     histogram: list[int] = field(default_factory=lambda: [0] * HISTOGRAM_BUCKETS)
 
     def add(self, staleness: int, weight: float = 1.0) -> None:
+        """Counts ``weight`` samples (e.g. tokens) ``staleness`` versions old; negatives count as 0."""
         staleness = max(0, staleness)
         self.count += weight
         self.total += staleness * weight
@@ -90,15 +99,19 @@ class StalenessStats:
 
     @property
     def mean(self) -> float:
+        """Weighted mean staleness; 0 before any sample."""
         return self.total / self.count if self.count else 0.0
 
     @property
     def share_stale(self) -> float:
+        """Weighted share of samples at least one version old; 0 before any sample."""
         return self.stale / self.count if self.count else 0.0
 
 
 @dataclass
 class Figures:
+    """One run's throughput-matching figures at one instant: rates over the window, staleness overall."""
+
     production_rate: float
     keep_rate: float
     effective_rate: float

@@ -53,6 +53,8 @@ GAUGES: dict[str, tuple[str, Callable[[Figures], float]]] = {
 
 
 def register_rollout_gauges(meter: Meter, manager: RolloutManager) -> None:
+    """Registers the rollout gauges, one series per run, read from its figures at each collection."""
+
     def observe(read: Callable[[Figures], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(read(run.queue.figures()), {"run": key}) for key, run in manager.runs.items()]

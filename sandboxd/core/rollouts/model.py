@@ -14,12 +14,16 @@ from sandboxd.errors import InvalidArgument
 
 
 class FilterMode(enum.Enum):
+    """What happens to a zero-advantage group: delivered as is, delivered masked, or dropped (backfilled)."""
+
     OFF = 1
     MASK = 2
     DROP_AND_BACKFILL = 3
 
 
 class StalenessMode(enum.Enum):
+    """What happens to a group over the staleness bound: dropped, only counted, or its stale parts masked."""
+
     DROP = 1
     COUNT = 2
     MASK = 3
@@ -36,6 +40,8 @@ class InfraFailure(enum.Enum):
 
 
 class GroupState(enum.Enum):
+    """Where a group is in the queue's life cycle, from running to acknowledged or discarded."""
+
     RUNNING = 1
     QUEUED = 2  # admitted, waiting for the trainer
     DELIVERED = 3  # in a batch, not yet acknowledged
@@ -46,6 +52,8 @@ class GroupState(enum.Enum):
 
 
 class Outcome(enum.Enum):
+    """What the queue did with a group, as SubmitGroup and ReportProgress answer it (GroupOutcome)."""
+
     ADMITTED = 1
     MASKED = 2
     DROPPED = 3
@@ -55,6 +63,8 @@ class Outcome(enum.Enum):
 
 @dataclass
 class RunConfig:
+    """A run's batch size, staleness budget, filters and concurrency; ``check`` validates it."""
+
     batch_groups: int
     """Groups per training step (B)."""
     group_size: int = 8
@@ -82,6 +92,8 @@ class RunConfig:
     window_seconds: float = 60.0
 
     def check(self) -> RunConfig:
+        """Itself, with zero timeouts set to their defaults; INVALID_ARGUMENT naming a bad field."""
+
         def positive(name: str, value: float) -> None:
             if value < 1:
                 raise InvalidArgument(f"config.{name}", f"must be >= 1, got {value}")
@@ -100,6 +112,10 @@ class RunConfig:
         non_negative("window_seconds", self.window_seconds)
         if not 0 <= self.over_sample <= 4:
             raise InvalidArgument("config.over_sample", f"must be between 0 and 4, got {self.over_sample}")
+        for name in ("filter_mean_min", "filter_mean_max"):
+            # NaN compares false with everything: the range check below would pass it.
+            if math.isnan(getattr(self, name)):
+                raise InvalidArgument(f"config.{name}", "must be a number, got nan")
         if self.filter_mean_min > self.filter_mean_max:
             raise InvalidArgument(
                 "config.filter_mean_min",
@@ -113,10 +129,12 @@ class RunConfig:
 
     @property
     def spanned_cap(self) -> int:
+        """Most policy versions one trajectory may span (max_versions_spanned, else S + 1)."""
         return self.max_versions_spanned or self.max_staleness + 1
 
     @property
     def backfills(self) -> int:
+        """Dropped groups that may be backfilled per policy version (backfill_cap, else B)."""
         return self.backfill_cap or self.batch_groups
 
     @property
@@ -126,21 +144,27 @@ class RunConfig:
 
     @property
     def per_group(self) -> int:
+        """Sandboxes one group holds, for pool caps and demand (sandboxes_per_group, else group_size)."""
         return self.sandboxes_per_group or self.group_size
 
     @property
     def has_mean_range(self) -> bool:
+        """Whether groups are filtered by mean reward (only when min < max)."""
         return self.filter_mean_min < self.filter_mean_max
 
 
 @dataclass
 class Segment:
+    """A run of ``tokens`` generated under one policy version (for token-level staleness)."""
+
     policy_version: int
     tokens: int
 
 
 @dataclass
 class StepReward:
+    """One step's reward and its named components; a trajectory's steps sum to its reward when unset."""
+
     step: int
     reward: float
     components: dict[str, float] = field(default_factory=dict)
@@ -148,6 +172,8 @@ class StepReward:
 
 @dataclass
 class Trajectory:
+    """One rollout: its token segments, reward or typed failure, and how scoring masked it."""
+
     trajectory_id: str
     payload: bytes = b""
     segments: list[Segment] = field(default_factory=list)
@@ -166,14 +192,17 @@ class Trajectory:
     snapshot_id: str = ""
 
     def oldest_version(self, default: int) -> int:
+        """The oldest policy version among its segments; ``default`` when it has none."""
         return min((s.policy_version for s in self.segments), default=default)
 
     def env_version(self, default: int) -> int:
+        """The policy version its environment saw: as reported, else its oldest segment's."""
         if self.env_policy_version is not None:
             return self.env_policy_version
         return self.oldest_version(default)
 
     def mask(self, reason: str) -> None:
+        """Masks it with zero advantage; the first reason given is the one kept."""
         if not self.masked:
             self.masked = True
             self.mask_reason = reason
@@ -182,6 +211,8 @@ class Trajectory:
 
 @dataclass
 class Group:
+    """A prompt's trajectories (GRPO group), scored and delivered together, with its leases and state."""
+
     group_id: str
     start_version: int
     started_at: float
@@ -202,12 +233,15 @@ class Group:
     accepted_seq: int = 0
 
     def oldest_version(self) -> int:
+        """The oldest policy version any of its trajectories' tokens came from (else start_version)."""
         versions = [t.oldest_version(self.start_version) for t in self.trajectories]
         return min(versions, default=self.start_version)
 
 
 @dataclass
 class Batch:
+    """Groups delivered to the trainer together; redelivered when not acknowledged by its deadline."""
+
     batch_id: str
     groups: list[Group]
     policy_version: int
@@ -219,6 +253,7 @@ class Batch:
 
 
 def new_id(prefix: str) -> str:
+    """A fresh random id, ``prefix-`` and 16 hex digits."""
     return f"{prefix}-{secrets.token_hex(8)}"
 
 
@@ -244,6 +279,7 @@ def _bytes(value: Any) -> bytes:
 
 
 def trajectory_from(d: dict[str, Any]) -> Trajectory:
+    """A trajectory from its stored JSON form (as ``_enc`` wrote it); KeyError on a missing field."""
     return Trajectory(
         trajectory_id=d["trajectory_id"],
         payload=_bytes(d["payload"]),
@@ -264,11 +300,13 @@ def trajectory_from(d: dict[str, Any]) -> Trajectory:
 
 
 def group_to_json(g: Group) -> dict[str, Any]:
+    """The group as JSON-safe data for the store: enums by name, bytes as base64."""
     out: dict[str, Any] = _enc(g)
     return out
 
 
 def group_from_json(d: dict[str, Any]) -> Group:
+    """The inverse of ``group_to_json``."""
     return Group(
         group_id=d["group_id"],
         start_version=d["start_version"],
@@ -289,11 +327,13 @@ def group_from_json(d: dict[str, Any]) -> Group:
 
 
 def config_to_json(c: RunConfig) -> dict[str, Any]:
+    """The config as JSON-safe data for the store, modes by name."""
     out: dict[str, Any] = _enc(c)
     return out
 
 
 def config_from_json(d: dict[str, Any]) -> RunConfig:
+    """The inverse of ``config_to_json``; validation is left to ``check``."""
     d = dict(d)
     d["staleness_mode"] = StalenessMode[d["staleness_mode"]]
     d["filter_mode"] = FilterMode[d["filter_mode"]]

@@ -13,25 +13,24 @@ The gate (AReaL/SkyRL): a group may start only while
 when over-sampling), where ``accepted`` counts every group ever admitted, S
 is the staleness budget, v the trainer's policy version and B the groups per
 step. Consumed in order, a group started under version u is trained by
-version u + S at the latest. The service (sandboxd.core.rollouts.service)
-carries out what the queue decides: releasing or snapshotting the sandboxes
-of cancelled groups, running verifiers, persisting, announcing demand.
+version u + S at the latest. How a submitted group is judged is
+``scoring``'s; the flow behind the figures is counted by ``throughput``. The
+service (sandboxd.core.rollouts.service) carries out what the queue decides:
+releasing or snapshotting the sandboxes of cancelled groups, running
+verifiers, persisting, announcing demand.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxd.clock import Clock
 from sandboxd.core.rollouts.controller import ControllerInput, plan
-from sandboxd.core.rollouts.figures import EventRate, Figures, StalenessStats, TimeSplit
+from sandboxd.core.rollouts.figures import Figures, StalenessStats
 from sandboxd.core.rollouts.model import (
     Batch,
-    FilterMode,
     Group,
     GroupState,
     InfraFailure,
@@ -41,6 +40,8 @@ from sandboxd.core.rollouts.model import (
     Trajectory,
     new_id,
 )
+from sandboxd.core.rollouts.scoring import Verdict, bound_staleness, check_trajectories, score
+from sandboxd.core.rollouts.throughput import Throughput
 from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 _TOMBSTONES = 10_000
@@ -57,6 +58,8 @@ class Cancellation:
 
 
 class RolloutQueue:
+    """One run's groups from slot to acknowledged batch, and the figures of its flow."""
+
     def __init__(self, run: str, config: RunConfig, clock: Clock, *, version: int = 0) -> None:
         self.run = run
         self.config = config.check()
@@ -83,19 +86,11 @@ class RolloutQueue:
         S = config.max_staleness
         self.stale_traj, self.stale_token, self.stale_env = (StalenessStats(S) for _ in range(3))
         now = clock.monotonic()
-        self._produced = EventRate()
-        self._completed = EventRate()
-        self._admitted = EventRate()
-        self._consumed = EventRate()
-        self._trainer = TimeSplit(now, "away")
-        self._generator = TimeSplit(now, "idle", 0)
-        self._started_at = now
+        self._flow = Throughput(now)
         self._streams: set[int] = set()
         self._next_stream = 0
         self._seq = 0
         self._next_control = now
-        self._ack_gap = 0.0
-        self._last_ack = 0.0
         self.on_change: Callable[[], None] | None = None
         self.dirty_groups: set[str] = set()
         self.dirty_batches: set[str] = set()
@@ -104,13 +99,14 @@ class RolloutQueue:
 
     @property
     def now(self) -> float:
+        """The queue clock's monotonic time."""
         return self.clock.monotonic()
 
     def _changed(self) -> None:
-        running = len(self.running)
-        self._generator.set(self.now, "busy" if running else "idle", running)
         in_hand = any(b.stream for b in self.batches.values())
-        self._trainer.set(self.now, "busy" if in_hand else ("idle" if self._streams else "away"))
+        self._flow.observe(
+            self.now, running=len(self.running), batches_out=in_hand, trainer_connected=bool(self._streams)
+        )
         if self.on_change is not None:
             self.on_change()
 
@@ -125,6 +121,7 @@ class RolloutQueue:
         self._touch(g)
 
     def find(self, group_id: str) -> Group:
+        """The group, wherever it is (ended ones while remembered); NOT_FOUND otherwise."""
         for table in (self.running, self.parked, self._ended):
             if group_id in table:
                 return table[group_id]
@@ -172,6 +169,7 @@ class RolloutQueue:
     # -- generator side --------------------------------------------------------
 
     def capacity(self) -> int:
+        """Groups that may start now: the staleness gate, the target and the pool cap."""
         c = self.config
         limits = [(c.max_staleness + self.version + 1) * c.batch_groups + c.extra_slots
                   - (self.accepted_total + len(self.running))]  # fmt: skip
@@ -184,10 +182,10 @@ class RolloutQueue:
     def retry_after(self) -> float:
         """When asking again is likely to find capacity: half the usual time
         between two acknowledged batches (the trainer frees B slots per step)."""
-        gap = self._ack_gap or 1.0
-        return round(min(30.0, max(0.05, gap / 2)), 3)
+        return self._flow.retry_after()
 
     def request_slots(self, count: int) -> list[Group]:
+        """Starts up to ``count`` groups, parked ones first; RESOURCE_EXHAUSTED at capacity."""
         if count < 1:
             raise InvalidArgument("count", f"must be >= 1, got {count}")
         self.tick()
@@ -231,6 +229,7 @@ class RolloutQueue:
         return out
 
     def report_progress(self, group_id: str, lease_ids: list[str], trajectories: list[Trajectory]) -> Group:
+        """Records a running group's leases and trajectories so far."""
         g = self.find(group_id)
         if g.state is GroupState.RUNNING:
             if lease_ids:
@@ -243,6 +242,7 @@ class RolloutQueue:
     def submit(
         self, group_id: str, prompt_id: str, trajectories: list[Trajectory]
     ) -> tuple[Group, list[Cancellation]]:
+        """Judges a finished group and queues it if admitted; returns stragglers to cancel."""
         self.tick()
         g = self.running.get(group_id)
         if g is None:
@@ -252,13 +252,12 @@ class RolloutQueue:
                 + (f" ({found.reason})" if found.reason else "")
                 + "; it cannot be submitted"
             )
-        _check_trajectories(trajectories)
+        check_trajectories(trajectories)
         del self.running[group_id]
         g.trajectories = trajectories
         g.prompt_id = prompt_id or g.prompt_id
         now = self.now
-        self._produced.add(now, len(trajectories))
-        self._completed.add(now, 1)
+        self._flow.submitted(now, len(trajectories))
         cancels: list[Cancellation] = []
         if self._score(g):
             self.accepted_total += 1
@@ -266,7 +265,7 @@ class RolloutQueue:
             g.accepted_seq = self._seq
             g.state = GroupState.QUEUED
             self.queued.append(g)
-            self._admitted.add(now, 1)
+            self._flow.admitted(now)
             self._touch(g)
             self.cohort_done[g.start_version] += 1
             if self.config.over_sample > 0 and self.cohort_done[g.start_version] >= self.config.batch_groups:
@@ -281,64 +280,16 @@ class RolloutQueue:
         return False
 
     def _score(self, g: Group) -> bool:
-        """Masks infrastructure failures, applies the staleness bound and the
-        zero-advantage filter, sets advantages. True when admitted."""
-        c = self.config
-        for t in g.trajectories:
-            if t.failure is not InfraFailure.NONE:
-                t.reward = None
-                t.mask(f"infra_failure:{t.failure.name.lower()}")
-                self.infra_masked += 1
-                self.filtered["infra_failure"] += 1
-            elif t.reward is None:
-                t.reward = sum(s.reward for s in t.steps)
-        if all(t.masked for t in g.trajectories):
-            return self._drop(g, "all_infra_failed")
-        if not self._bound_staleness(g):
-            return False
-        rewards = [t.reward for t in g.trajectories if not t.masked and t.reward is not None]
-        mean = statistics.fmean(rewards)
-        std = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
-        g.reward_mean, g.reward_std = mean, std
-        reason = ""
-        if std <= c.filter_epsilon:
-            reason = "zero_std"
-        elif c.has_mean_range and not c.filter_mean_min <= mean <= c.filter_mean_max:
-            reason = "mean_out_of_range"
-        if reason and c.filter_mode is not FilterMode.OFF:
-            backfill = c.filter_mode is FilterMode.DROP_AND_BACKFILL
-            if backfill and self.backfilled[g.start_version] < c.backfills:
-                self.backfilled[g.start_version] += 1
-                return self._drop(g, reason)
-            self.filtered[reason] += 1
-            for t in g.trajectories:
-                t.mask(reason)
-            g.outcome, g.reason = Outcome.MASKED, reason
-            return True
-        for t in g.trajectories:
-            if not t.masked and t.reward is not None:
-                t.advantage = (t.reward - mean) / (std + 1e-6) if std > 0 else 0.0
-        g.outcome, g.reason = Outcome.ADMITTED, reason
-        return True
+        """Judges a submitted group (``scoring.score``); True when admitted."""
+        may_backfill = self.backfilled[g.start_version] < self.config.backfills
+        return self._apply(g, score(g, self.config, self.version, may_backfill=may_backfill))
 
-    def _bound_staleness(self, g: Group) -> bool:
-        """The hard bound against the current version; False when dropped."""
-        c = self.config
-        floor = self.version - c.max_staleness
-        live = [t for t in g.trajectories if not t.masked]
-        if all(t.oldest_version(g.start_version) >= floor for t in live):
-            return True
-        if c.staleness_mode is StalenessMode.DROP:
-            return self._drop(g, "stale")
-        if c.staleness_mode is StalenessMode.MASK:
-            for t in live:
-                t.segment_masked = [s.policy_version < floor for s in t.segments]
-                if t.oldest_version(g.start_version) < floor:
-                    t.mask("stale")
-                    self.filtered["stale_trajectory"] += 1
-            if all(t.masked for t in g.trajectories):
-                return self._drop(g, "stale")
-        return True
+    def _apply(self, g: Group, verdict: Verdict) -> bool:
+        self.filtered.update(verdict.counts)
+        self.infra_masked += verdict.infra_masked
+        if verdict.backfilled:
+            self.backfilled[g.start_version] += 1
+        return self._drop(g, verdict.drop) if verdict.drop else True
 
     def _cancel(self, g: Group, reason: str) -> Cancellation:
         del self.running[g.group_id]
@@ -371,6 +322,7 @@ class RolloutQueue:
     # -- trainer side -----------------------------------------------------------
 
     def publish(self, version: int) -> list[Cancellation]:
+        """The trainer moved to ``version``; in DROP mode, returns running groups now too stale."""
         if version < self.version:
             raise FailedPrecondition(f"policy version {version} is below the current {self.version}")
         self.version = version
@@ -383,6 +335,7 @@ class RolloutQueue:
         return cancels
 
     def open_stream(self) -> int:
+        """A trainer stream opened; returns its id."""
         self._next_stream += 1
         self._streams.add(self._next_stream)
         self._changed()
@@ -399,6 +352,7 @@ class RolloutQueue:
         self._changed()
 
     def next_batch(self, stream: int) -> Batch | None:
+        """The next batch for ``stream`` (redeliveries first); None until B groups are queued."""
         self.tick()
         now = self.now
         if self.redeliver:
@@ -423,7 +377,7 @@ class RolloutQueue:
             head, rest = self.queued[:B], self.queued[B:]
             kept = []
             for g in head:
-                if self._bound_staleness(g):
+                if self._apply(g, bound_staleness(g, self.config, self.version)):
                     kept.append(g)
                 else:
                     self.accepted_total -= 1  # its slot goes back to the gate
@@ -444,7 +398,7 @@ class RolloutQueue:
         v = self.version
         for t in g.trajectories:
             if t.failure is not InfraFailure.NONE or t.masked:
-                # Not learned from (and not held to the bound, see _bound_staleness):
+                # Not learned from (and not held to the bound, see bound_staleness):
                 # not the trainer's staleness.
                 continue
             self.stale_traj.add(v - t.oldest_version(g.start_version))
@@ -454,6 +408,7 @@ class RolloutQueue:
             self.stale_env.add(v - t.env_version(g.start_version))
 
     def ack(self, batch_id: str) -> None:
+        """The trainer is done with a batch, and its groups with it (a repeat is a no-op)."""
         b = self.batches.pop(batch_id, None)
         if b is None:
             if batch_id in self._acked:
@@ -468,37 +423,24 @@ class RolloutQueue:
         for g in b.groups:
             self._end(g, GroupState.DONE, g.outcome or Outcome.ADMITTED, g.reason)
         self.consumed_groups += len(b.groups)
-        self._consumed.add(now, sum(len(g.trajectories) for g in b.groups))
-        if self._last_ack:
-            gap = now - self._last_ack
-            self._ack_gap = gap if not self._ack_gap else 0.8 * self._ack_gap + 0.2 * gap
-        self._last_ack = now
+        self._flow.acked(now, sum(len(g.trajectories) for g in b.groups))
         self.dirty_batches.add(batch_id)
         self._changed()
 
     # -- figures ----------------------------------------------------------------
 
     def figures(self) -> Figures:
+        """The throughput-matching figures as of now."""
         now = self.now
         window = self.config.window_seconds
-        span = max(1e-9, min(window, now - self._started_at))
-        produced = self._produced.total(now, window)
-        completed = self._completed.total(now, window)
-        admitted = self._admitted.total(now, window)
-        consumed = self._consumed.total(now, window)
-        trainer = self._trainer.seconds(now, window)
-        generator = self._generator.seconds(now, window)
-        keep = admitted / completed if completed else 1.0
-        production = produced / span
-        busy, idle = trainer["busy"], trainer["idle"]
-        gen_total = generator["busy"] + generator["idle"]
+        r = self._flow.rates(now, window)
         return Figures(
-            production_rate=production,
-            keep_rate=keep,
-            effective_rate=keep * production,
-            consumption_rate=consumed / busy if busy > 0 else 0.0,
-            trainer_idle_ratio=idle / (idle + busy) if idle + busy > 0 else 0.0,
-            generator_idle_ratio=generator["idle"] / gen_total if gen_total > 0 else 0.0,
+            production_rate=r.production_rate,
+            keep_rate=r.keep_rate,
+            effective_rate=r.effective_rate,
+            consumption_rate=r.consumption_rate,
+            trainer_idle_ratio=r.trainer_idle_ratio,
+            generator_idle_ratio=r.generator_idle_ratio,
             queue_depth=len(self.queued),
             in_flight=len(self.running),
             parked=len(self.parked),
@@ -513,15 +455,17 @@ class RolloutQueue:
             consumed_groups=self.consumed_groups,
             infra_failures_masked=self.infra_masked,
             window_seconds=window,
-            in_flight_mean=self._generator.mean_level(now, window),
+            in_flight_mean=r.in_flight_mean,
             controller_reason=self.controller_reason,
         )
 
     def gate_size(self) -> int:
+        """The staleness gate's size: (S + 1) * B plus the over-sampling slots."""
         c = self.config
         return (c.max_staleness + 1) * c.batch_groups + c.extra_slots
 
     def reconfigure(self, config: RunConfig) -> None:
+        """Applies a new run configuration from now on."""
         self.config = config.check()
         for stats in (self.stale_traj, self.stale_token, self.stale_env):
             stats.budget = config.max_staleness
@@ -531,20 +475,3 @@ class RolloutQueue:
             self.target = 0
         self._next_control = self.now
         self._changed()
-
-
-def _check_trajectories(trajectories: list[Trajectory]) -> None:
-    if not trajectories:
-        raise InvalidArgument("trajectories", "must not be empty")
-    seen: set[str] = set()
-    for i, t in enumerate(trajectories):
-        if not t.trajectory_id:
-            t.trajectory_id = f"t{i}"
-        if t.trajectory_id in seen:
-            raise InvalidArgument(f"trajectories[{i}].trajectory_id", f"{t.trajectory_id!r} appears twice")
-        seen.add(t.trajectory_id)
-        for j, s in enumerate(t.segments):
-            if s.tokens < 0:
-                raise InvalidArgument(f"trajectories[{i}].segments[{j}].tokens", "must be >= 0")
-        if t.reward is not None and not math.isfinite(t.reward):
-            raise InvalidArgument(f"trajectories[{i}].reward", "must be finite")

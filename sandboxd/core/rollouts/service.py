@@ -16,6 +16,7 @@ from typing import Any
 
 from sandboxd.backends.base import ExecOutcome, ExecResult, OutputChunk
 from sandboxd.clock import Clock
+from sandboxd.core import validation as v
 from sandboxd.core.control import ControlPlane, ExecRequest
 from sandboxd.core.rollouts.figures import Figures
 from sandboxd.core.rollouts.model import (
@@ -34,17 +35,21 @@ from sandboxd.core.rollouts.model import (
 from sandboxd.core.rollouts.queue import Cancellation, RolloutQueue
 from sandboxd.core.rollouts.store import RolloutStore
 from sandboxd.core.snapshots import SnapshotManager
-from sandboxd.core.tenancy import acting_as, current_tenant, pool_key, split_pool_key
+from sandboxd.core.tenancy import acting_as, current_tenant, owns, pool_key, split_pool_key
 from sandboxd.errors import BackendError, InvalidArgument, NotFound, SandboxdError
 
 log = logging.getLogger(__name__)
 
 _RUN_NAME_MAX = 128
+_ID_MAX = 256
+"""Longest trajectory or prompt id."""
 _IDLE_RECHECK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
 class VerifierSpec:
+    """A reward command to run in ``sandbox_id`` ("" = the trajectory's own sandbox) at submit."""
+
     sandbox_id: str
     command: str
     timeout: float = 0.0
@@ -94,6 +99,8 @@ def parse_reward(stdout: bytes) -> tuple[float, dict[str, float], list[StepRewar
 
 
 class RolloutManager:
+    """Every tenant's rollout runs: carries out what their queues decide and persists each change."""
+
     def __init__(
         self,
         control: ControlPlane | None,
@@ -111,6 +118,7 @@ class RolloutManager:
     # -- start and stop --------------------------------------------------------
 
     async def start(self) -> None:
+        """Opens the store and restores every persisted run; delivered batches wait for redelivery."""
         await self._store.open()
         for key, config, state, groups, batches in await self._store.load():
             run = self._add(key, RolloutQueue(split_pool_key(key)[1], config_from_json(config), self.clock))
@@ -122,6 +130,7 @@ class RolloutManager:
             )  # fmt: skip
 
     async def stop(self) -> None:
+        """Wakes every waiting stream and closes the store."""
         for run in self.runs.values():
             run.notify()
         await self._store.close()
@@ -135,14 +144,16 @@ class RolloutManager:
     # -- runs ------------------------------------------------------------------
 
     def get(self, name: str) -> _Run:
-        if not name or len(name) > _RUN_NAME_MAX or "/" in name:
-            raise InvalidArgument("run", f"must be 1-{_RUN_NAME_MAX} characters without '/', got {name!r}")
+        """The current tenant's run ``name`` (INVALID_ARGUMENT for a bad name, NOT_FOUND if none)."""
+        check_run_name(name)
         run = self.runs.get(pool_key(current_tenant(), name))
         if run is None:
             raise NotFound(f"run {name!r} not found (configure it first)")
         return run
 
     async def configure(self, name: str, config: RunConfig) -> RolloutQueue:
+        """Creates the run, or reconfigures it."""
+        check_run_name(name)
         config.check()
         if config.pool and self._control is not None:
             self._control.get_pool(config.pool, "config.pool")
@@ -233,6 +244,8 @@ class RolloutManager:
     # -- generator side ----------------------------------------------------------
 
     async def request_slots(self, name: str, count: int) -> tuple[list[Group], int]:
+        """Up to ``count`` (>= 1) slots, and the policy version they start under."""
+        v.positive_count("count", count)
         run = self.get(name)
         async with run.lock:
             self._pool_cap(run)
@@ -246,11 +259,52 @@ class RolloutManager:
     async def report_progress(
         self, name: str, group_id: str, lease_ids: list[str], trajectories: list[Trajectory]
     ) -> Group:
+        """Records a running group's leases and token state; the group says
+        whether it was cancelled."""
         run = self.get(name)
+        _check_names(trajectories)
         async with run.lock:
+            g = run.queue.find(group_id)
+            if g.state is GroupState.RUNNING:  # a cancelled group learns so, whatever it reports
+                self._check_progress(g, lease_ids, trajectories)
             g = run.queue.report_progress(group_id, lease_ids, trajectories)
             await self._flush(run)
         return g
+
+    def _check_progress(self, g: Group, lease_ids: list[str], trajectories: list[Trajectory]) -> None:
+        """Leases reported must be the caller's own and in force, and each
+        trajectory's sandbox must be under one of the group's leases: the
+        queue releases and snapshots what it is told, so it is told only
+        what the caller holds."""
+        if self._control is None:
+            return
+        for i, lease_id in enumerate(lease_ids):
+            field_name = f"lease_ids[{i}]"
+            v.object_id(field_name, lease_id, "lease")
+            if lease_id in g.lease_ids:
+                continue  # checked when first reported; it may have ended since
+            try:
+                self._control.get_lease(lease_id)
+            except NotFound as e:
+                raise NotFound(f"{field_name}: {e.message}") from None
+        held: set[str] = set()
+        for lease_id in {*g.lease_ids, *lease_ids}:
+            lease = self._control.leases.find(lease_id)
+            if lease is not None and owns(lease.pool):
+                held.update(lease.sandbox_ids)
+        # Sandboxes accepted in an earlier report stay acceptable (lost since, or released).
+        known = {t.sandbox_id for t in g.trajectories if t.sandbox_id}
+        for i, t in enumerate(trajectories):
+            if not t.sandbox_id:
+                continue
+            field_name = f"trajectories[{i}].sandbox_id"
+            v.object_id(field_name, t.sandbox_id, "sandbox")
+            if t.sandbox_id not in held and t.sandbox_id not in known:
+                raise InvalidArgument(
+                    field_name,
+                    f"{t.sandbox_id!r} is not under any of the group's leases "
+                    "(report its lease in lease_ids)",
+                )
 
     async def submit(
         self,
@@ -260,11 +314,18 @@ class RolloutManager:
         trajectories: list[Trajectory],
         verifiers: list[VerifierSpec | None],
     ) -> Group:
+        """Scores and files a finished group (verifiers run first)."""
         run = self.get(name)
+        v.name_text("prompt_id", prompt_id, _ID_MAX)
+        _check_names(trajectories)
         g = run.queue.find(group_id)
         if g.state is GroupState.RUNNING:
             await asyncio.gather(
-                *(self._verify(t, v) for t, v in zip(trajectories, verifiers, strict=True) if v is not None)
+                *(
+                    self._verify(t, spec)
+                    for t, spec in zip(trajectories, verifiers, strict=True)
+                    if spec is not None
+                )
             )
         async with run.lock:
             changed = run.queue.tick()
@@ -319,6 +380,7 @@ class RolloutManager:
     # -- trainer side --------------------------------------------------------------
 
     async def pull(self, name: str, max_batches: int = 0) -> AsyncIterator[Batch]:
+        """Batches as they come (at most ``max_batches``, 0 = no end); what stays unacked is redelivered."""
         if max_batches < 0:
             raise InvalidArgument("max_batches", f"must be >= 0, got {max_batches}")
         run = self.get(name)
@@ -342,6 +404,7 @@ class RolloutManager:
                 await asyncio.shield(self._flush(run))
 
     async def ack(self, name: str, batch_id: str) -> None:
+        """Retires a trained-on batch for good (a repeat is a no-op); NOT_FOUND for an unknown batch."""
         run = self.get(name)
         async with run.lock:
             run.queue.ack(batch_id)
@@ -349,6 +412,7 @@ class RolloutManager:
             await self._after(run, changed, [])
 
     async def publish(self, name: str, version: int) -> int:
+        """Moves the run to ``version`` (FAILED_PRECONDITION if lower); DROP mode cancels the too stale."""
         run = self.get(name)
         async with run.lock:
             cancels = run.queue.publish(version)
@@ -356,6 +420,7 @@ class RolloutManager:
         return run.queue.version
 
     async def watch_version(self, name: str) -> AsyncIterator[int]:
+        """The run's policy version now, then each new one, until the caller stops iterating."""
         run = self.get(name)
         last = None
         while True:
@@ -367,6 +432,7 @@ class RolloutManager:
                 await asyncio.wait_for(waiter.wait(), _IDLE_RECHECK_SECONDS)
 
     async def figures(self, name: str) -> Figures:
+        """The run's figures, after expiring overdue batches and a due controller step."""
         run = self.get(name)
         async with run.lock:
             changed = run.queue.tick()
@@ -374,10 +440,27 @@ class RolloutManager:
         return run.queue.figures()
 
 
+def check_run_name(name: str) -> str:
+    """A run name: 1-128 characters, no '/' (it keys runs per tenant) and no
+    control characters."""
+    if not name:
+        raise InvalidArgument("run", "is required")
+    v.name_text("run", name, _RUN_NAME_MAX)
+    if "/" in name:
+        raise InvalidArgument("run", f"must not contain '/', got {name[:80]!r}")
+    return name
+
+
+def _check_names(trajectories: list[Trajectory]) -> None:
+    for i, t in enumerate(trajectories):
+        v.name_text(f"trajectories[{i}].trajectory_id", t.trajectory_id, _ID_MAX)
+
+
 # -- persistence helpers ----------------------------------------------------------
 
 
 def batch_to_json(b: Batch) -> dict[str, Any]:
+    """What the store keeps of a batch: no stream or deadline, as a restart redelivers it."""
     return {
         "batch_id": b.batch_id,
         "groups": [group_to_json(g) for g in b.groups],
@@ -387,6 +470,7 @@ def batch_to_json(b: Batch) -> dict[str, Any]:
 
 
 def state_of(q: RolloutQueue) -> dict[str, Any]:
+    """The queue's counters and version, as JSON for the store; ``restore`` reads them back."""
     return {
         "version": q.version,
         "accepted_total": q.accepted_total,

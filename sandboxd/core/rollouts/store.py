@@ -1,7 +1,7 @@
 """Durable rollout-queue state in SQLite: each run's configuration and
 counters, its running, queued and parked groups, and its unacknowledged
 batches, so a restarted server loses nothing (delivered batches come back
-for redelivery). Writes go through one worker thread, like StateStore."""
+for redelivery). Writes go through one worker thread, like SqliteStateStore."""
 
 from __future__ import annotations
 
@@ -24,12 +24,15 @@ Row = dict[str, Any]
 
 
 class RolloutStore:
+    """Each run's queue state in one SQLite file, so a restarted server redelivers what was unacked."""
+
     def __init__(self, path: Path | None) -> None:
         """``path`` None keeps state in memory."""
         self._sql = SqliteThread(path, "sandboxd-rollouts")
         self._seq = 0
 
     async def open(self) -> None:
+        """Opens the database (tables created when missing); new batches sort after every stored one."""
         await self._sql.open(_SCHEMA, self._read_seq)
 
     def _read_seq(self, db: sqlite3.Connection) -> None:
@@ -37,6 +40,7 @@ class RolloutStore:
         self._seq = int(row[0])
 
     async def close(self) -> None:
+        """Closes the database once the writes already asked for have run."""
         await self._sql.close()
 
     async def write(

@@ -1,0 +1,424 @@
+"""Where a Docker sandbox runs: its container, from spec to removal.
+
+The container spec (hardening, limits, scratch mounts, the inbox mount),
+create and start, removal, listing by labels for adoption, liveness, engine
+capacity and in-place limit updates. Every call goes through the ``docker``
+SDK on a bounded thread pool, never on the event loop.
+
+Containers are hardened by default: no network, non-root, no capabilities,
+no-new-privileges, read-only root, and a size- and inode-limited tmpfs as the
+workspace, so the kernel enforces disk bytes and file count. A sandbox's
+inbox (see backend) is a host directory made with its container, mounted
+read-only at INBOX and removed with it; every list sweeps the inboxes whose
+container is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import functools
+import os
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import docker.types
+import requests.exceptions
+
+from sandboxd.backends.base import (
+    GVISOR,
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_POOL,
+    LABEL_SANDBOX,
+    WORKSPACE,
+    BackendSandbox,
+    Limits,
+    SandboxSpec,
+)
+from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
+
+T = TypeVar("T")
+
+_TMP_BYTES = 64 << 20
+# /dev/shm gets Docker's own default size; both scratch mounts get a file
+# (inode) limit, or a loop creating empty files there would be stopped only
+# by the memory cgroup, after taking kernel memory from the host.
+_SHM_BYTES = 64 << 20
+_SCRATCH_FILES = 4096
+_DEFAULT_ENGINE = "unix:///var/run/docker.sock"
+INBOX = "/.sandboxd/inbox"
+"""Where a sandbox sees its inbox (read-only)."""
+# gVisor's own host threads count against the engine's pids limit (about 26
+# at rest and two per sandbox process under systrap, measured), so a gVisor
+# sandbox gets this much room there and its own limit as RLIMIT_NPROC, which
+# gVisor enforces on fork and clone inside.
+_GVISOR_BASE_THREADS = 128
+_GVISOR_THREADS_PER_TASK = 2
+LABEL_RUNTIME = "sandboxd.runtime"
+"""The sandbox's isolation runtime, for a restarted control plane."""
+# An inbox directory without a container is only removed once it is this old,
+# so a sweep never races a create that made the directory a moment ago.
+_INBOX_GRACE_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class DockerOptions:
+    """How the Docker backend reaches its engine and shapes its containers."""
+
+    instance: str
+    base_url: str | None = None
+    user: str = "1000:1000"
+    threads: int = 16
+    runtime: str | None = None
+    """The engine's runtime for runc pools (None: the engine default)."""
+    gvisor_runtime: str = "runsc"
+    """The engine's name for gVisor's runtime, for pools of runtime GVISOR."""
+    inbox_dir: Path | None = None
+    """Host directory for the sandboxes' inboxes (None: no inboxes; archives
+    are streamed). Must be a path on the engine's host."""
+    host_workspaces: bool = True
+    """Read workspaces in place (sandboxd.backends.hostfs) where this process
+    can see the containers' processes; False: always through the sandbox."""
+
+
+def container_name(sandbox_id: str) -> str:
+    """The container's name: unique per sandbox, so a retried create collides."""
+    return f"sandboxd-{sandbox_id}"
+
+
+def container_spec(spec: SandboxSpec, options: DockerOptions, inbox: Path | None) -> dict[str, Any]:
+    """The SDK's create arguments for a sandbox: hardened, limited, and
+    labelled so that a restarted control plane finds and adopts it."""
+    limits = spec.limits
+    uid, _, gid = options.user.partition(":")
+    owner = f",uid={uid},gid={gid or uid}" if uid.isdigit() else ""
+    workspace = "rw,exec,nosuid,nodev,mode=0755" + owner
+    if limits.disk_bytes:
+        workspace += f",size={limits.disk_bytes}"
+    if limits.max_files:
+        workspace += f",nr_inodes={limits.max_files}"
+    labels = {
+        **{k: v for k, v in spec.labels.items()},
+        LABEL_MANAGED: "true",
+        LABEL_INSTANCE: options.instance,
+        LABEL_POOL: spec.pool,
+        LABEL_SANDBOX: spec.sandbox_id,
+        LABEL_RUNTIME: spec.runtime,
+    }
+    kwargs: dict[str, Any] = dict(
+        image=spec.image,
+        command=["sleep", "infinity"],
+        name=container_name(spec.sandbox_id),
+        labels=labels,
+        detach=True,
+        init=True,
+        network_mode="none",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        read_only=True,
+        tmpfs={
+            WORKSPACE: workspace,
+            "/tmp": f"rw,exec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes={_SCRATCH_FILES}",
+            # Replaces the engine's unlimited-inode /dev/shm (same flags).
+            "/dev/shm": f"rw,noexec,nosuid,nodev,mode=1777,size={_SHM_BYTES},nr_inodes={_SCRATCH_FILES}",
+        },
+        user=options.user,
+        working_dir=WORKSPACE,
+        environment={"HOME": WORKSPACE, **spec.env},
+        hostname="sandbox",
+        stop_signal="SIGKILL",
+    )
+    if limits.memory_bytes:
+        kwargs["mem_limit"] = limits.memory_bytes
+        kwargs["memswap_limit"] = limits.memory_bytes
+    if limits.cpu_millis:
+        kwargs["nano_cpus"] = limits.cpu_millis * 1_000_000
+    if spec.runtime == GVISOR:
+        kwargs["runtime"] = options.gvisor_runtime
+        if limits.pids:
+            kwargs["pids_limit"] = engine_pids(GVISOR, limits.pids)
+            kwargs["ulimits"] = [docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)]
+    else:
+        if limits.pids:
+            kwargs["pids_limit"] = limits.pids
+        if options.runtime:
+            kwargs["runtime"] = options.runtime
+    if inbox is not None:
+        kwargs["mounts"] = [docker.types.Mount(target=INBOX, source=str(inbox), type="bind", read_only=True)]
+    return kwargs
+
+
+def engine_pids(runtime: str, pids: int) -> int:
+    """The engine's pids limit for a sandbox of ``runtime`` whose own limit is ``pids``."""
+    if runtime == GVISOR:
+        return _GVISOR_BASE_THREADS + _GVISOR_THREADS_PER_TASK * pids
+    return pids
+
+
+class Containers:
+    """The containers of one control-plane instance on one engine: create,
+    remove, list and inspect them, each call on a worker thread."""
+
+    def __init__(self, options: DockerOptions) -> None:
+        self._options = options
+        address = options.base_url or _DEFAULT_ENGINE
+        try:
+            # The SDK asks the engine for its API version here: a wrong
+            # address (a stale DOCKER_HOST) fails now, named, as a sandboxd error.
+            self._client = docker.DockerClient(base_url=address, timeout=60, max_pool_size=options.threads)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"Docker engine unreachable at {address}: {e}") from e
+        self.pool = ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="sandboxd-docker")
+        """The worker threads for every blocking call of the backend."""
+        # Host directory of each sandbox's inbox mount (None: it has none).
+        self._inboxes: dict[str, Path | None] = {}
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on a worker thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
+    async def ping(self) -> None:
+        """Raises TransientBackendError, naming the address, if the engine does not answer."""
+        try:
+            await self.run(self._client.ping)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            address = self._options.base_url or _DEFAULT_ENGINE
+            raise TransientBackendError(f"Docker engine unreachable at {address}: {e}") from e
+
+    async def image_exists(self, image: str) -> bool:
+        """Whether the engine holds ``image``."""
+        try:
+            await self.run(self._client.images.get, image)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot inspect image {image!r}: {e}") from e
+
+    async def create(self, spec: SandboxSpec) -> tuple[str, int]:
+        """Creates and starts the sandbox's container (and its inbox);
+        returns the container's id and its init process's host pid (0:
+        unknown). A half-made container is left for discard()."""
+        handle, pid = await self.run(self._create_sync, spec)
+        self._inboxes[handle] = self.inbox_path(spec.sandbox_id)
+        return handle, pid
+
+    def _create_sync(self, spec: SandboxSpec) -> tuple[str, int]:
+        inbox = self.inbox_path(spec.sandbox_id)
+        kwargs = container_spec(spec, self._options, inbox)
+        if inbox is not None:
+            try:
+                inbox.mkdir(parents=True, exist_ok=True)
+                inbox.chmod(0o755)  # the sandbox user reads it, whatever our umask
+            except OSError as e:
+                raise PermanentBackendError(f"cannot create the sandbox's inbox {inbox}: {e}") from e
+        try:
+            container = self._client.containers.create(**kwargs)
+            container.start()
+            container.reload()
+            return str(container.id), int(container.attrs.get("State", {}).get("Pid") or 0)
+        except docker.errors.ImageNotFound as e:
+            raise PermanentBackendError(f"image {spec.image!r} is not present on the engine") from e
+        except docker.errors.APIError as e:
+            if e.is_client_error() and e.status_code != 409:
+                raise PermanentBackendError(f"the engine rejected the sandbox spec: {e.explanation}") from e
+            raise TransientBackendError(f"container create failed: {e.explanation}") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"container create failed: {e}") from e
+
+    async def discard(self, sandbox_id: str) -> None:
+        """Removes what a create that failed or was cancelled may have left
+        (the container, found by name, and its inbox); never raises a
+        BackendError."""
+        with contextlib.suppress(BackendError):
+            await self.run(self._remove_sync, container_name(sandbox_id))
+        inbox = self.inbox_path(sandbox_id)
+        if inbox is not None:
+            await self.run(shutil.rmtree, inbox, True)
+
+    async def remove(self, handle: str) -> None:
+        """Removes the container (gone already is fine), then its inbox."""
+        inbox = self._inboxes.pop(handle, None)
+        await self.run(self._remove_sync, handle)
+        if inbox is not None:
+            await self.run(shutil.rmtree, inbox, True)
+
+    def _remove_sync(self, ref: str) -> None:
+        try:
+            self._client.api.remove_container(ref, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as e:
+            if e.status_code == 409 and "already in progress" in str(e.explanation):
+                # Another remove runs (slow under gVisor): done once it is.
+                with contextlib.suppress(docker.errors.DockerException, requests.exceptions.RequestException):
+                    self._client.api.wait(ref, timeout=60, condition="removed")
+                return
+            raise TransientBackendError(f"container remove failed: {e.explanation}") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"container remove failed: {e}") from e
+
+    async def list(self) -> builtins.list[BackendSandbox]:
+        """Every container of this instance, running or not, by its labels;
+        sweeps the inboxes of containers that are gone."""
+        try:
+            containers = await self.run(
+                self._client.api.containers,
+                all=True,
+                filters={"label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"]},
+            )
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot list containers: {e}") from e
+        out = []
+        for c in containers:
+            labels = c.get("Labels") or {}
+            out.append(
+                BackendSandbox(
+                    sandbox_id=labels.get(LABEL_SANDBOX, ""),
+                    pool=labels.get(LABEL_POOL, ""),
+                    handle=str(c["Id"]),
+                    running=c.get("State") == "running",
+                    labels=labels,
+                )
+            )
+        if self._options.inbox_dir is not None:
+            await self.run(self._sweep_inboxes, {s.sandbox_id for s in out})
+        return out
+
+    async def alive(self, handles: builtins.list[str]) -> set[str]:
+        """The running ones among ``handles``, from one ``containers list`` call."""
+        try:
+            running = await self.run(
+                self._client.api.containers,
+                quiet=True,
+                filters={
+                    "label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"],
+                    "status": "running",
+                },
+            )
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot list containers: {e}") from e
+        ids = {str(c["Id"]) for c in running}
+        return {h for h in handles if h in ids}
+
+    async def is_running(self, handle: str) -> bool:
+        """Whether the container runs; True when the engine cannot tell, so
+        a hiccup never declares a sandbox lost."""
+        try:
+            state = await self.run(self._client.api.inspect_container, handle)
+        except docker.errors.NotFound:
+            return False
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return True
+        return bool(state.get("State", {}).get("Running"))
+
+    async def host_pid(self, handle: str) -> int:
+        """The host pid of the container's init process; 0 when unknown."""
+        try:
+            state = await self.run(self._client.api.inspect_container, handle)
+            return int(state.get("State", {}).get("Pid") or 0)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return 0
+
+    async def oom_killed(self, handle: str) -> bool:
+        """Whether the engine says the container was killed for memory (False when it cannot tell)."""
+        try:
+            state = await self.run(self._client.api.inspect_container, handle)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return False
+        return bool(state.get("State", {}).get("OOMKilled"))
+
+    async def runtime_of(self, handle: str) -> str:
+        """The sandbox's isolation runtime, from its label ("" when unknown)."""
+        try:
+            state = await self.run(self._client.api.inspect_container, handle)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return ""
+        return str((state.get("Config", {}).get("Labels") or {}).get(LABEL_RUNTIME, ""))
+
+    async def engine_info(self) -> dict[str, Any]:
+        """The engine's ``info`` (memory, CPUs, containers)."""
+        try:
+            return dict(await self.run(self._client.info))
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot read engine info: {e}") from e
+
+    async def capacity(self) -> tuple[int, int]:
+        """The engine's memory in bytes and its CPU count."""
+        info = await self.engine_info()
+        return int(info.get("MemTotal") or 0), int(info.get("NCPU") or 0)
+
+    async def update_limits(self, handle: str, limits: Limits, runtime: str = "") -> None:
+        """Applies the memory, CPU and pids limits set in ``limits`` to the
+        running container (of ``runtime``; the pids limit as engine_pids says)."""
+        body: dict[str, int] = {}
+        if limits.memory_bytes:
+            body["Memory"] = body["MemorySwap"] = limits.memory_bytes
+        if limits.cpu_millis:
+            body["NanoCpus"] = limits.cpu_millis * 1_000_000
+        if limits.pids:
+            body["PidsLimit"] = engine_pids(runtime, limits.pids)
+        if body:
+            await self.run(self._update_sync, handle, body)
+
+    def _update_sync(self, handle: str, body: dict[str, int]) -> None:
+        # The SDK's update_container predates PidsLimit; the API takes it.
+        api = self._client.api
+        try:
+            response = api._post_json(api._url("/containers/{0}/update", handle), data=body)
+            api._raise_for_status(response)
+        except docker.errors.NotFound as e:
+            raise SandboxLost("the sandbox's container is gone") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot update limits: {e}") from e
+
+    # -- Inboxes ------------------------------------------------------------
+
+    def inbox_path(self, sandbox_id: str) -> Path | None:
+        """The host directory of the sandbox's inbox; None without inboxes."""
+        root = self._options.inbox_dir
+        return None if root is None or not sandbox_id else root / sandbox_id
+
+    def known_inbox(self, handle: str) -> Path | None:
+        """The inbox of a container this process created or looked up; None otherwise."""
+        return self._inboxes.get(handle)
+
+    async def find_inbox(self, handle: str) -> Path | None:
+        """The container's inbox directory, looked up once for a container
+        adopted after a restart; None if it has none."""
+        if handle not in self._inboxes:
+            try:
+                state = await self.run(self._client.api.inspect_container, handle)
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                return None
+            sources = [m.get("Source") for m in state.get("Mounts") or [] if m.get("Destination") == INBOX]
+            self._inboxes[handle] = Path(sources[0]) if sources and sources[0] else None
+        return self._inboxes[handle]
+
+    def _sweep_inboxes(self, keep: set[str]) -> None:
+        """Removes inboxes whose sandbox is gone (a crash between remove and
+        cleanup, or a container removed behind our back)."""
+        root = self._options.inbox_dir
+        assert root is not None
+        cutoff = time.time() - _INBOX_GRACE_SECONDS
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(root):
+                if entry.name not in keep and entry.is_dir(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            shutil.rmtree(entry.path, ignore_errors=True)
+
+    async def close(self) -> None:
+        """Closes the SDK client and lets the worker threads go."""
+        await self.run(self._client.close)
+        self.pool.shutdown(wait=False)

@@ -1,0 +1,342 @@
+"""Where a Kubernetes sandbox runs: its Pod, from spec to deletion.
+
+One Pod per sandbox (podspec.build_pod: hardened, labelled with
+managed/instance/pool/sandbox/tenant), created with a POST and waited on
+through the watch cache until Running and Ready; deleted with a grace of 0;
+listed by labels for adoption. The namespace gets one deny-all NetworkPolicy
+for sandbox Pods. Also what the cluster can hold for them: the nodes they may
+land on (capacity, images) and in-place resizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sandboxd.backends.base import LABEL_SANDBOX, BackendSandbox, Limits, SandboxSpec
+from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
+from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
+from sandboxd.backends.kubernetes.podspec import (
+    ANNOTATION_LABELS,
+    ANNOTATION_POOL,
+    PodOptions,
+    build_pod,
+    deny_all_policy,
+    parse_quantity,
+    resize_body,
+    selector,
+    tenant_of,
+)
+from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
+from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
+
+HealthCheck = Callable[[str], Awaitable[None]]
+"""Runs in a Pod that just became Ready (by name); raises if it cannot serve."""
+
+
+@dataclass(frozen=True)
+class KubernetesOptions:
+    """Where the Kubernetes backend puts its Pods and how it vets them."""
+
+    instance: str
+    namespace: str = "sandboxd-sandboxes"
+    kubeconfig: str | None = None
+    context: str | None = None
+    threads: int = 16
+    pod: PodOptions | None = None
+    ready_timeout: float = 300.0
+    network_policy: bool = True
+    allowed_images: tuple[str, ...] = ()
+    check_node_images: bool = False
+    exec_health_check: bool = False
+    tenant_quotas: bool = False
+    """Enforce each tenant's quota with a ResourceQuota too (quotas.py)."""
+
+    def pod_options(self) -> PodOptions:
+        """The Pod options, with this backend's tenant quota setting."""
+        opts = self.pod or PodOptions(namespace=self.namespace, instance=self.instance)
+        return replace(opts, tenant_quotas=self.tenant_quotas)
+
+
+class Pods:
+    """The sandbox Pods of one control-plane instance in one namespace:
+    create, delete, list, resize, and the nodes they may run on."""
+
+    def __init__(
+        self, client: KubeClient, cache: PodCache, quotas: TenantQuotaManager, options: KubernetesOptions
+    ) -> None:
+        self._client = client
+        self._cache = cache
+        self._quotas = quotas
+        self._options = options
+        self._pod_opts = options.pod_options()
+        self._ns = options.namespace
+        self._pods_path = f"/api/v1/namespaces/{self._ns}/pods"
+        self._started = asyncio.Lock()
+        self._ready = False
+        self._cleanups: set[asyncio.Future[None]] = set()
+
+    async def ensure_started(self) -> None:
+        """Once: the namespace's NetworkPolicy (if asked for) and the watch cache."""
+        if self._ready:
+            return
+        async with self._started:
+            if self._ready:
+                return
+            try:
+                if self._options.network_policy:
+                    await self._ensure_network_policy()
+                await self._cache.start()
+            except KubeError as e:
+                raise wrap(e, f"cannot watch Pods in namespace {self._ns!r}") from e
+            self._ready = True
+
+    async def _ensure_network_policy(self) -> None:
+        path = f"/apis/networking.k8s.io/v1/namespaces/{self._ns}/networkpolicies"
+        try:
+            await self._client.request("POST", path, body=deny_all_policy(self._ns))
+        except KubeError as e:
+            if e.status != 409:  # created by an earlier start: fine
+                raise
+
+    async def ping(self) -> None:
+        """Raises TransientBackendError if the API server does not answer; then ensure_started()."""
+        try:
+            await self._client.request("GET", "/version", timeout=10)
+        except KubeError as e:
+            raise TransientBackendError(f"Kubernetes API server unreachable: {e}") from e
+        await self.ensure_started()
+
+    async def image_exists(self, image: str) -> bool:
+        """Kubernetes has no image store to ask before scheduling: with an
+        allow-list, the image must be on it; with check_node_images, some
+        node must report it in status.images (kubelets list what they hold;
+        kwok nodes list nothing); otherwise every image is assumed to exist
+        and a bad one fails the create (ErrImagePull is permanent)."""
+        if self._options.allowed_images:
+            return image in self._options.allowed_images
+        if not self._options.check_node_images:
+            return True
+        nodes = await self._nodes()
+        for node in nodes:
+            for img in (node.get("status") or {}).get("images") or []:
+                if image in (img.get("names") or []):
+                    return True
+        return False
+
+    async def create(self, spec: SandboxSpec, check: HealthCheck | None) -> str:
+        """Creates the sandbox's Pod, waits until it serves and runs
+        ``check`` in it; returns the Pod's name. A failed or cancelled
+        create deletes the Pod, even one still being posted."""
+        await self.ensure_started()
+        if self._options.tenant_quotas:
+            await self._quotas.ensure_class(tenant_of(spec.pool))
+        body = build_pod(spec, self._pod_opts)
+        name = str(body["metadata"]["name"])
+        posting = asyncio.ensure_future(self._client.request("POST", self._pods_path, body=body))
+        try:
+            try:
+                await asyncio.shield(posting)
+            except KubeError as e:
+                if e.status == 409:
+                    raise TransientBackendError(f"Pod {name} already exists (a previous attempt)") from e
+                if e.status == 403 and "exceeded quota" in str(e):
+                    raise TransientBackendError(f"namespace quota is full: {e}") from e
+                raise wrap(e, f"cannot create Pod {name}") from e
+            seen: list[bool] = [False]
+
+            def settled(p: PodInfo | None) -> bool:
+                if p is None:
+                    return seen[0]
+                seen[0] = True
+                return p.serving or p.permanent or p.deleting or p.phase in ("Failed", "Succeeded")
+
+            try:
+                info = await self._cache.wait(name, settled, self._options.ready_timeout)
+            except TimeoutError as e:
+                pod = self._cache.get(name)
+                why = pod.problem if pod and pod.problem else f"phase {pod.phase if pod else 'unknown'}"
+                raise TransientBackendError(
+                    f"Pod {name} not ready after {self._options.ready_timeout:g}s: {why}"
+                ) from e
+            if info is None or not info.serving:
+                why = (
+                    (info.problem or info.terminated_reason or info.phase)
+                    if info
+                    else "deleted while starting"
+                )
+                if info is not None and info.permanent:
+                    raise PermanentBackendError(f"Pod {name} cannot start: {why}")
+                raise TransientBackendError(f"Pod {name} did not start: {why}")
+            if check is not None:
+                await check(name)
+            return name
+        except BaseException:
+            cleanup = asyncio.ensure_future(self._cleanup_create(posting, name))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
+            await asyncio.shield(cleanup)
+            raise
+
+    async def _cleanup_create(self, posting: asyncio.Future[Any], name: str) -> None:
+        with contextlib.suppress(BaseException):
+            await posting
+        with contextlib.suppress(BackendError):
+            await self.delete(name)
+
+    async def delete(self, name: str) -> None:
+        """Deletes the Pod at once (grace 0); gone already is fine."""
+        try:
+            # Idempotent: retried through a blip of the API server, so fewer
+            # Pods are left for the orphan sweep.
+            await idempotent(
+                lambda: self._client.request(
+                    "DELETE",
+                    f"{self._pods_path}/{name}",
+                    body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
+                    timeout=10,
+                )
+            )
+        except KubeError as e:
+            if e.status != 404:
+                raise wrap(e, f"cannot delete Pod {name}") from e
+
+    async def list(self) -> builtins.list[BackendSandbox]:
+        """A fresh list from the API server (not the cache): adoption must see
+        everything, including Pods created after the last watch event."""
+        try:
+            body = await self._client.request(
+                "GET", self._pods_path, query={"labelSelector": selector(self._options.instance)}, timeout=120
+            )
+        except KubeError as e:
+            raise wrap(e, "cannot list Pods") from e
+        out = []
+        for pod in body.get("items") or []:
+            meta = pod.get("metadata") or {}
+            labels = dict(meta.get("labels") or {})
+            annotations = meta.get("annotations") or {}
+            try:
+                own = json.loads(annotations.get(ANNOTATION_LABELS) or "{}")
+            except ValueError:
+                own = {}
+            running = (pod.get("status") or {}).get("phase") == "Running" and not meta.get(
+                "deletionTimestamp"
+            )
+            out.append(
+                BackendSandbox(
+                    sandbox_id=labels.get(LABEL_SANDBOX, ""),
+                    pool=str(annotations.get(ANNOTATION_POOL) or ""),
+                    handle=str(meta.get("name", "")),
+                    running=running,
+                    labels={**own, **labels},
+                )
+            )
+        return out
+
+    async def alive(self, handles: builtins.list[str]) -> set[str]:
+        """From the watch cache: no API call at all."""
+        await self.ensure_started()
+        out = set()
+        for h in handles:
+            pod = self._cache.get(h)
+            if pod is not None and pod.running:
+                out.add(h)
+        return out
+
+    async def _nodes(self) -> builtins.list[dict[str, Any]]:
+        query = {}
+        sel = self._pod_opts.node_selector
+        if sel:
+            query["labelSelector"] = ",".join(f"{k}={v}" for k, v in sel.items())
+        try:
+            body = await self._client.request("GET", "/api/v1/nodes", query=query, timeout=60)
+        except KubeError as e:
+            raise wrap(e, "cannot list nodes") from e
+        return list(body.get("items") or [])
+
+    async def capacity(self) -> tuple[int, int]:
+        """Allocatable memory and CPUs of the schedulable, Ready nodes the
+        sandboxes may land on, capped by the namespace's ResourceQuotas.
+        Without permission to list nodes, the quota alone (0 = unknown)."""
+        memory, cpus = 0.0, 0.0
+        try:
+            nodes = await self._nodes()
+        except PermanentBackendError:
+            nodes = []
+        for node in nodes:
+            if (node.get("spec") or {}).get("unschedulable") or not self._tolerates(node):
+                continue
+            conditions = {
+                c.get("type"): c.get("status") for c in (node.get("status") or {}).get("conditions") or []
+            }
+            if conditions.get("Ready") != "True":
+                continue
+            alloc = (node.get("status") or {}).get("allocatable") or {}
+            memory += parse_quantity(alloc.get("memory", "0"))
+            cpus += parse_quantity(alloc.get("cpu", "0"))
+        try:
+            quotas = await self._client.request("GET", f"/api/v1/namespaces/{self._ns}/resourcequotas")
+        except KubeError:
+            quotas = {}
+        for quota in quotas.get("items") or []:
+            hard = (quota.get("status") or {}).get("hard") or (quota.get("spec") or {}).get("hard") or {}
+            for key in ("limits.memory", "requests.memory", "memory"):
+                if key in hard:
+                    q = parse_quantity(hard[key])
+                    memory = min(memory, q) if memory else q
+            for key in ("limits.cpu", "requests.cpu", "cpu"):
+                if key in hard:
+                    q = parse_quantity(hard[key])
+                    cpus = min(cpus, q) if cpus else q
+        return int(memory), int(cpus)
+
+    def _tolerates(self, node: dict[str, Any]) -> bool:
+        """Whether sandbox Pods (their tolerations) may be scheduled on ``node``."""
+        for taint in (node.get("spec") or {}).get("taints") or []:
+            if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+                continue
+            if not any(_tolerated(taint, t) for t in self._pod_opts.tolerations):
+                return False
+        return True
+
+    async def update_limits(self, handle: str, limits: Limits) -> None:
+        """In-place resize through the pods/resize subresource (beta in 1.33,
+        on by default). The kubelet applies it asynchronously. A per-Pod pids
+        limit does not exist in Kubernetes (it is the kubelet's podPidsLimit),
+        so ``pids`` is ignored here."""
+        if not (limits.memory_bytes or limits.cpu_millis):
+            return
+        try:
+            await self._client.request(
+                "PATCH",
+                f"{self._pods_path}/{handle}/resize",
+                body=resize_body(limits, self._pod_opts),
+                content_type="application/strategic-merge-patch+json",
+            )
+        except KubeError as e:
+            if e.status == 404 and "resize" not in str(e):
+                raise SandboxLost("the sandbox's Pod is gone") from e
+            if e.status in (400, 404, 405, 422):
+                raise PermanentBackendError(
+                    f"in-place resize of Pod {handle} refused (needs Kubernetes >= 1.33 with "
+                    f"InPlacePodVerticalScaling, and a resize the node can satisfy): {e}"
+                ) from e
+            raise wrap(e, f"cannot resize Pod {handle}") from e
+
+    async def close(self) -> None:
+        """Waits for the deletes of failed creates still running."""
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+
+def _tolerated(taint: dict[str, Any], toleration: Any) -> bool:
+    key, op = toleration.get("key", ""), toleration.get("operator", "Equal")
+    if key and key != taint.get("key"):
+        return False
+    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+        return False
+    return bool(op == "Exists" or toleration.get("value", "") == taint.get("value", ""))

@@ -1,0 +1,29 @@
+"""Warm pools: each keeps READY sandboxes for its acquirers, hands them out
+in FIFO order, and creates more while acquirers wait.
+
+How many it keeps READY is the scaling policy's call (sandboxd.core.scaling):
+``min_ready`` is the floor, and a pool whose ``max_ready`` is above it follows
+demand between the two (acquire rate, start-up latency, announced demand).
+The pool gathers the signals and carries out create and destroy decisions; its
+host (the reconciler, sandboxd.core.reconciler) decides when, across all
+pools, within a global budget. The pool knows its host only as the small
+``PoolHost`` protocol, and the host is always handed in.
+
+Creates in flight are counted (``creating``) so the pool never over-creates
+from a stale view, at most ``max_starting`` run at once, each backend attempt
+is paced, transient failures are retried in place (tenacity, exponential
+backoff with jitter) while the pool holds back new creates, and a permanent
+failure (missing image, rejected spec) fails the pool's acquirers at once.
+
+The pieces: ``config`` (the spec and its checks), ``warm`` (WarmPool),
+``host`` (PoolHost), ``handout`` (READY sandboxes and the acquirers in
+line), ``starting`` (backend creates and their retries), ``demand`` (signals
+and the policy's memory). Other modules import from here.
+"""
+
+from sandboxd.core.pools.config import PoolConfig, check_scaling
+from sandboxd.core.pools.host import PoolHost
+from sandboxd.core.pools.starting import new_sandbox_id
+from sandboxd.core.pools.warm import WarmPool
+
+__all__ = ["PoolConfig", "PoolHost", "WarmPool", "check_scaling", "new_sandbox_id"]

@@ -1,0 +1,201 @@
+"""What a snapshot knows of a workspace's entries: records as a listing
+describes them (from the find command in the sandbox or read in place),
+the *baseline* a sandbox's next snapshot builds on, and how listings are
+parsed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from sandboxd.backends.base import WORKSPACE
+from sandboxd.backends.shell import is_env_name
+from sandboxd.backends.snapshot_shell import SHELL_OWNED
+from sandboxd.core.snapshots import manifest as mf
+from sandboxd.core.snapshots.catalog import ChainRef
+from sandboxd.core.snapshots.journal import Journal
+from sandboxd.core.snapshots.manifest import DIR, FILE, LINK, Entry
+from sandboxd.errors import BackendError, FailedPrecondition
+
+KINDS = {"f": FILE, "d": DIR, "l": LINK}
+
+# A file whose ctime is this close to the listing may still change within the
+# same kernel timestamp tick (ctime comes from the coarse clock, at most one
+# tick, 1-10 ms, behind); it is not trusted as unchanged next time.
+RACY_SECONDS = 0.05
+# How far before its reference time a delta listing starts (tick jitter).
+DELTA_SLACK = 0.01
+
+Stamp = tuple[int, str, str]
+"""(size, mtime, ctime) as find printed them."""
+
+
+class Listed(NamedTuple):
+    """An entry as a listing describes it (hostfs.Record's fields): a tuple,
+    as thousands are made per snapshot."""
+
+    kind: str
+    mode: int
+    size: int
+    mtime: str
+    ctime: str
+    path: str
+    target: str
+    links: int = 1
+    """Names of the inode (known where the workspace is read in place)."""
+
+    @property
+    def stamp(self) -> Stamp:
+        """(size, mtime, ctime): while these stay equal the file's content is taken as unchanged."""
+        return (self.size, self.mtime, self.ctime)
+
+
+@dataclass
+class Baseline:
+    """What a live sandbox's workspace held when it was last restored or
+    snapshotted: stamps and digests of its regular files."""
+
+    snapshot_id: str
+    chain: list[ChainRef]
+    files: dict[str, tuple[Stamp, str]] = field(default_factory=dict)
+    """After a snapshot: (stamp, digest), unchanged while the stamp is."""
+    cutoff: float = 0.0
+    """After a restore: a file of ``entries`` is as restored while its ctime
+    is below this (0: not from a restore)."""
+    entries: dict[str, Entry] | None = None
+    """Every entry it held (shared, never mutated): the next snapshot lists
+    only what changed since ``since`` and carries the rest over."""
+    since: float = 0.0
+    journal: Journal | None = None
+    """Records what changed since (workspaces read in place): the next
+    snapshot looks at those paths only."""
+    linked: frozenset[str] = frozenset()
+    """Files with more than one name (all of them): a write through one name
+    leaves no event for the others, so they are looked at every time."""
+
+    def unchanged(self, item: Listed, digest: str | None = None) -> Entry | None:
+        """The recorded entry of ``item`` if the listing shows it untouched
+        since that record: carried as recorded (a restore sets whole-second
+        mtimes, so a fresh record would differ from the snapshot's in the
+        fraction alone). ``digest``: a file's digest_of, if the caller has it."""
+        if self.entries is None:
+            return None
+        prev = self.entries.get(item.path)
+        if prev is None or prev.mode != item.mode & 0o1777 or prev.kind != KINDS.get(item.kind):
+            return None
+        if prev.kind == FILE:
+            known = digest if digest is not None else self.digest_of(item)
+            return prev if known == prev.digest else None
+        # A directory or link: unchanged while its ctime is below the
+        # restore's cutoff (after a snapshot, a fresh record is equal anyway).
+        return prev if self.cutoff and float(item.ctime) < self.cutoff else None
+
+    def digest_of(self, item: Listed) -> str | None:
+        """The digest of ``item`` if it is known to be unchanged."""
+        known = self.files.get(item.path)
+        if known is not None:
+            return known[1] if known[0] == item.stamp else None
+        written = self.entries.get(item.path) if self.cutoff and self.entries is not None else None
+        if written is not None and written.kind == FILE and written.size == item.size:
+            return written.digest if float(item.ctime) < self.cutoff else None
+        return None
+
+
+def _fields(data: bytes) -> tuple[float, list[bytes]]:
+    fields = data.split(b"\x00")
+    if not fields or fields[-1] != b"":
+        raise BackendError("workspace listing is malformed (truncated?)")
+    try:
+        return float(fields[0]), fields[1:-1]
+    except ValueError as e:
+        raise BackendError(f"workspace listing is malformed: {fields[0][:80]!r}") from e
+
+
+def _records(body: list[bytes]) -> list[Listed]:
+    if len(body) % 3:
+        raise BackendError("workspace listing is malformed (odd record)")
+    out: list[Listed] = []
+    for i in range(0, len(body), 3):
+        head = body[i].split(b" ")
+        if len(head) != 5:
+            raise BackendError(f"workspace listing is malformed: {body[i][:80]!r}")
+        kind, mode, size, mtime, ctime = (h.decode() for h in head)
+        out.append(
+            Listed(
+                kind=kind,
+                mode=int(mode, 8),
+                size=int(size),
+                mtime=mtime,
+                ctime=ctime,
+                path=body[i + 1].decode("utf-8", "surrogateescape").removeprefix("./"),
+                target=body[i + 2].decode("utf-8", "surrogateescape"),
+            )
+        )
+    return out
+
+
+def parse_listing(data: bytes) -> tuple[float, list[Listed]]:
+    """(listing time, entries) from LIST_SCRIPT's (or RECORDS_SCRIPT's) output."""
+    when, body = _fields(data)
+    return when, _records(body)
+
+
+def parse_delta(data: bytes) -> tuple[float, list[Listed], list[str]]:
+    """(listing time, changed entries, names of all entries) from a
+    delta_script's output."""
+    when, body = _fields(data)
+    records: list[bytes] = []
+    names: list[str] = []
+    i = 0
+    while i < len(body):
+        field = body[i]
+        if field[:1] == b"R" and i + 2 < len(body):
+            records += (field[1:], body[i + 1], body[i + 2])
+            names.append(body[i + 1].decode("utf-8", "surrogateescape"))
+            i += 3
+        elif field[:1] == b"N":
+            names.append(field[1:].decode("utf-8", "surrogateescape"))
+            i += 1
+        else:
+            raise BackendError(f"delta listing is malformed: {field[:80]!r}")
+    return when, _records(records), names
+
+
+def parse_session_state(data: bytes) -> tuple[str, dict[str, str], bytes]:
+    """(cwd, exported environment, the listing that follows) from
+    STATE_SCRIPT's output; variables that belong to the shell or to sandboxd
+    are left out."""
+    end = data.find(b"\x00\x00")
+    first = data.find(b"\x00")
+    if first < 0 or end < 0:
+        raise BackendError("session state is malformed")
+    cwd = data[:first].decode("utf-8", "surrogateescape")
+    env: dict[str, str] = {}
+    for item in data[first + 1 : end + 1].split(b"\x00")[:-1]:
+        name, sep, value = item.decode("utf-8", "surrogateescape").partition("=")
+        if not sep or not is_env_name(name) or name.startswith("SANDBOXD_") or name in SHELL_OWNED:
+            continue
+        env[name] = value
+    return cwd, env, data[end + 2 :]
+
+
+def not_a_file(item: Listed, prev: Entry | None) -> Entry | None:
+    """The entry of a listed directory or symlink (``prev`` where it is
+    unchanged); None for what a snapshot does not carry (FIFOs, sockets).
+    FailedPrecondition for a link that leaves the workspace."""
+    if item.kind == "d":
+        return prev or Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
+    if item.kind == "l":
+        if mf.link_escapes(item.path, item.target):
+            raise FailedPrecondition(
+                f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
+                "snapshots carry only links that stay inside it"
+            )
+        return prev or Entry(item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime))
+    return None
+
+
+def as_listed(e: Entry) -> Listed:
+    """A carried-over file as a listing record, should it have to be read
+    again; its ctime is unknown, so nothing trusts its stamp later."""
+    return Listed(FILE, e.mode, e.size, repr(e.mtime), "0", e.path, "")

@@ -1,0 +1,169 @@
+"""How the snapshot code reaches a sandbox's workspace: helper commands run
+in it (or in one of its sessions), tar streams out of it, listings through
+it, and the host-side view where the backend offers one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from sandboxd.backends.base import WORKSPACE, ExecOutcome, ExecResult, ExecSpec, HostWorkspaces, OutputChunk
+from sandboxd.backends.hostfs import HostWorkspace
+from sandboxd.backends.snapshot_shell import (
+    LIST_SCRIPT,
+    RECORDS_SCRIPT,
+    SESSION_STATE_SCRIPT,
+    STATE_SCRIPT,
+    delta_script,
+)
+from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.snapshots.journal import Journal
+from sandboxd.core.snapshots.listing import Baseline, Listed, parse_delta, parse_listing, parse_session_state
+from sandboxd.core.snapshots.manifest import Entry
+from sandboxd.core.snapshots.reading import Prefetch
+from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxdError
+from sandboxd.settings import SnapshotSettings
+
+if TYPE_CHECKING:
+    from sandboxd.core.control import ControlPlane
+
+# Change sets up to this size are read through the session (no exec start).
+SESSION_TAR_BYTES = 8 << 20
+
+
+class Workspaces:
+    """A sandbox's workspace as the snapshot code reads and writes it."""
+
+    def __init__(self, control: ControlPlane, settings: SnapshotSettings) -> None:
+        self._control = control
+        self._settings = settings
+
+    async def run(self, rec: SandboxRecord, script: str, *, session: str = "", stdin: bytes = b"") -> bytes:
+        """The stdout of a helper command (in ``session`` if given); BackendError unless it exits 0."""
+        spec = ExecSpec(
+            shell=script,
+            cwd="" if session else WORKSPACE,
+            timeout=self._settings.exec_timeout_seconds,
+            stdin=stdin,
+            output_limit=self._control.settings.exec.max_output_bytes,
+            session=session,
+        )
+        out: list[bytes] = []
+        err: list[bytes] = []
+        result: ExecResult | None = None
+        async for event in self._control.exec(rec, spec):
+            if isinstance(event, OutputChunk):
+                (out if event.stream == 1 else err).append(event.data)
+            else:
+                result = event
+        if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
+            what = "no result" if result is None else f"{result.outcome.name} {result.exit_code}"
+            detail = b"".join(err).decode(errors="replace").strip()[:500] or (result.detail if result else "")
+            raise BackendError(f"snapshot helper command failed in {rec.sandbox_id} ({what}): {detail}")
+        return b"".join(out)
+
+    async def host_view(self, rec: SandboxRecord) -> HostWorkspace | None:
+        """The workspace as the host sees it, where the backend offers that (the caller closes it)."""
+        backend = self._control.backend
+        if not isinstance(backend, HostWorkspaces):
+            return None
+        try:
+            return await backend.host_workspace(rec.handle)
+        except SandboxdError:
+            return None
+
+    async def session_state(self, rec: SandboxRecord, session: str) -> tuple[str, dict[str, str]]:
+        """(cwd, exported environment) of ``session``; empty without one."""
+        if not session:
+            return "", {}
+        cwd, env, _ = parse_session_state(await self.run(rec, SESSION_STATE_SCRIPT, session=session))
+        return cwd, env
+
+    async def list_in_place(
+        self, view: HostWorkspace, journal: Journal | None = None
+    ) -> tuple[float, list[Listed]]:
+        """(listing time, entries): the workspace walked from the host (and
+        ``journal`` set to watch every directory as it is walked)."""
+        when, records = await asyncio.to_thread(view.walk, journal.watch if journal else None)
+        return when, [Listed(*r) for r in records]
+
+    async def list_through(
+        self, rec: SandboxRecord, baseline: Baseline | None, session: str
+    ) -> tuple[str, dict[str, str], float, list[Listed], dict[str, Entry], Prefetch | None]:
+        """The same through commands in the sandbox: a delta listing against
+        ``baseline`` where it has one; the first snapshot of a large workspace
+        starts its tar stream (returned) while the listing runs."""
+        prefetch: Prefetch | None = None
+        if baseline is None and await self.large(rec):
+            prefetch = Prefetch(self.get_tar(rec, (".",)))
+        try:
+            delta = baseline is not None and baseline.entries is not None
+            script = STATE_SCRIPT if session else LIST_SCRIPT
+            if delta:
+                assert baseline is not None
+                script = delta_script(baseline.since, session=bool(session))
+            cwd, env = "", dict[str, str]()
+            if session:
+                cwd, env, raw = parse_session_state(await self.run(rec, script, session=session))
+            else:
+                raw = await self.run(rec, script)
+            carried: dict[str, Entry] = {}
+            if delta:
+                assert baseline is not None
+                when, listing, carried = await self._merge_delta(rec, baseline, raw)
+            else:
+                when, listing = parse_listing(raw)
+        except BaseException:
+            if prefetch is not None:
+                await prefetch.close()
+            raise
+        return cwd, env, when, listing, carried, prefetch
+
+    async def _merge_delta(
+        self, rec: SandboxRecord, baseline: Baseline, raw: bytes
+    ) -> tuple[float, list[Listed], dict[str, Entry]]:
+        """(listing time, entries to look at, entries carried over unchanged)
+        from a delta listing: what exists is what it names; what changed
+        comes with a record; a named path that is new but has no record (it
+        lies in a directory moved in) is listed on its own."""
+        assert baseline.entries is not None
+        when, changed, names = parse_delta(raw)
+        present = set(names)
+        listing = [c for c in changed if c.path in present]
+        seen = {c.path for c in listing}
+        carried = {p: e for p, e in baseline.entries.items() if p in present and p not in seen}
+        unknown = [n for n in names if n not in seen and n not in carried]
+        if unknown:
+            stdin = b"".join(n.encode("utf-8", "surrogateescape") + b"\x00" for n in unknown)
+            _, more = parse_listing(await self.run(rec, RECORDS_SCRIPT, stdin=stdin))
+            listing += more
+        return when, listing, carried
+
+    async def large(self, rec: SandboxRecord) -> bool:
+        """Whether the workspace holds more than a session read carries
+        (a host-side reading; False where the backend cannot tell)."""
+        try:
+            usage = await self._control.backend.usage(rec.handle)
+        except SandboxdError:
+            return False
+        return usage.disk_bytes > SESSION_TAR_BYTES
+
+    async def get_tar(self, rec: SandboxRecord, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
+        """A tar stream of ``paths`` of the workspace; FailedPrecondition if
+        one vanished on the way (the workspace changed while it was read)."""
+        stream = self._control.backend.get_tar(rec.handle, WORKSPACE, paths)
+        try:
+            async for chunk in stream:
+                yield chunk
+        except (NotFound, BackendError) as e:
+            # tar names a listed file that vanished before it got there.
+            if isinstance(e, BackendError) and "No such file or directory" not in str(e):
+                raise
+            raise FailedPrecondition(
+                f"the workspace of {rec.sandbox_id} changed while it was being snapshotted ({e}); retry"
+            ) from e
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]

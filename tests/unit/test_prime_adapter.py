@@ -1,0 +1,67 @@
+"""The Prime API adapter with the real prime-sandboxes SDK, on the fake
+backend: what only the fake can stage (a sandbox dying under a command)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from sandboxd.adapters.prime import PRIME_SERVER, PrimeSettings, make_app
+from sandboxd.backends.fake import FakeBackend
+from sandboxd.client import AsyncClient
+from tests.unit.conftest import MakeApp
+
+prime_sandboxes = pytest.importorskip("prime_sandboxes")
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def prime(
+    make_app: MakeApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[web.Application, FakeBackend]]:
+    backend = FakeBackend()
+    app = await make_app(backend=backend)
+    async with AsyncClient(app.address) as client:
+        await client.create_pool("p", "img", min_ready=1, max_size=2)
+        web_app = make_app_for(client)
+        runner = web.AppRunner(web_app, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        monkeypatch.setenv("HOME", str(tmp_path))
+        monkeypatch.setenv("PRIME_API_BASE_URL", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("PRIME_API_KEY", "k")
+        try:
+            yield web_app, backend
+        finally:
+            await runner.cleanup()
+
+
+def make_app_for(client: AsyncClient) -> web.Application:
+    return make_app(client, PrimeSettings(image_pools={"python:3.11-slim": "p"}))
+
+
+async def test_a_sandbox_lost_under_a_command_is_not_running_not_a_failed_command(
+    prime: tuple[web.Application, FakeBackend],
+) -> None:
+    from prime_sandboxes import AsyncSandboxClient, CreateSandboxRequest, SandboxNotRunningError
+
+    web_app, backend = prime
+    sdk = AsyncSandboxClient()
+    try:
+        sb = await sdk.create(CreateSandboxRequest(name="x", docker_image="python:3.11-slim"))
+        await sdk.wait_for_creation(sb.id)
+        box = web_app[PRIME_SERVER]._boxes[sb.id]
+        backend.kill(next(h for h, b in backend.sandboxes.items() if b.spec.sandbox_id == box.sandbox))
+        with pytest.raises(SandboxNotRunningError):
+            await sdk.execute_command(sb.id, "echo never")
+        got = await sdk.get(sb.id)
+        assert (got.status, got.error_type) == ("ERROR", "SANDBOX_LOST")
+        assert box.lease is None, "its lease was released"
+    finally:
+        await sdk.aclose()
