@@ -92,10 +92,10 @@ class Tree:
 # Ends a Tree from inside the sandbox, with builtins but for one grep per
 # round. Each round adds the tagged processes and every child of a process
 # already found (and, keeping the root, the root's children forked since $4:
-# a pid above the one it names, or a start after its clock, as pids wrap),
-# and stops what it found: stopped processes cannot fork, so the set stops
-# growing, and what a victim forked meanwhile is its child, found in the
-# next round. Then one SIGKILL each. A zombie is already dead; a stat line
+# started after its clock, or within the same tick with a pid above the one
+# it names), and stops what it found: stopped processes cannot fork, so the
+# set stops growing, and what a victim forked meanwhile is its child, found
+# in the next round. Then one SIGKILL each. A zombie is already dead; a stat line
 # is "pid (comm) state ppid ..." with field 22, the start time, in clock
 # ticks (USER_HZ, 100 on every Linux architecture sandboxes run on).
 TREE_KILL = r"""
@@ -134,8 +134,9 @@ while :; do
         *" $2 "*) ;;
         *)
           [ "$keep" = 1 ] && [ "$root" -gt 0 ] && [ "$2" = "$root" ] || continue
-          if [ "$after" -ge 0 ] && [ "$p" -gt "$after" ]; then :
-          elif [ "$ticks" -ge 0 ] && [ "${20}" -gt "$ticks" ]; then :
+          [ "$ticks" -ge 0 ] || continue
+          if [ "${20}" -gt "$ticks" ]; then :
+          elif [ "${20}" = "$ticks" ] && [ "$after" -ge 0 ] && [ "$p" -gt "$after" ]; then :
           else continue
           fi ;;
       esac

@@ -104,6 +104,12 @@ class Cell:
         self._parent = parent
         self._unified = unified
 
+    def others(self, keep: int) -> bool:
+        """Whether anything but ``keep`` is in it. Asked after every session
+        command: a fresh open each time, as cgroup v1 serves an open file the
+        pid list it read first."""
+        return any(p != keep for p in self.pids())
+
     def enter(self, pid: int) -> bool:
         """Moves the host process ``pid`` (with its threads) in."""
         try:
@@ -113,8 +119,8 @@ class Cell:
             return False
 
     def pids(self) -> list[int]:
-        """The host pids of the processes in it. Read raw: it is asked after
-        every session command, and a text-mode read costs ten times more."""
+        """The host pids of the processes in it (read raw: a text-mode read
+        costs ten times more)."""
         chunks: list[bytes] = []
         try:
             fd = os.open(self.path / "cgroup.procs", os.O_RDONLY)

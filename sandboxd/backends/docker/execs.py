@@ -206,7 +206,7 @@ class EngineExec:
         """After a command in the stream's shell ended by itself: moves what
         it left running out of the cell, so the next command's kill spares it."""
         cell = self._cell
-        if cell is not None and any(p != self._root_host for p in cell.pids()):
+        if cell is not None and cell.others(self._root_host):
             await self._blocking(cell.settle, self._root_host)
 
     async def alive(self) -> bool:
