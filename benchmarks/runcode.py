@@ -12,8 +12,10 @@ shell prelude). A request counts as an error when its answer is not the one
 SandboxFusion would give (status and run status per program), or when HTTP
 fails. Every call is bounded; on exit (errors and Ctrl-C included) the pool is
 deleted, both servers get SIGTERM and containers left with the benchmark's
-labels are removed. The last stdout line is the JSON written to
-benchmarks/results/runcode.json.
+labels are removed. Before the mix, a burst of trivial programs
+(``print(1)``) at 16 and 128 at once measures what a burst costs beyond the
+programs, on a server idle before it. The last stdout line is the JSON
+written to benchmarks/results/runcode.json.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ MIX: tuple[Program, ...] = (
 )
 
 
+# The shortest program there is: what a burst costs beyond the programs themselves.
+TRIVIAL = Program("python", "print(1)", "Success", "Finished")
+
+
 def _docker_script(p: Program) -> str:
     runner = LANGUAGES[p.language]
     encoded = base64.b64encode(p.code.encode()).decode()
@@ -120,9 +126,9 @@ async def _one_docker(image: str, label: str, p: Program) -> tuple[float, str]:
     return took, f"{p.language}:{p.status}/{p.run_status} got exit {code}"
 
 
-async def _batch(n: int, concurrency: int, call: Any) -> dict[str, Any]:
+async def _batch(n: int, concurrency: int, call: Any, mix: Sequence[Program] = MIX) -> dict[str, Any]:
     gate = asyncio.Semaphore(concurrency)
-    programs = [MIX[i % len(MIX)] for i in range(n)]
+    programs = [mix[i % len(mix)] for i in range(n)]
 
     async def one(p: Program) -> tuple[float, str]:
         async with gate:
@@ -157,6 +163,57 @@ async def _wait_http(url: str, proc: asyncio.subprocess.Process, within: float) 
     raise TimeoutError(f"run-code server not up within {within:g}s")
 
 
+async def _stats(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with asyncio.timeout(CALL_LIMIT), http.get(url) as r:
+        answer: dict[str, Any] = await r.json()
+        return answer
+
+
+async def _wait_reserve(http: aiohttp.ClientSession, url: str, n: int, within: float) -> None:
+    deadline = time.monotonic() + within
+    while (await _stats(http, url))["idle"] < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run-code reserve of {n} not prepared within {within:g}s")
+        await asyncio.sleep(0.2)  # the poll interval of this bounded wait
+
+
+async def _settle(address: str, within: float) -> None:
+    """Waits for the pool to stop creating (its own top-up after the reserve's leases)."""
+    deadline = time.monotonic() + within
+    async with AsyncClient(address) as client:
+        while (await client.get_pool(POOL)).status.creating:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pool still creating after {within:g}s")
+            await asyncio.sleep(0.2)  # the poll interval of this bounded wait
+
+
+async def _trivial_bursts(
+    http: aiohttp.ClientSession, url: str, stats_url: str, address: str, image: str, label: str
+) -> dict[str, Any]:
+    """``print(1)`` at once from a server idle before it: 16 (fresh, then again after the
+    first burst's sandboxes came back) and 128, with how many requests waited for a sandbox."""
+    out: dict[str, Any] = {}
+    for name, n in (("16_fresh", 16), ("16_again", 16), ("128", 128)):
+        if name == "16_again":
+            await _wait_reserve(http, stats_url, 16, 120)
+        await _settle(address, 180)
+        before = await _stats(http, stats_url)
+        rc = await _batch(n, n, lambda _: _one_http(http, url, TRIVIAL), [TRIVIAL])
+        after = await _stats(http, stats_url)
+        out[name] = {
+            "runcode_p50_ms": rc["p50_ms"],
+            "runcode_p99_ms": rc["p99_ms"],
+            "errors": rc["errors"],
+            "waited_for_sandbox": after["waited"] - before["waited"],
+            "leased_during": after["leased"] - before["leased"],
+            "n": n,
+        }
+    dk = await _batch(16, 16, lambda p: _one_docker(image, label, p), [TRIVIAL])
+    out["16_fresh"]["docker_run_p50_ms"] = dk["p50_ms"]
+    out["16_fresh"]["docker_run_p99_ms"] = dk["p99_ms"]
+    return out
+
+
 async def bench(args: argparse.Namespace, server: ServerProcess, image: str, label: str) -> dict[str, Any]:
     """Runs every concurrency through /run_code and through docker run; returns the report."""
     await server.wait_healthy(60)
@@ -174,6 +231,7 @@ async def bench(args: argparse.Namespace, server: ServerProcess, image: str, lab
         server.address,
     ]
     rc_cmd += ["--pool", POOL, "--port", str(port), "--acquire-timeout", str(CALL_LIMIT)]
+    rc_cmd += ["--reserve", str(args.reserve)]
     run_code = await asyncio.create_subprocess_exec(
         *rc_cmd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True
     )
@@ -182,6 +240,10 @@ async def bench(args: argparse.Namespace, server: ServerProcess, image: str, lab
         url = f"http://127.0.0.1:{port}/run_code"
         per: dict[str, Any] = {}
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            stats_url = f"http://127.0.0.1:{port}/sandboxd/stats"
+            await _wait_reserve(http, stats_url, args.reserve, 180)
+            trivial = await _trivial_bursts(http, url, stats_url, server.address, image, label)
+            print(json.dumps({"trivial": trivial}), flush=True)
             # One untimed pass warms the pool and the page cache of the toolchains.
             await _batch(len(MIX), len(MIX), lambda p: _one_http(http, url, p))
             for c in args.concurrency:
@@ -219,6 +281,7 @@ async def bench(args: argparse.Namespace, server: ServerProcess, image: str, lab
         "image": image,
         "mix": [f"{p.language}:{p.status}/{p.run_status}" for p in MIX],
         "per_concurrency": per,
+        "trivial_burst": trivial,
         "runcode_p50_ms": top["runcode_p50_ms"],
         "runcode_p99_ms": top["runcode_p99_ms"],
         "docker_run_p50_ms": top["docker_run_p50_ms"],
@@ -235,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="passes over the mix at each concurrency")
     parser.add_argument("--warm", type=int, default=16, help="pool min_ready")
     parser.add_argument("--max-size", type=int, default=32, help="pool max_size")
+    parser.add_argument("--reserve", type=int, default=16, help="run-code's --reserve")
     parser.add_argument("--image", default="", help="default: the code-judge image")
     args = parser.parse_args(argv)
     from sandboxd.images.codejudge import ensure_code_judge_image
@@ -265,4 +329,4 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-__all__ = ["MIX", "Program", "bench", "main"]
+__all__ = ["MIX", "TRIVIAL", "Program", "bench", "main"]

@@ -341,7 +341,8 @@ def make_snapshot_manager(
         settings.state_dir / f"{settings.instance_id}-snapshots.sqlite3" if persist else None
     )
     blobs = make_blob_store(settings, persist=persist)
-    return SnapshotManager(control, catalog, blobs, settings.snapshots, clock)
+    staging = settings.state_dir / "live" / settings.instance_id if persist else None
+    return SnapshotManager(control, catalog, blobs, settings.snapshots, clock, staging)
 
 
 def build_app(

@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     rc.add_argument("--port", type=int, default=8080)
     rc.add_argument("--acquire-timeout", type=float, default=8.0, help="wait for a sandbox, then 504")
     rc.add_argument("--max-uses", type=int, default=50, help="requests per sandbox, then destroyed")
+    rc.add_argument(
+        "--reserve", type=int, default=4, help="sandboxes prepared ahead of requests, at least (demand adds)"
+    )
     pa = sub.add_parser("prime-api", help="serve the Prime sandbox API (prime-sandboxes SDK) over pools")
     pa.add_argument("--target", default="127.0.0.1:50051")
     pa.add_argument("--token", help="tenant bearer token")
@@ -233,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.token,
                     acquire_timeout=args.acquire_timeout,
                     max_uses=args.max_uses,
+                    reserve=args.reserve,
                 )
             )
         return 0

@@ -36,6 +36,7 @@ fi
 missing=()
 command -v dockerd >/dev/null && command -v docker >/dev/null || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v crun >/dev/null || missing+=(crun)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if ((${#missing[@]})); then
     say "installing ${missing[*]}"
@@ -91,8 +92,9 @@ if [[ $mode == test ]]; then
     # time, an 80 MB binary kept in GOPATH/bin), static (CGO_ENABLED=0: a
     # dynamically linked runsc fails every sandbox when it re-executes itself)
     # and registered with dockerd as "runsc" by start-docker.sh. The version
-    # is a pseudo-version of gVisor's `go` branch (it publishes no tags there).
-    RUNSC_VERSION=v0.0.0-20260701204157-69c2d17aea96
+    # is a pseudo-version of gVisor's `go` branch (it publishes no tags there),
+    # kept with the test cluster's versions (its node runs gVisor's shim too).
+    RUNSC_VERSION=$(source deploy/testcluster/versions.sh && echo "$GVISOR_VERSION")
     if [[ -x "$gobin/runsc" && "$(cat "$gobin/.runsc-version" 2>/dev/null)" == "$RUNSC_VERSION" ]]; then
         say "runsc ${RUNSC_VERSION} present"
     else

@@ -17,6 +17,7 @@ DEADLINE_S=60
 # gVisor's runtime, when installed (scripts/setup.sh test builds it), is
 # registered with dockerd as "runsc", the name sandboxd's settings default to.
 RUNSC=/usr/local/bin/runsc
+CRUN=/usr/bin/crun
 DAEMON_JSON=/etc/docker/daemon.json
 
 say() { printf '[start-docker] %s\n' "$*"; }
@@ -34,48 +35,63 @@ pidfile_dockerd() {
     [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == dockerd ]] && alive "$pid" && echo "$pid"
 }
 
-# Writes the runsc runtime into daemon.json (merged with what is there; the
-# flags dockerd is started with below do not overlap it). systrap works
-# without /dev/kvm; --network=none matches the sandboxes' own; --oci-seccomp
-# makes runsc apply Docker's seccomp profile, which it ignores otherwise.
+# Writes the extra runtimes into daemon.json (merged with what is there; the
+# flags dockerd is started with below do not overlap it).
+#  - runsc (gVisor): systrap works without /dev/kvm; --network=none matches the
+#    sandboxes' own; --oci-seccomp makes runsc apply Docker's seccomp profile,
+#    which it ignores otherwise.
+#  - crun: Debian's OCI runtime in C, offered beside runc.
+#  - experimental: dockerd 20.10 serves `docker checkpoint` (gVisor live
+#    snapshots) only in experimental mode. Unlike runtimes it is not reloaded
+#    on SIGHUP: a daemon started without it keeps running without it.
 write_runtime_config() {
-    python3 - "$RUNSC" "$DAEMON_JSON" <<'PY'
+    python3 - "$RUNSC" "$CRUN" "$DAEMON_JSON" <<'PY'
 import json, os, sys
-runsc, path = sys.argv[1], sys.argv[2]
+runsc, crun, path = sys.argv[1], sys.argv[2], sys.argv[3]
 try:
     with open(path) as fh:
         cfg = json.load(fh)
 except FileNotFoundError:
     cfg = {}
-want = {"path": runsc, "runtimeArgs": ["--platform=systrap", "--network=none", "--oci-seccomp"]}
-if cfg.get("runtimes", {}).get("runsc") != want:
-    cfg.setdefault("runtimes", {})["runsc"] = want
+before = json.dumps(cfg, sort_keys=True)
+runtimes = cfg.setdefault("runtimes", {})
+if os.access(runsc, os.X_OK):
+    runtimes["runsc"] = {"path": runsc, "runtimeArgs": ["--platform=systrap", "--network=none", "--oci-seccomp"]}
+if os.access(crun, os.X_OK):
+    runtimes["crun"] = {"path": crun}
+cfg["experimental"] = True
+if json.dumps(cfg, sort_keys=True) != before:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as fh:
         json.dump(cfg, fh, indent=2)
     os.replace(path + ".tmp", path)
 PY
 }
-runsc_registered() { timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
+runtimes_registered() {
+    local have
+    have=$(timeout 10 docker info --format '{{json .Runtimes}}' 2>/dev/null) || return 1
+    [[ ! -x $RUNSC || $have == *'"runsc"'* ]] && [[ ! -x $CRUN || $have == *'"crun"'* ]]
+}
 # On a running daemon: dockerd reloads its runtimes on SIGHUP, without
 # restarting (containers and other users' work are untouched).
-register_runsc() {
-    [[ -x $RUNSC && $EUID -eq 0 ]] || return 0
+register_runtimes() {
+    [[ $EUID -eq 0 ]] || return 0
+    [[ -x $RUNSC || -x $CRUN ]] || return 0
     write_runtime_config
-    runsc_registered && return 0
+    runtimes_registered && return 0
     local pid
-    pid=$(pidfile_dockerd) || { say "dockerd's pid is unknown; runsc is registered at its next start"; return 0; }
-    say "registering runsc with dockerd (SIGHUP)"
+    pid=$(pidfile_dockerd) || { say "dockerd's pid is unknown; runtimes are registered at its next start"; return 0; }
+    say "registering runtimes with dockerd (SIGHUP)"
     kill -HUP "$pid"
     for _ in $(seq 20); do
-        runsc_registered && return 0
+        runtimes_registered && return 0
         sleep 0.5
     done
-    say "dockerd did not pick up runsc; see $LOG"
+    say "dockerd did not pick up the runtimes; see $LOG"
 }
 
 if docker_ok; then
-    register_runsc
+    register_runtimes
     exit 0
 fi
 
@@ -88,7 +104,7 @@ fi
 exec 9>/var/run/sandboxd-start-docker.lock
 flock 9
 if docker_ok; then
-    register_runsc
+    register_runtimes
     exit 0
 fi
 
@@ -110,7 +126,7 @@ start_dockerd() {
     if ctr_pid=$(cat "$CONTAINERD_PIDFILE" 2>/dev/null) && ! alive "$ctr_pid"; then
         rm -f "$CONTAINERD_PIDFILE"
     fi
-    [[ -x $RUNSC ]] && write_runtime_config
+    [[ $EUID -eq 0 ]] && write_runtime_config
     say "starting dockerd (log: $LOG)"
     # setsid + nohup + closed stdio so dockerd outlives this script and does
     # not hold open a pipe of whoever called us (e.g. `$(start-docker.sh)`);

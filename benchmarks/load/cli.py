@@ -1,5 +1,6 @@
 """``python -m benchmarks.load`` (also ``sandboxd bench``): run a profile on
-sandboxd and on the naive baseline, or compare two result files.
+sandboxd, on the naive baseline and on the floor (the same commands as plain
+processes on the host), or compare two result files.
 
     python -m benchmarks.load --profile step-sync --rollouts 128 [--quick]
     python -m benchmarks.load --profile swe-like --driver sandboxd --target 127.0.0.1:50051
@@ -37,6 +38,7 @@ from urllib.parse import urlparse
 from benchmarks.load.baseline import BaselineDriver
 from benchmarks.load.dists import ProfileError
 from benchmarks.load.episode import plan_episode
+from benchmarks.load.floor import FloorDriver
 from benchmarks.load.profile import PRESETS, Profile, load_profile
 from benchmarks.load.report import build_report, compare, render
 from benchmarks.load.runner import SampledDriver, Sampler, play_profile
@@ -191,7 +193,7 @@ async def run_all(args: argparse.Namespace, profile: Profile) -> tuple[dict[str,
         image = await asyncio.to_thread(ensure_default_image)
     sandboxd_snapshots = False
     snapshot_note = "no sandboxd run"
-    if args.driver in ("both", "sandboxd"):
+    if args.driver in ("all", "both", "sandboxd"):
         min_ready = args.min_ready if args.min_ready is not None else min(shape.in_flight, MAX_WARM_POOL)
         max_size = (
             args.max_size if args.max_size is not None else max(shape.in_flight, min_ready, shape.group_size)
@@ -222,7 +224,7 @@ async def run_all(args: argparse.Namespace, profile: Profile) -> tuple[dict[str,
             "supported": sd.snapshots, "planned": snaps, "note": snapshot_note,
             "taken": len(series["sandboxd"]["samples_ms"].get("snapshot", [])),
         }  # fmt: skip
-    if args.driver in ("both", "baseline"):
+    if args.driver in ("all", "both", "baseline"):
         check_engine(args.allow_remote)
         threads = args.baseline_threads or min(max(shape.in_flight, 4), 256)
         bl = BaselineDriver(
@@ -238,6 +240,19 @@ async def run_all(args: argparse.Namespace, profile: Profile) -> tuple[dict[str,
             "note": ("docker commit, mirroring sandboxd" if bl.snapshots
                      else "skipped: sandboxd took none"),
             "taken": len(series["baseline"]["samples_ms"].get("snapshot", [])),
+        }  # fmt: skip
+    if args.driver in ("all", "floor"):
+        fl = FloorDriver(snapshots=sandboxd_snapshots, log=log)
+        log("floor: every command a plain process on the host")
+        drivers["floor"], series["floor"] = await run_driver(
+            fl, profile, run_id=run_id, warm_timeout=args.warm_timeout, progress=args.progress,
+            setup=fl.setup, teardown=fl.teardown, wait_idle=args.wait_idle,
+        )  # fmt: skip
+        drivers["floor"]["snapshots"] = {
+            "supported": fl.snapshots, "planned": snaps,
+            "note": ("tar of the directory, mirroring sandboxd" if fl.snapshots
+                     else "skipped: sandboxd took none"),
+            "taken": len(series["floor"]["samples_ms"].get("snapshot", [])),
         }  # fmt: skip
     header = {
         "profile": profile.name,
@@ -305,7 +320,12 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override any profile key, VALUE in TOML syntax (episode.think_seconds=0.5)",
     )
-    p.add_argument("--driver", choices=["both", "sandboxd", "baseline"], default="both")
+    p.add_argument(
+        "--driver",
+        choices=["all", "both", "sandboxd", "baseline", "floor"],
+        default="all",
+        help="all: sandboxd, baseline and floor; both: sandboxd and baseline",
+    )
     p.add_argument("--target", help="a running sandboxd (host:port); default: start one on loopback")
     p.add_argument(
         "--allow-remote", action="store_true", help="allow a non-loopback --target (the cluster under test)"
@@ -407,4 +427,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(render(report))
     print(json.dumps(report, separators=(",", ":")))
-    return 0 if report["goals_met"] or args.driver != "both" else 1
+    return 0 if report["goals_met"] or args.driver not in ("all", "both") else 1

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 OPS = ("acquire", "exec_session", "exec_oneshot", "write", "reward", "release", "snapshot")
-COLORS = {"sandboxd": "tab:blue", "baseline": "tab:red"}
+COLORS = {"sandboxd": "tab:blue", "baseline": "tab:red", "floor": "tab:gray"}
 
 
 def step_windows(d: dict[str, Any]) -> list[tuple[float, float]]:
@@ -32,7 +32,7 @@ def plot_all(series: dict[str, Any], stem: Path, title: str) -> list[str]:
     from matplotlib.ticker import NullFormatter
 
     written = []
-    drivers = [d for d in ("sandboxd", "baseline") if d in series]
+    drivers = [d for d in COLORS if d in series]
     ops = [op for op in OPS if any(series[d]["samples_ms"].get(op) for d in drivers)]
     if ops:
         cols = min(3, len(ops))

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 SPEEDUP_GOAL = 3.0
+FLOOR_GOAL = 1.2
+"""sandboxd's step time at most this many times the floor's (plain processes on the host)."""
+DRIVERS = ("sandboxd", "baseline", "floor")
 ROW_OPS = ("acquire", "exec", "exec_session", "exec_oneshot", "write", "snapshot", "reward", "release")
 
 
@@ -28,16 +31,19 @@ def step_time(driver: dict[str, Any] | None) -> float | None:
 
 
 def build_report(header: dict[str, Any], drivers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    sd, bl = drivers.get("sandboxd"), drivers.get("baseline")
-    s_step, b_step = step_time(sd), step_time(bl)
+    sd, bl, fl = drivers.get("sandboxd"), drivers.get("baseline"), drivers.get("floor")
+    s_step, b_step, f_step = step_time(sd), step_time(bl), step_time(fl)
     errors = sum(sum(d.get("errors", {}).values()) for d in drivers.values())
     leaked = sum(int(d.get("leaked", 0)) for d in drivers.values())
     speedup = round(b_step / s_step, 2) if s_step and b_step else None
+    over_floor = round(s_step / f_step, 3) if s_step and f_step else None
     report: dict[str, Any] = {
         **header,
         "sandboxd_step_s": s_step,
         "baseline_step_s": b_step,
+        "floor_step_s": f_step,
         "speedup": speedup,
+        "sandboxd_over_floor": over_floor,
         "sandboxd_exec_p99_ms": _p(sd, "exec", "p99"),
         "baseline_exec_p99_ms": _p(bl, "exec", "p99"),
         "sandboxd_warmup_s": sd.get("setup", {}).get("warmup_s") if sd else None,
@@ -50,6 +56,11 @@ def build_report(header: dict[str, Any], drivers: dict[str, dict[str, Any]]) -> 
         "errors": {"goal": "== 0", "value": errors, "met": errors == 0},
         "leaked": {"goal": "== 0", "value": leaked, "met": leaked == 0},
     }  # fmt: skip
+    if fl is not None:
+        goals["sandboxd_over_floor"] = {
+            "goal": f"<= {FLOOR_GOAL:g}", "value": over_floor,
+            "met": None if over_floor is None else over_floor <= FLOOR_GOAL,
+        }  # fmt: skip
     report["goals"] = goals
     report["goals_met"] = all(g["met"] for g in goals.values())
     report["drivers"] = drivers
@@ -108,8 +119,8 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    """Both drivers of one run side by side."""
-    drivers = [d for d in ("sandboxd", "baseline") if d in report.get("drivers", {})]
+    """The drivers of one run side by side."""
+    drivers = [d for d in DRIVERS if d in report.get("drivers", {})]
     per = {d: dict(rows_of(report, d)) for d in drivers}
     keys: list[str] = []
     for d in drivers:
@@ -123,6 +134,8 @@ def render(report: dict[str, Any]) -> str:
     lines = [title, _table(["", *drivers], rows)]
     if report.get("speedup") is not None:
         lines.append(f"step time: sandboxd {report['speedup']:.2f}x shorter than the baseline")
+    if report.get("sandboxd_over_floor") is not None:
+        lines.append(f"step time: sandboxd {report['sandboxd_over_floor']:.2f}x the floor (plain processes)")
     for name, g in report.get("goals", {}).items():
         mark = {True: "ok  ", False: "MISS", None: "n/a "}[g["met"]]
         lines.append(f"goal {mark} {name}: {g['value']} (goal {g['goal']})")
@@ -136,11 +149,11 @@ def compare(a_path: Path, b_path: Path) -> str:
     head_rows = [
         [k, _fmt(a.get(k)), _fmt(b.get(k))]
         for k in ("profile", "mode", "rollouts", "steps", "group_size", "quick", "sandboxd_step_s",
-                  "baseline_step_s", "speedup", "sandboxd_exec_p99_ms", "baseline_exec_p99_ms",
-                  "errors", "leaked", "started_at")
+                  "baseline_step_s", "floor_step_s", "speedup", "sandboxd_over_floor",
+                  "sandboxd_exec_p99_ms", "baseline_exec_p99_ms", "errors", "leaked", "started_at")
     ]  # fmt: skip
     out.append(_table(["", f"A: {a_path.name}", f"B: {b_path.name}"], head_rows))
-    for d in ("sandboxd", "baseline"):
+    for d in DRIVERS:
         ra, rb = dict(rows_of(a, d)), dict(rows_of(b, d))
         if not ra and not rb:
             continue

@@ -37,7 +37,10 @@ def _die_with_parent() -> None:
 class ServerProcess:
     """``python -m sandboxd.cli serve`` on 127.0.0.1 and a free port."""
 
-    def __init__(self, *, backend: str = "docker", log_level: str = "WARNING") -> None:
+    def __init__(
+        self, *, backend: str = "docker", log_level: str = "WARNING", env: dict[str, str] | None = None
+    ) -> None:
+        """``env`` adds to the harness's environment (e.g. DOCKER_HOST: another engine)."""
         self.instance = f"load-{secrets.token_hex(4)}"
         self.state_dir = Path(tempfile.mkdtemp(prefix="sandboxd-load-"))
         self.port = free_port()
@@ -50,7 +53,11 @@ class ServerProcess:
         ]  # fmt: skip
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            env={**os.environ, **(env or {})},
         )
 
     def log_tail(self, lines: int = 30) -> str:

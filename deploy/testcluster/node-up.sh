@@ -5,7 +5,10 @@
 # like the other components, the pause image compiled from source and the
 # sandbox image imported from the rootfs cache, all without a registry.
 # The node is tainted sandboxd.io/real-node=true:NoSchedule so only Pods that
-# tolerate it land there. Idempotent. Prints the node name.
+# tolerate it land there. Two RuntimeClasses besides the default runc:
+# sandboxd (runc with a file-limited workspace) and gvisor (gVisor's runsc).
+# Idempotent: on a running node, a changed containerd configuration restarts
+# containerd alone (Pods keep running). Prints the node name.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.sh
@@ -40,13 +43,67 @@ mkdir -p "$CTRD" "$STATE/cni/net.d" "$STATE/kubelet" "$STATE/logs" "$STATE/pids"
 
 # The sandboxd runtime handler: runc behind deploy/node/sandboxd-runc, which
 # gives workspaces a tmpfs with nr_inodes (the kernel caps files per sandbox).
+# The same program also wraps runsc and gVisor's shim for the gvisor handler.
 wrapper_src=$(cd "$here/../node/sandboxd-runc" && pwd)
-wrapper=$BIN/sandboxd-runc-$(cat "$wrapper_src"/go.mod "$wrapper_src"/main.go | sha256sum | cut -c1-12)
+wrapper_files=$(find "$wrapper_src" -maxdepth 1 \( -name go.mod -o -name '*.go' ! -name '*_test.go' \) | sort)
+# shellcheck disable=SC2086 # one path a line, no spaces
+wrapper=$BIN/sandboxd-runc-$(cat $wrapper_files | sha256sum | cut -c1-12)
 if [[ ! -x $wrapper ]]; then
     say "building $(basename "$wrapper")"
     (cd "$wrapper_src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$wrapper.tmp" .)
     mv "$wrapper.tmp" "$wrapper"
 fi
+
+# The gvisor runtime handler: gVisor's containerd shim and runsc, built from
+# the module version scripts/setup.sh builds Docker's runsc from (static,
+# CGO_ENABLED=0, as there), cached by version. The shim runs runsc through
+# the wrapper above under the name sandboxd-runsc (which turns the Pod's
+# process limit into RLIMIT_NPROC inside gVisor), with runsc.toml's options:
+# systrap (no KVM needed), no network stack (commands come by exec; the Pod
+# network is unused), the Pod's seccomp profile applied inside as well.
+gvisor=$BIN/gvisor-$GVISOR_VERSION
+if [[ ! -x $gvisor/runsc || ! -x $gvisor/containerd-shim-runsc-v1 ]]; then
+    say "building gVisor's runsc and containerd shim $GVISOR_VERSION"
+    rm -rf "$gvisor.tmp"
+    mkdir -p "$gvisor.tmp/src"
+    export CGO_ENABLED=0 GOFLAGS=-mod=mod
+    GOBIN=$gvisor.tmp go install -ldflags "-s -w" "gvisor.dev/gvisor/runsc@$GVISOR_VERSION" >&2
+    # The shim sets its own oom_score_adj to -999 and fails every Pod when
+    # that is refused, as nested hosts without CAP_SYS_RESOURCE do (the
+    # reason for restrict_oom_score_adj below): built from a copy of the
+    # module with that one constant at 0, containerd's own score.
+    go mod download "gvisor.dev/gvisor@$GVISOR_VERSION"
+    cp -r "$(go env GOMODCACHE)/gvisor.dev/gvisor@$GVISOR_VERSION" "$gvisor.tmp/src/gvisor"
+    chmod -R u+w "$gvisor.tmp/src/gvisor"
+    manager=$gvisor.tmp/src/gvisor/pkg/shim/v1/manager.go
+    grep -qx $'\toomScoreMax = -999' "$manager" || {
+        say "gVisor's shim no longer sets oomScoreMax = -999 in pkg/shim/v1/manager.go: review this build"
+        exit 1
+    }
+    sed -i 's/^\toomScoreMax = -999$/\toomScoreMax = 0/' "$manager"
+    (cd "$gvisor.tmp/src/gvisor" && go build -trimpath -ldflags "-s -w" -o "$gvisor.tmp/shim" ./shim) >&2
+    unset CGO_ENABLED GOFLAGS
+    rm -rf "$gvisor.tmp/src"
+    mv "$gvisor.tmp/shim" "$gvisor.tmp/containerd-shim-runsc-v1"
+    rm -rf "$gvisor"
+    mv "$gvisor.tmp" "$gvisor"
+fi
+mkdir -p "$CTRD/gvisor"
+ln -sfn "$wrapper" "$CTRD/gvisor/sandboxd-runsc"
+ln -sfn "$gvisor/runsc" "$CTRD/gvisor/runsc"
+# containerd finds a shim by name on its PATH (containerd-shim-runsc-v1 for
+# runtime_type io.containerd.runsc.v1): the wrapper again, which adapts
+# gVisor's shim (gvisor-shim beside it) to containerd 1.6's start protocol.
+ln -sfn "$wrapper" "$CTRD/gvisor/containerd-shim-runsc-v1"
+ln -sfn "$gvisor/containerd-shim-runsc-v1" "$CTRD/gvisor/gvisor-shim"
+cat > "$CTRD/runsc.toml" <<TOML
+binary_name = "$CTRD/gvisor/sandboxd-runsc"
+root = "$CTRD/state/runsc"
+[runsc_config]
+  platform = "systrap"
+  network = "none"
+  oci-seccomp = "true"
+TOML
 
 cat > "$STATE/cni/net.d/10-sandboxd.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "sandboxd-test", "plugins": [
@@ -74,18 +131,25 @@ state = "$CTRD/state"
       pod_annotations = ["sandboxd.io/*"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.sandboxd.options]
         BinaryName = "$wrapper"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      pod_annotations = ["sandboxd.io/*"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$CTRD/runsc.toml"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$STATE/cni/net.d"
 TOML
-if alive containerd && ! cmp -s "$CTRD/config.toml" "$CTRD/config.running.toml"; then
+shims_on_path() { tr '\0' '\n' <"/proc/$(cat "$STATE/pids/containerd")/environ" | grep -qx "PATH=$CTRD/gvisor:.*"; }
+if alive containerd && ! { cmp -s "$CTRD/config.toml" "$CTRD/config.running.toml" && shims_on_path; }; then
     say "containerd configuration changed: restarting it (containers keep running)"
     kill "$(cat "$STATE/pids/containerd")"
     for _ in $(seq 100); do alive containerd || break; sleep 0.1; done
     rm -f "$SOCK"
 fi
 cp "$CTRD/config.toml" "$CTRD/config.running.toml"
-start containerd containerd --config "$CTRD/config.toml"
+start containerd env PATH="$CTRD/gvisor:$PATH" containerd --config "$CTRD/config.toml"
 for _ in $(seq 100); do [[ -S $SOCK ]] && break; sleep 0.1; done
 
 if ! ctr_ images ls -q | grep -qx "$PAUSE"; then
@@ -141,6 +205,6 @@ until [[ $(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready"
     ((SECONDS < end)) || { say "node $NODE not Ready (logs: $STATE/logs/kubelet.log)"; exit 1; }
     sleep 1
 done
-k apply -f "$here/../node/runtimeclass.yaml" >&2
+k apply -f "$here/../node/runtimeclass.yaml" -f "$here/../node/runtimeclass-gvisor.yaml" >&2
 say "node $NODE Ready"
 echo "$NODE"

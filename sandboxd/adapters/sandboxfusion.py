@@ -7,7 +7,7 @@ Statuses mean what SandboxFusion's ``parse_run_status`` makes them mean:
 command, an acquire that cannot be served), ``Failed`` for a compile error, a
 non-zero exit or a time-out, ``Success`` otherwise. A wait for a sandbox past
 ``acquire_timeout`` answers HTTP 504, the one status verl retries. Sandboxes
-are reused between requests under the rules of
+are prepared ahead of requests and reused between them under the rules of
 sandboxd.adapters.sandboxfusion_warm.
 
     sandboxd run-code --target 127.0.0.1:50051 --pool code-judge --port 8080
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import math
@@ -27,24 +28,13 @@ from aiohttp import web
 
 from sandboxd import errors
 from sandboxd.adapters.sandboxfusion_langs import LANGUAGE_NAMES, Runner, prepare_source, runner_for
-from sandboxd.adapters.sandboxfusion_warm import (
-    CLEAN_OUTCOMES,
-    Slot,
-    WarmSandboxes,
-    setup_command,
-    teardown_command,
-)
+from sandboxd.adapters.sandboxfusion_probes import LAUNCH_FAILED, clean_command, launch, setup_command
+from sandboxd.adapters.sandboxfusion_warm import CLEAN_OUTCOMES, Slot, StepFailed, WarmSandboxes, run_step
 from sandboxd.client import AsyncClient, ExecResult
 
 __all__ = ["WARM", "RunCodeArgs", "command_result", "make_app", "parse_request", "run_status", "serve"]
 
 log = logging.getLogger(__name__)
-
-# Seconds the service's own steps (set-up, clean-up) may take in a sandbox.
-_STEP_TIMEOUT = 30.0
-# Fetched files come back in the clean-up step's stdout, base64-encoded (the
-# server caps one exec's output at 32 MiB).
-_FETCH_LIMIT = 32 << 20
 
 
 @dataclass
@@ -187,10 +177,6 @@ def _response(
 WARM = web.AppKey("warm", WarmSandboxes)
 
 
-class _Lost(Exception):
-    """A service step in the sandbox failed: the request answers SandboxError."""
-
-
 class RunCode:
     """Serves one ``/run_code`` request at a time per sandbox, over ``WarmSandboxes``."""
 
@@ -199,25 +185,12 @@ class RunCode:
         self.acquire_timeout = acquire_timeout
         self.output_limit = output_limit
 
-    async def _step(self, slot: Slot, argv: list[str], stdin: str = "") -> dict[str, Any]:
-        result = await slot.sandbox.exec(argv, timeout=_STEP_TIMEOUT, stdin=stdin, output_limit=_FETCH_LIMIT)
-        if result.outcome != "EXITED" or result.exit_code != 0:
-            raise _Lost(
-                result.detail
-                or f"sandbox step ended {result.outcome} {result.exit_code}: "
-                f"{result.stderr.decode(errors='replace')[-500:]}"
-            )
-        try:
-            out: dict[str, Any] = json.loads(result.stdout)
-        except ValueError as e:
-            raise _Lost("sandbox step answered no JSON") from e
-        return out
-
     async def _user(
         self, slot: Slot, command: str, top: str, timeout: float, stdin: str | None
     ) -> ExecResult:
         return await slot.sandbox.exec(
-            command,
+            # Confined where the sandbox is reused, so the clean-up cannot be subverted.
+            launch(command) if slot.reusable else command,
             cwd=f"{top}/w",
             env={"HOME": f"{top}/h"},
             # sandboxd reads 0 as "no time-out"; SandboxFusion's 0 expires at once.
@@ -242,13 +215,7 @@ class RunCode:
             return _response("SandboxError", runner)
         memory = args.memory_limit_MB << 20 if args.memory_limit_MB > 0 else 0
         try:
-            try:
-                slot = await self.warm.take(memory, self.acquire_timeout)
-            except errors.InvalidArgument:
-                if not memory:
-                    raise
-                # Above the pool's own limit: the pool's limit is the most there is.
-                slot = await self.warm.take(0, self.acquire_timeout)
+            slot = await self._take(await self.warm.memory_key(memory))
         except errors.DeadlineExceeded as e:
             # verl retries exactly this status; the body says why.
             return web.json_response(
@@ -256,48 +223,64 @@ class RunCode:
             )
         except errors.SandboxdError as e:
             return _response("SandboxError", f"could not acquire a sandbox: {e.message}")
-        clean = False
+        except StepFailed as e:
+            return _response("SandboxError", f"could not prepare a sandbox: {e}")
+        top = slot.new_top()
+        clean = cleaned = False
         try:
-            response, clean = await self._run(slot, runner, args)
+            response, clean, cleaned = await self._run(slot, runner, args, top)
             return response
-        except (errors.SandboxdError, _Lost) as e:
+        except (errors.SandboxdError, StepFailed) as e:
             message = e.message if isinstance(e, errors.SandboxdError) else str(e)
             return _response("SandboxError", f"sandbox failure: {message}")
         finally:
-            await asyncio.shield(self.warm.give_back(slot, clean=clean))
+            self.warm.give_back(slot, clean=clean, top=top, cleaned=cleaned)
 
-    async def _run(self, slot: Slot, runner: Runner, args: RunCodeArgs) -> tuple[web.Response, bool]:
-        top = slot.new_top()
+    async def _take(self, memory: int) -> Slot:
+        try:
+            return await self.warm.take(memory, self.acquire_timeout)
+        except errors.InvalidArgument:
+            if not memory:
+                raise
+            # Above the pool's own limit: the pool's limit is the most there is.
+            return await self.warm.take(0, self.acquire_timeout)
+
+    async def _run(
+        self, slot: Slot, runner: Runner, args: RunCodeArgs, top: str
+    ) -> tuple[web.Response, bool, bool]:
+        """The answer, whether every command exited by itself, and whether the sandbox
+        was already cleaned up and found as it came."""
         files = {**args.files}
         for name, content in ((runner.source, prepare_source(args.language, args.code)), *runner.extra):
             files[name] = base64.b64encode(content.encode()).decode()
-        fresh = not slot.baseline
-        setup = await self._step(slot, setup_command(top, fresh=fresh), json.dumps(files))
-        if fresh:
-            slot.baseline, slot.infra = setup["digest"], list(setup["infra"])
-        outcomes: list[str] = []
+        await run_step(slot.sandbox, setup_command(top), json.dumps(files))
+        outcomes: list[ExecResult] = []
         compile_result: dict[str, Any] | None = None
         run_result: dict[str, Any] | None = None
         if runner.compile is not None:
             compiled = await self._user(slot, runner.compile, top, args.compile_timeout, None)
-            outcomes.append(compiled.outcome)
+            outcomes.append(compiled)
             compile_result = command_result(compiled)
         if compile_result is None or (
             compile_result["status"] == "Finished" and compile_result["return_code"] == 0
         ):
             ran = await self._user(slot, runner.run, top, args.run_timeout, args.stdin)
-            outcomes.append(ran.outcome)
+            outcomes.append(ran)
             run_result = command_result(ran)
         status, message = run_status(compile_result, run_result)
         if status == "SandboxError":
-            return _response(status, message, compile_result, run_result), False
-        after = await self._step(slot, teardown_command(top, args.fetch_files, slot.infra))
-        clean = (
-            all(o in CLEAN_OUTCOMES for o in outcomes)
-            and after.get("survivors") == 0
-            and after.get("digest") == slot.baseline
-        )
-        return _response(status, message, compile_result, run_result, after.get("files") or {}), clean
+            return _response(status, message, compile_result, run_result), False, False
+        # A command the launcher could not confine ran nothing, or a program chose
+        # its status: either way the sandbox is not trusted again.
+        clean = all(r.outcome in CLEAN_OUTCOMES and r.exit_code != LAUNCH_FAILED for r in outcomes)
+        if not args.fetch_files:
+            # The clean-up runs after the answer.
+            return _response(status, message, compile_result, run_result), clean, False
+        infra = slot.infra if slot.reusable else None
+        after = await run_step(slot.sandbox, clean_command(top, args.fetch_files, infra))
+        fetched = after.get("files") or {}
+        response = _response(status, message, compile_result, run_result, fetched)
+        return response, clean and self.warm.passes(slot, after), True
 
 
 def make_app(
@@ -307,9 +290,12 @@ def make_app(
     acquire_timeout: float = 8.0,
     max_uses: int = 50,
     output_limit: int = 0,
+    reserve: int = 0,
 ) -> web.Application:
-    """The aiohttp app serving ``POST /run_code`` and ``GET /v1/ping`` over sandboxes of ``pool``."""
-    warm = WarmSandboxes(client, pool, max_uses=max_uses)
+    """The aiohttp app serving ``POST /run_code`` and ``GET /v1/ping`` over sandboxes of ``pool``,
+    with at least ``reserve`` sandboxes prepared ahead of requests; ``GET /sandboxd/stats``
+    tells how requests were served."""
+    warm = WarmSandboxes(client, pool, max_uses=max_uses, reserve=reserve)
     service = RunCode(warm, acquire_timeout=acquire_timeout, output_limit=output_limit)
 
     async def run_code(request: web.Request) -> web.Response:
@@ -328,12 +314,23 @@ def make_app(
     async def ping(_: web.Request) -> web.Response:
         return web.json_response("pong")
 
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response(
+            {**dataclasses.asdict(warm.stats), "idle": warm.idle(), "in_use": len(warm.in_use())}
+        )
+
+    async def start(_: web.Application) -> None:
+        # The reserve fills before the first request.
+        warm.start()
+
     async def close(_: web.Application) -> None:
         await warm.close()
 
     app = web.Application(client_max_size=64 << 20)
     app.router.add_post("/run_code", run_code)
     app.router.add_get("/v1/ping", ping)
+    app.router.add_get("/sandboxd/stats", stats)
+    app.on_startup.append(start)
     app.on_cleanup.append(close)
     app[WARM] = warm
     return app
@@ -348,10 +345,12 @@ async def serve(
     *,
     acquire_timeout: float = 8.0,
     max_uses: int = 50,
+    reserve: int = 0,
 ) -> None:
     """Serves the SandboxFusion API on ``host:port`` against sandboxd at ``target`` until cancelled."""
     async with AsyncClient(target, token=token) as client:
-        runner = web.AppRunner(make_app(client, pool, acquire_timeout=acquire_timeout, max_uses=max_uses))
+        app = make_app(client, pool, acquire_timeout=acquire_timeout, max_uses=max_uses, reserve=reserve)
+        runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()

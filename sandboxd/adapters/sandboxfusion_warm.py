@@ -1,22 +1,29 @@
-"""Warm sandboxes for ``/run_code``, reused between requests only when that is provably safe.
+"""Warm sandboxes for ``/run_code``: a reserve prepared before requests come,
+and reuse between requests only when it is provably safe.
 
-A container start costs hundreds of milliseconds (seconds under a burst);
-a short program costs tens. So a sandbox that served one request is kept
-for the next, with these rules:
+A container start costs hundreds of milliseconds (seconds under a burst), a
+short program tens. So the server holds a *reserve* of sandboxes already
+leased and already inspected (their baseline, below), sized to the most
+requests it had in flight at once in the last ``demand_window`` seconds and
+never below ``reserve``: a burst that fits takes them without waiting for a
+lease, an inspection or a container start. A sandbox that served a request
+serves the next under these rules (sandboxd.adapters.sandboxfusion_probes
+has the steps):
 
-- each request runs in a fresh directory ``/tmp/sf-<random>`` (``w/`` is its
-  cwd, ``h/`` its HOME), made mode 0700 by a setup step;
-- after the request every process of the sandbox's user is killed, not only
-  the command's tree, and the directory is deleted;
-- before and after, the sandbox reports a digest of everything the user can
-  change outside that directory (the world-writable directories, the user's
-  home, the workspace, System V IPC objects): reuse only if the digest is
-  the one the sandbox had when it first came, no process of the user is left,
-  and every command of the request ended by exiting (not by a time-out, an
-  output cap, a memory or pid limit);
-- anything else, and every sandbox after ``max_uses`` requests, is released,
-  which destroys it; reused sandboxes are kept per memory limit, because the
-  limit is fixed when a sandbox is acquired.
+- each request runs in a fresh directory ``/tmp/sf-<random>`` (``w/`` its
+  cwd, ``h/`` its HOME, mode 0700), and each of its commands in a Landlock
+  domain of its own, from which nothing can ptrace or signal the steps below;
+- after the answer (before it, when the request fetches files), a step from
+  outside the domain kills every process of the sandbox's user but the
+  sandbox's own, deletes the directory and digests every writable mount;
+- reuse only if that digest is the one the sandbox had when it came, no
+  process is left, and every command of the request ended by exiting (not by
+  a time-out, an output cap, a memory or pid limit);
+- anything else, every sandbox after ``max_uses`` requests, and every sandbox
+  whose kernel has no Landlock scopes (nothing would keep a leftover process
+  from subverting the clean-up), is released, which destroys it. Sandboxes
+  are kept per memory limit, because the limit is fixed when a sandbox is
+  acquired.
 """
 
 from __future__ import annotations
@@ -24,130 +31,54 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 import time
+from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sandboxd import errors
+from sandboxd.adapters.sandboxfusion_probes import LANDLOCK_ABI, baseline_command, clean_command
 from sandboxd.client import AsyncClient, Lease, Sandbox
 
-__all__ = ["CLEAN_OUTCOMES", "Slot", "WarmSandboxes", "setup_command", "teardown_command"]
+__all__ = ["CLEAN_OUTCOMES", "Slot", "StepFailed", "WarmSandboxes", "WarmStats", "run_step"]
 
-# Outcomes after which nothing of the request can outlive the cleanup.
+log = logging.getLogger(__name__)
+
+# Outcomes after which nothing of the request can outlive the clean-up.
 CLEAN_OUTCOMES = frozenset({"EXITED"})
-
-# Runs as the sandbox's user, in the sandbox's own python3 (root-owned, so a
-# request cannot replace it). Prints one JSON line.
-_PROBE = r"""
-# hashlib and shutil load only where needed: OpenSSL alone costs milliseconds per request.
-import base64, json, os, signal, stat, sys
-ROOTS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/workspace", os.path.expanduser("~"))
-def digest(skip):
-    import hashlib
-    h = hashlib.sha256()
-    for root in ROOTS:
-        for d, dirs, files in os.walk(root):
-            dirs[:] = sorted(x for x in dirs if os.path.join(d, x) != skip)
-            for name in [d, *(os.path.join(d, f) for f in sorted(files))]:
-                try:
-                    st = os.lstat(name)
-                except OSError:
-                    continue
-                # A directory's times change with its entries, which are listed themselves.
-                times = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
-                if stat.S_ISDIR(st.st_mode):
-                    times = ""
-                h.update(f"{name}\0{st.st_mode}\0{st.st_uid}\0{times}\n".encode())
-    for ipc in ("shm", "msg", "sem"):
-        try:
-            h.update(open("/proc/sysvipc/" + ipc, "rb").read())
-        except OSError:
-            pass
-    return h.hexdigest()
-def ancestors():
-    pids, pid = set(), os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        try:
-            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return pids
-def ident(pid):
-    # pid and start time: a pid reused by a later process is another process.
-    return f"{pid}:{open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}"
-def others(infra=()):
-    keep, uid, found = ancestors(), os.getuid(), []
-    for p in os.listdir("/proc"):
-        if p.isdigit() and int(p) != 1 and int(p) not in keep:
-            try:
-                if os.stat(f"/proc/{p}").st_uid == uid and ident(p) not in infra:
-                    found.append(int(p))
-            except (OSError, IndexError):
-                pass
-    return found
-mode, top = sys.argv[1], sys.argv[2]
-out = {}
-if mode == "setup":
-    # Only on a fresh sandbox: a kept one was checked by the last clean-up,
-    # and nothing of the user's has run since.
-    if sys.argv[3] == "fresh":
-        out["digest"] = digest(None)
-        # The processes already there are the sandbox's own (its main process,
-        # sandboxd's shells): the clean-up spares exactly those.
-        out["infra"] = sorted(ident(p) for p in others())
-    os.makedirs(top + "/w", mode=0o700)
-    os.makedirs(top + "/h", mode=0o700)
-    os.chmod(top, 0o700)
-    # name -> base64, written the way SandboxFusion's restore_files does
-    # (joined onto the cwd, so absolute names stay absolute).
-    for name, data in json.loads(sys.stdin.buffer.read() or b"{}").items():
-        path = os.path.join(top + "/w", name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(base64.b64decode(data))
-else:
-    # Stop first so a forking process cannot outrun the kills, then kill.
-    infra = set(json.loads(sys.argv[4]))
-    for _ in range(20):
-        found = others(infra)
-        if not found:
-            break
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for p in found:
-                try:
-                    os.kill(p, sig)
-                except OSError:
-                    pass
-    out["survivors"] = len(others(infra))
-    files = {}
-    for name in json.loads(sys.argv[3]):
-        path = os.path.join(top + "/w", name)
-        if os.path.isfile(path) and not os.path.islink(path):
-            with open(path, "rb") as f:
-                files[name] = base64.b64encode(f.read()).decode()
-    out["files"] = files
-    import shutil
-    shutil.rmtree(top, ignore_errors=True)
-    out["digest"] = digest(None)
-print(json.dumps(out))
-"""
+# Seconds the service's own steps (set-up, checks, clean-up) may take in a sandbox.
+STEP_TIMEOUT = 30.0
+# Fetched files come back in a step's stdout, base64-encoded (the server caps
+# one exec's output at 32 MiB).
+_STEP_OUTPUT = 32 << 20
+# How long the reserve's own acquires wait, and the pause after one failed.
+_FILL_TIMEOUT = 60.0
+_FILL_BACKOFF = 2.0
+# Seconds between the reserve's looks at demand when nothing else wakes it.
+_FILL_TICK = 5.0
 
 
-# -I: no environment variables or user site-packages; -S: no site import (faster start).
-_PYTHON = ["python3", "-I", "-S", "-c", _PROBE]
+class StepFailed(Exception):
+    """A service step in the sandbox failed: the request answers SandboxError."""
 
 
-def setup_command(top: str, *, fresh: bool) -> list[str]:
-    """The argv that makes ``top`` and writes the files (JSON on stdin) there; on a ``fresh``
-    sandbox it first reports the digest and the sandbox's own processes."""
-    return [*_PYTHON, "setup", top, "fresh" if fresh else "kept"]
-
-
-def teardown_command(top: str, fetch: list[str], infra: list[str]) -> list[str]:
-    """The argv that kills the user's processes but ``infra``, reads ``fetch``, deletes ``top``
-    and reports the digest."""
-    return [*_PYTHON, "teardown", top, json.dumps(fetch), json.dumps(infra)]
+async def run_step(sandbox: Sandbox, argv: list[str], stdin: str = "") -> dict[str, Any]:
+    """Runs one of the service's steps and returns its JSON answer; StepFailed if it did not exit 0."""
+    result = await sandbox.exec(argv, timeout=STEP_TIMEOUT, stdin=stdin, output_limit=_STEP_OUTPUT, cwd="/")
+    if result.outcome != "EXITED" or result.exit_code != 0:
+        raise StepFailed(
+            result.detail
+            or f"sandbox step ended {result.outcome} {result.exit_code}: "
+            f"{result.stderr.decode(errors='replace')[-500:]}"
+        )
+    try:
+        out: dict[str, Any] = json.loads(result.stdout)
+    except ValueError as e:
+        raise StepFailed("sandbox step answered no JSON") from e
+    return out
 
 
 @dataclass(eq=False)
@@ -157,9 +88,11 @@ class Slot:
     lease: Lease
     sandbox: Sandbox
     memory_bytes: int
+    reusable: bool = False
+    """Whether its kernel confines requests so that the clean-up can be trusted."""
     baseline: str = ""
     infra: list[str] = field(default_factory=list)
-    """The sandbox's own processes (pid:start time), found on its first use."""
+    """The sandbox's own processes (pid:start time), found before any request."""
     uses: int = 0
     heartbeat_at: float = field(default_factory=time.monotonic)
 
@@ -168,8 +101,28 @@ class Slot:
         return f"/tmp/sf-{secrets.token_hex(8)}"
 
 
+@dataclass
+class WarmStats:
+    """What the server did to serve requests: the numbers behind its latency."""
+
+    leased: int = 0
+    """Sandboxes leased from the pool (by the reserve or by a request)."""
+    prepared: int = 0
+    """Sandboxes inspected for their baseline."""
+    reused: int = 0
+    """Requests served by a sandbox that served one before."""
+    from_reserve: int = 0
+    """Requests that found a prepared sandbox waiting."""
+    waited: int = 0
+    """Requests that found none and waited for a lease or a sandbox given back."""
+    destroyed: int = 0
+    check_failed: int = 0
+    """Sandboxes destroyed because the clean-up after a request found something left."""
+
+
 class WarmSandboxes:
-    """Leases sandboxes from ``pool`` and keeps the clean ones for reuse (see the module docstring)."""
+    """Leases sandboxes from ``pool``, keeps a reserve prepared, and keeps the clean ones
+    for reuse (see the module docstring)."""
 
     def __init__(
         self,
@@ -179,40 +132,116 @@ class WarmSandboxes:
         max_uses: int = 50,
         max_idle: int = 64,
         lease_ttl: float = 120.0,
+        reserve: int = 0,
+        demand_window: float = 300.0,
     ) -> None:
         self.client = client
         self.pool = pool
         self.max_uses = max_uses
         self.max_idle = max_idle
         self.lease_ttl = lease_ttl
+        self.reserve = reserve
+        self.demand_window = demand_window
+        self.stats = WarmStats()
         self._idle: dict[int, list[Slot]] = {}
         self._held: set[Slot] = set()
+        self._preparing: dict[int, int] = {}
+        self._recycling: dict[int, int] = {}
         self._waiters: dict[int, list[asyncio.Future[Slot]]] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._releasing: set[asyncio.Future[None]] = set()
+        # (monotonic time, requests in flight) per memory limit, newest last.
+        self._demand: dict[int, deque[tuple[float, int]]] = {}
+        self._ceiling: int | None = None
         self._closed = False
-        self._keeper: asyncio.Task[None] | None = None
-        self.reused = 0
-        self.destroyed = 0
+        self._started = False
+        self._warned = False
+        self._wake = asyncio.Event()
+
+    @property
+    def reused(self) -> int:
+        """Requests served by a sandbox that served one before."""
+        return self.stats.reused
+
+    @property
+    def destroyed(self) -> int:
+        """Sandboxes released (and so destroyed)."""
+        return self.stats.destroyed
 
     def in_use(self) -> list[str]:
         """Ids of the sandboxes serving a request now."""
         return [slot.sandbox.id for slot in self._held]
 
+    def idle(self, memory_bytes: int = 0) -> int:
+        """Prepared sandboxes waiting for a request with this memory limit."""
+        return len(self._idle.get(memory_bytes, []))
+
+    def start(self) -> None:
+        """Starts the heartbeats and the reserve (idempotent; needs a running loop)."""
+        if self._started:
+            return
+        self._started = True
+        self._spawn(self._heartbeats())
+        self._spawn(self._fill())
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def memory_key(self, memory_bytes: int) -> int:
+        """The group a request with this memory limit is served from: a limit at or above
+        the pool's own is the pool's (0), as the pool's limit is the most there is."""
+        if memory_bytes and self._ceiling is None:
+            try:
+                pool = await self.client.get_pool(self.pool)
+                self._ceiling = pool.spec.limits.memory_bytes
+            except errors.SandboxdError:
+                return memory_bytes
+        if memory_bytes and self._ceiling and memory_bytes >= self._ceiling:
+            return 0
+        return memory_bytes
+
+    def _note_demand(self, memory_bytes: int) -> None:
+        in_flight = sum(1 for s in self._held if s.memory_bytes == memory_bytes)
+        samples = self._demand.setdefault(memory_bytes, deque())
+        now = time.monotonic()
+        samples.append((now, in_flight))
+        while samples and samples[0][0] < now - self.demand_window:
+            samples.popleft()
+
+    def target(self, memory_bytes: int) -> int:
+        """How many sandboxes the server holds for this memory limit: the most requests in
+        flight at once lately, at least ``reserve`` for the pool's own limit."""
+        now = time.monotonic()
+        samples = self._demand.get(memory_bytes, deque())
+        peak = max((n for t, n in samples if t >= now - self.demand_window), default=0)
+        floor = self.reserve if memory_bytes == 0 else 0
+        return min(self.max_idle, max(floor, peak))
+
     async def take(self, memory_bytes: int, timeout: float) -> Slot:
         """A clean sandbox with this memory limit (0 = the pool's): a kept one, one another
         request gives back while this waits, or a new lease, whichever comes first."""
-        if self._keeper is None:
-            self._keeper = asyncio.create_task(self._heartbeats())
+        self.start()
         idle = self._idle.get(memory_bytes)
         if idle:
-            self.reused += 1
-            return self._hold(idle.pop())
+            slot = self._hold(idle.pop())
+            if slot.uses:
+                self.stats.reused += 1
+            else:
+                self.stats.from_reserve += 1
+            self._note_demand(memory_bytes)
+            self._wake.set()
+            return slot
+        self.stats.waited += 1
         # With the pool at its size, a new lease waits for a release that a
         # kept sandbox never makes: so a sandbox given back meanwhile serves too.
         handed: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
         waiters = self._waiters.setdefault(memory_bytes, [])
         waiters.append(handed)
         leasing = asyncio.create_task(self._lease(memory_bytes, timeout))
+        self._tasks.add(leasing)
+        leasing.add_done_callback(self._tasks.discard)
         try:
             await asyncio.wait({handed, leasing}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -228,15 +257,58 @@ class WarmSandboxes:
             leasing.cancel()
             # A lease granted as it was cancelled is kept for the next request.
             leasing.add_done_callback(self._adopt)
-            self.reused += 1
-            return self._hold(handed.result())
-        handed.cancel()
-        return self._hold(leasing.result())
+            slot = self._hold(handed.result())
+            if slot.uses:
+                self.stats.reused += 1
+        else:
+            handed.cancel()
+            slot = self._hold(leasing.result())
+        self._note_demand(memory_bytes)
+        self._wake.set()
+        return slot
 
     async def _lease(self, memory_bytes: int, timeout: float) -> Slot:
         limits = {"memory_bytes": memory_bytes} if memory_bytes else None
-        lease = await self.client.lease(self.pool, lease_ttl=self.lease_ttl, timeout=timeout, limits=limits)
-        return Slot(lease, lease[0], memory_bytes)
+        self._preparing[memory_bytes] = self._preparing.get(memory_bytes, 0) + 1
+        try:
+            lease = await self.client.lease(
+                self.pool, lease_ttl=self.lease_ttl, timeout=timeout, limits=limits
+            )
+        except BaseException:
+            self._preparing[memory_bytes] -= 1
+            raise
+        self.stats.leased += 1
+        prepared = asyncio.ensure_future(self._prepared(Slot(lease, lease[0], memory_bytes)))
+        self._tasks.add(prepared)
+        prepared.add_done_callback(self._tasks.discard)
+        try:
+            return await asyncio.shield(prepared)
+        except asyncio.CancelledError:
+            # Granted, it is worth keeping: a container start was spent on it.
+            prepared.add_done_callback(self._adopt)
+            raise
+
+    async def _prepared(self, slot: Slot) -> Slot:
+        try:
+            await self._prepare(slot)
+        except BaseException:
+            await asyncio.shield(self._release(slot))
+            raise
+        finally:
+            self._preparing[slot.memory_bytes] -= 1
+        return slot
+
+    async def _prepare(self, slot: Slot) -> None:
+        """Takes the sandbox's baseline and whether its kernel can confine requests."""
+        base = await run_step(slot.sandbox, baseline_command())
+        slot.reusable = int(base["landlock"]) >= LANDLOCK_ABI and not base["unreadable"]
+        slot.baseline, slot.infra = base["digest"], list(base["infra"])
+        self.stats.prepared += 1
+        if not slot.reusable and not self._warned:
+            self._warned = True
+            log.warning(
+                "sandboxes of pool %s are used once each: no Landlock scopes to confine requests", self.pool
+            )
 
     def _hold(self, slot: Slot) -> Slot:
         self._held.add(slot)
@@ -254,25 +326,98 @@ class WarmSandboxes:
                 return
         idle = self._idle.setdefault(slot.memory_bytes, [])
         if self._closed or len(idle) >= self.max_idle:
-            task = asyncio.ensure_future(self._release(slot))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
+            self._release_later(slot)
             return
         idle.append(slot)
 
-    async def give_back(self, slot: Slot, *, clean: bool) -> None:
-        """Keeps ``slot`` for the next request if ``clean`` and under its use count; else destroys it."""
+    def give_back(self, slot: Slot, *, clean: bool, top: str, cleaned: bool = False) -> None:
+        """After a request in ``top``: keeps ``slot`` if ``clean``, if its clean-up (done
+        here unless ``cleaned``: the request's own found nothing left) passes and it is
+        under its use count; else destroys it. Both happen in the background."""
         self._held.discard(slot)
         slot.uses += 1
-        if clean and not self._closed and slot.uses < self.max_uses:
-            self._offer(slot)
-            return
-        await self._release(slot)
+        if clean and slot.reusable and not self._closed and slot.uses < self.max_uses:
+            if cleaned:
+                self._offer(slot)
+            else:
+                self._recycling[slot.memory_bytes] = self._recycling.get(slot.memory_bytes, 0) + 1
+                self._spawn(self._recycle(slot, top))
+        else:
+            self._release_later(slot)
+        self._wake.set()
+
+    async def _recycle(self, slot: Slot, top: str) -> None:
+        kept = False
+        try:
+            after = await run_step(slot.sandbox, clean_command(top, [], slot.infra))
+            kept = self.passes(slot, after)
+            if not kept:
+                log.debug("sandbox %s is not as it came: %s", slot.sandbox.id, after)
+        except (errors.SandboxdError, StepFailed, KeyError, ValueError) as e:
+            log.debug("sandbox %s fails its clean-up: %s", slot.sandbox.id, e)
+        finally:
+            self._recycling[slot.memory_bytes] -= 1
+            if kept:
+                self._offer(slot)
+            else:
+                self.stats.check_failed += not self._closed
+                # Shielded: a close() that cancels this still destroys the sandbox.
+                await asyncio.shield(self._release(slot))
+
+    @staticmethod
+    def passes(slot: Slot, after: dict[str, Any]) -> bool:
+        """Whether a clean-up's answer leaves ``slot`` as it came."""
+        return bool(
+            after.get("survivors") == 0 and after.get("removed") and after.get("digest") == slot.baseline
+        )
+
+    def _release_later(self, slot: Slot) -> None:
+        # Never cancelled: close() waits for these.
+        task = asyncio.ensure_future(self._release(slot))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     async def _release(self, slot: Slot) -> None:
-        self.destroyed += 1
+        self.stats.destroyed += 1
         with contextlib.suppress(errors.SandboxdError):
             await slot.lease.release()
+
+    async def _fill(self) -> None:
+        # Keeps as many sandboxes as target() asks for each memory limit in
+        # use: leases and prepares the missing ones, releases idle surplus.
+        while not self._closed:
+            for key in {0, *self._demand}:
+                have = (
+                    len(self._idle.get(key, []))
+                    + self._preparing.get(key, 0)
+                    + self._recycling.get(key, 0)
+                    + sum(1 for s in self._held if s.memory_bytes == key)
+                )
+                want = self.target(key)
+                for _ in range(want - have):
+                    self._spawn(self._refill(key))
+                surplus = self._idle.get(key, [])[: max(0, have - want)]
+                for slot in surplus:
+                    self._idle[key].remove(slot)
+                    self._release_later(slot)
+                samples = self._demand.get(key)
+                while samples and samples[0][0] < time.monotonic() - self.demand_window:
+                    samples.popleft()
+                if key and samples is not None and not samples and not have:
+                    del self._demand[key]
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _FILL_TICK)
+
+    async def _refill(self, memory_bytes: int) -> None:
+        try:
+            slot = await self._lease(memory_bytes, _FILL_TIMEOUT)
+        except (errors.SandboxdError, StepFailed) as e:
+            log.debug("reserve of pool %s: %s", self.pool, e)
+            await asyncio.sleep(_FILL_BACKOFF)
+            self._wake.set()
+            return
+        self._offer(slot)
 
     async def _heartbeats(self) -> None:
         # Idle sandboxes are held only by this process: keep their leases alive.
@@ -292,12 +437,18 @@ class WarmSandboxes:
                             group.remove(slot)
 
     async def close(self) -> None:
-        """Destroys every kept sandbox and stops the heartbeats."""
+        """Destroys every kept sandbox and stops the heartbeats and the reserve."""
         self._closed = True
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        self._wake.set()
+        # Cancelled, the acquires, preparations and clean-ups release what they
+        # hold; one may start another (a lease granted as it was cancelled).
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         slots = [s for group in self._idle.values() for s in group]
         self._idle.clear()
-        await asyncio.gather(*(self._release(s) for s in slots), *self._releasing)
+        await asyncio.gather(*(self._release(s) for s in slots))
+        while self._releasing:
+            await asyncio.gather(*list(self._releasing))

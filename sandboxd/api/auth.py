@@ -13,7 +13,7 @@ import grpc
 import grpc.aio
 
 from sandboxd.api.interceptors import MethodCachingInterceptor, rewrap
-from sandboxd.core.tenancy import DEFAULT_TENANT, acting_as
+from sandboxd.core.tenancy import DEFAULT_TENANT, acting_as, current_tenant
 from sandboxd.errors import ResourceExhausted, Unauthenticated
 
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
@@ -89,7 +89,10 @@ class AuthInterceptor(MethodCachingInterceptor):
 
         def unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                with acting_as(auth.tenant_for_call(context.invocation_metadata())):
+                tenant = auth.tenant_for_call(context.invocation_metadata())
+                if tenant == current_tenant():  # each call has a context of its own: the default one
+                    return await fn(request, context)
+                with acting_as(tenant):
                     return await fn(request, context)
 
             return call

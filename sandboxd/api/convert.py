@@ -107,6 +107,7 @@ def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
         leased_at=ts(rec.entered.get(State.LEASED, 0.0)),
         lease_expires_at=ts(lease.expires_wall if lease and rec.state is State.LEASED else 0.0),
         failure_reason=rec.failure_reason,
+        paused=rec.paused,
     )
 
 

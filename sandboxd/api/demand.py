@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sandboxd.api.convert import ts
+from sandboxd.core import capacity
 from sandboxd.core import validation as v
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.core.pools import WarmPool
 from sandboxd.core.tenancy import split_pool_key
-from sandboxd.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from sandboxd.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 from sandboxd.v1 import demand_pb2, demand_pb2_grpc
 
 _MIN_INTERVAL, _MAX_INTERVAL = 0.05, 60.0
@@ -65,14 +66,19 @@ class DemandServicer(demand_pb2_grpc.DemandServiceServicer):
         return demand_pb2.SetDemandResponse(pool=scaling_to(pool))
 
     async def Prewarm(self, request: demand_pb2.PrewarmRequest, context: Any) -> demand_pb2.PrewarmResponse:
-        """As SetDemand; with ``wait``, FAILED_PRECONDITION when the pool cannot create sandboxes or is
-        being deleted, DEADLINE_EXCEEDED when the wait (capped by the call's deadline) runs out."""
+        """As SetDemand; with ``wait``, RESOURCE_EXHAUSTED at once when ``count`` cannot fit under the
+        server's ceiling (the host's capacity), FAILED_PRECONDITION when the pool cannot create
+        sandboxes or is being deleted, DEADLINE_EXCEEDED when the wait (capped by the call's
+        deadline) runs out."""
         pool = self._control.get_pool(request.pool, "pool")
         # NaN or infinity would make the wait below endless.
         timeout = v.non_negative("timeout_seconds", request.timeout_seconds)
         source = v.name_text("source", request.source) or "prewarm"
         pool.announce(source, request.count, 0.0, request.ttl_seconds)
         if request.wait:
+            # Waiting for more than the host can ever hold would only end at the
+            # deadline; say so now (the announcement stands: what fits warms).
+            self._check_fits(request.pool, pool, request.count)
             loop = asyncio.get_running_loop()
             wait = timeout or self._control.settings.pools.max_acquire_wait_seconds
             remaining = context.time_remaining() if context is not None else None
@@ -98,6 +104,29 @@ class DemandServicer(demand_pb2_grpc.DemandServiceServicer):
                     )
                 await pool.wait_changed(min(1.0, deadline - loop.time()))
         return demand_pb2.PrewarmResponse(pool=scaling_to(pool))
+
+    def _check_fits(self, name: str, pool: WarmPool, count: int) -> None:
+        """RESOURCE_EXHAUSTED when ``count`` READY sandboxes of ``pool`` cannot
+        fit under the server's ceiling (the host's capacity by default) beside
+        what the other pools hold."""
+        reconciler = self._control.reconciler
+        ceiling = reconciler.ceiling()
+        if not ceiling:
+            return
+        others = sum(len(p.records) for p in reconciler.pools.values() if p is not pool)
+        room = max(0, min(ceiling - others, pool.config.max_size))
+        if count <= room:
+            return
+        host = reconciler.capacity
+        why = (
+            capacity.refusal(count, host)
+            if host.sandboxes and host.sandboxes == ceiling
+            else f"{count} asked, the server holds at most {ceiling} (pools.max_total_sandboxes)"
+        )
+        raise ResourceExhausted(
+            f"pool {name}: {why}; {room} fit this pool now ({others} held by other pools, "
+            f"max_size {pool.config.max_size}); it keeps warming what fits"
+        )
 
     async def WatchPool(
         self, request: demand_pb2.WatchPoolRequest, context: Any

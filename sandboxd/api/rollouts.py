@@ -19,7 +19,8 @@ from sandboxd.core.rollouts.model import (
     StepReward,
     Trajectory,
 )
-from sandboxd.core.rollouts.service import RolloutManager, VerifierSpec
+from sandboxd.core.rollouts.service import RolloutManager
+from sandboxd.core.rollouts.verifier import VerifierSpec
 from sandboxd.errors import InvalidArgument
 from sandboxd.v1 import rollouts_pb2 as pb
 from sandboxd.v1 import rollouts_pb2_grpc

@@ -7,6 +7,7 @@ from typing import Any
 from sandboxd.api.convert import lease_to, limits_from, sandbox_to
 from sandboxd.core.control import AcquireRequest, ControlPlane
 from sandboxd.core.lifecycle import State
+from sandboxd.core.pausing import Pausing
 from sandboxd.errors import InvalidArgument
 from sandboxd.v1 import sandboxes_pb2, sandboxes_pb2_grpc
 
@@ -16,6 +17,7 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
 
     def __init__(self, control: ControlPlane) -> None:
         self._control = control
+        self._pausing = Pausing(control)
 
     async def Acquire(
         self, request: sandboxes_pb2.AcquireRequest, context: Any
@@ -92,3 +94,15 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
         return sandboxes_pb2.ListSandboxesResponse(
             sandboxes=[sandbox_to(r, self._control.leases.find(r.lease_id)) for r in records]
         )
+
+    async def Pause(self, request: sandboxes_pb2.PauseRequest, context: Any) -> sandboxes_pb2.PauseResponse:
+        """Freezes a leased sandbox; FAILED_PRECONDITION where its runtime or backend cannot."""
+        rec = await self._pausing.pause(request.sandbox_id)
+        return sandboxes_pb2.PauseResponse(sandbox=sandbox_to(rec, self._control.leases.find(rec.lease_id)))
+
+    async def Resume(
+        self, request: sandboxes_pb2.ResumeRequest, context: Any
+    ) -> sandboxes_pb2.ResumeResponse:
+        """Thaws a paused sandbox."""
+        rec = await self._pausing.resume(request.sandbox_id)
+        return sandboxes_pb2.ResumeResponse(sandbox=sandbox_to(rec, self._control.leases.find(rec.lease_id)))

@@ -27,6 +27,8 @@ def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
         digest=info.digest,
         created_at=ts(info.created_at),
         expires_at=ts(info.expires_at),
+        live=info.live,
+        memory_limit_bytes=info.memory_limit_bytes,
     )
     if info.policy_version is not None:
         msg.policy_version = info.policy_version
@@ -47,7 +49,8 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
         self, request: snapshots_pb2.SnapshotRequest, context: Any
     ) -> snapshots_pb2.SnapshotResponse:
         """INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (not leased, uncarriable workspace),
-        RESOURCE_EXHAUSTED (over quota or never restorable); nothing is stored on failure."""
+        RESOURCE_EXHAUSTED (over quota or never restorable); nothing is stored on failure.
+        ``live``: FAILED_PRECONDITION naming the runtime or backend that cannot checkpoint."""
         info = await self._snapshots.snapshot(
             request.sandbox_id,
             session=request.session,
@@ -55,6 +58,7 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
             policy_version=request.policy_version if request.HasField("policy_version") else None,
             turn=request.turn,
             ttl=request.ttl_seconds,
+            live=request.live,
         )
         return snapshots_pb2.SnapshotResponse(snapshot=snapshot_to(info))
 

@@ -81,6 +81,8 @@ class BackendSandbox:
     handle: str
     running: bool
     labels: Mapping[str, str]
+    paused: bool = False
+    """Frozen (LiveCheckpoints.pause); ``running`` is True then."""
 
 
 class ExecOutcome(enum.IntEnum):
@@ -396,4 +398,43 @@ class StagedTars(Protocol):
 
     async def unstage_tar(self, handle: str, staged: str) -> None:
         """Withdraws what stage_tar handed over (idempotent)."""
+        ...
+
+
+KEEP_VAR = "SANDBOXD_KEEP"
+"""Environment variable naming, inside a sandbox that can be checkpointed, the
+FIFO its keeper reads: each line written there is started as a process of the
+sandbox's init tree, which a live snapshot carries (engine execs it does not)."""
+
+
+@runtime_checkable
+class LiveCheckpoints(Protocol):
+    """Optional for a backend: it pauses, checkpoints and restores whole
+    running sandboxes of some runtimes (Docker with gVisor: memory, the
+    processes of the container's init tree, its tmpfs mounts)."""
+
+    def live_refusal(self, runtime: str) -> str:
+        """Why sandboxes of ``runtime`` cannot be paused or checkpointed here
+        ("" when they can), as a sentence naming the runtime or the engine."""
+        ...
+
+    async def pause(self, handle: str) -> None:
+        """Freezes every process of the sandbox (idempotent)."""
+        ...
+
+    async def resume(self, handle: str) -> None:
+        """Thaws a paused sandbox (idempotent)."""
+        ...
+
+    async def checkpoint(self, handle: str, dest: Path) -> None:
+        """Writes the running sandbox's checkpoint image (its files) into the
+        new directory ``dest`` on the control plane's host; the sandbox keeps
+        running."""
+        ...
+
+    async def restore_checkpoint(self, handle: str, image: Path) -> None:
+        """Replaces what runs in the sandbox by the checkpoint image in
+        directory ``image``: its processes continue there; its engine execs
+        (sessions, idle shells) are gone and are opened anew. The sandbox
+        keeps its own container (limits, mounts, name)."""
         ...

@@ -6,7 +6,13 @@ stopped."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
+
 from sandboxd.backends.base import ExecOutcome, ExecSpec
+
+StreamFrame = tuple[int, bytes] | TimeoutError | None
+"""What an exec transport's read gives: (stream, bytes), a timeout, or the end."""
 
 
 class OutputBudget:
@@ -96,6 +102,37 @@ class FirstLine:
         self._pending = b""
         self.value = buf[:end]
         return buf[end + 1 :]
+
+
+class RootPidLine:
+    """Takes the first stdout line (REAPER's pid of the command's root) off an
+    exec's frames, so that the user never sees it and TREE_KILL knows whom to
+    spare."""
+
+    def __init__(self) -> None:
+        self._first: FirstLine | None = FirstLine()
+        self.pid = 0
+
+    async def read(
+        self, next_frame: Callable[[float], Awaitable[StreamFrame]], timeout: float
+    ) -> StreamFrame:
+        """The next frame from ``next_frame`` with the pid line taken out,
+        within ``timeout`` seconds overall."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = await next_frame(timeout)
+            if self._first is None or not isinstance(frame, tuple) or frame[0] != 1:
+                return frame
+            data = self._first.feed(frame[1])
+            if self._first.value is not None:
+                value, self._first = self._first.value, None
+                self.pid = int(value) if value.isdigit() else 0
+            if data:
+                return 1, data
+            # Only the pid line came: the caller's deadline still holds.
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return TimeoutError()
 
 
 def stop_detail(outcome: ExecOutcome, spec: ExecSpec) -> str:

@@ -18,6 +18,7 @@ from sandboxd.backends.snapshot_shell import (
     LIST_MARKER,
     RECORDS_MARKER,
     RESTORE_MARKER,
+    SESSION_STATE_MARKER,
     STATE_DELTA_MARKER,
     STATE_MARKER,
     TAR_MARKER,
@@ -125,6 +126,9 @@ def emulate(box: _Box, shell: _ShellState, script: str, stdin: bytes) -> bytes |
     if script.startswith(STATE_MARKER):
         env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
         return f"{shell.cwd}\x00{env}\x00".encode() + listing(box)
+    if script.startswith(SESSION_STATE_MARKER):
+        env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
+        return f"{shell.cwd}\x00{env}\x00".encode()
     if script.startswith(TAR_MARKER):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:

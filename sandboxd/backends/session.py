@@ -32,6 +32,7 @@ from sandboxd.backends.shell import (
     Tree,
     ansi_c_quote,
     session_command,
+    session_frame,
 )
 from sandboxd.errors import BackendError
 
@@ -338,8 +339,16 @@ class ShellSession:
         command = spec.shell if spec.shell else " ".join(ansi_c_quote(a) for a in spec.argv)
         started = time.monotonic()
         explain = transport.watch_limits()
-        line = session_command(
-            command, tag=tag, marker=marker, cwd=spec.cwd, env=dict(spec.env), stdin=spec.stdin, clock=clock
+        line = session_frame(
+            session_command(
+                command,
+                tag=tag,
+                marker=marker,
+                cwd=spec.cwd,
+                env=dict(spec.env),
+                stdin=spec.stdin,
+                clock=clock,
+            )
         )
         try:
             await transport.write(line)

@@ -21,11 +21,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import grpc.aio
+
 from sandboxd import errors
 from sandboxd.client.execs import ExecCalls, ExecResult
 from sandboxd.client.files import FileCalls
 from sandboxd.client.pools import PoolCalls
-from sandboxd.client.rpc import rpc_errors
+from sandboxd.client.rpc import rpc_errors, translate
 from sandboxd.client.snapshots import SnapshotCalls
 from sandboxd.v1 import common_pb2, sandboxes_pb2, snapshots_pb2
 
@@ -84,6 +86,20 @@ class Sandbox:
     async def snapshot(self, **kwargs: Any) -> snapshots_pb2.Snapshot:
         """Snapshots this sandbox; keywords as AsyncClient.snapshot."""
         return await self.client.snapshot(self.id, **kwargs)
+
+    async def pause(self) -> common_pb2.Sandbox:
+        """Freezes this sandbox's processes (gVisor pools); the lease stays held."""
+        return await self.client.pause(self.id)
+
+    async def resume(self) -> common_pb2.Sandbox:
+        """Thaws this sandbox after ``pause``."""
+        return await self.client.resume(self.id)
+
+    async def keep(self, command: str) -> None:
+        """Starts the one-line shell ``command`` as a process of the
+        sandbox's init tree (gVisor pools), in the workspace with its output
+        discarded: what a live snapshot carries and its restores continue."""
+        await self.client.keep(self.id, command)
 
 
 class Lease:
@@ -224,8 +240,10 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:
         # The RPC deadline leaves the server room to answer DEADLINE_EXCEEDED itself.
         deadline = None if timeout is None else timeout + 5.0
-        with rpc_errors():
+        try:  # rpc_errors() inline: this is the hot path
             response = await self.sandboxes.Acquire(request, timeout=deadline, metadata=self.metadata)
+        except grpc.aio.AioRpcError as e:
+            raise translate(e) from e
         return Lease(self, response)
 
     async def heartbeat(self, lease_id: str, ttl: float = 0.0) -> sandboxes_pb2.Lease:
@@ -268,6 +286,37 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
                 sandboxes_pb2.GetUsageRequest(sandbox_id=sandbox_id), metadata=self.metadata
             )
         return response.usage
+
+    async def pause(self, sandbox_id: str) -> common_pb2.Sandbox:
+        """Freezes a leased gVisor sandbox (no CPU; memory and lease kept)."""
+        with rpc_errors():
+            response: sandboxes_pb2.PauseResponse = await self.sandboxes.Pause(
+                sandboxes_pb2.PauseRequest(sandbox_id=sandbox_id), metadata=self.metadata
+            )
+        return response.sandbox
+
+    async def resume(self, sandbox_id: str) -> common_pb2.Sandbox:
+        """Thaws a paused sandbox: its processes continue where they were."""
+        with rpc_errors():
+            response: sandboxes_pb2.ResumeResponse = await self.sandboxes.Resume(
+                sandboxes_pb2.ResumeRequest(sandbox_id=sandbox_id), metadata=self.metadata
+            )
+        return response.sandbox
+
+    async def keep(self, sandbox_id: str, command: str) -> None:
+        """Starts ``command`` (one shell line) through the sandbox's keeper,
+        as a process a live snapshot carries; FailedPrecondition where the
+        sandbox has no keeper (not gVisor)."""
+        if not command.strip() or "\n" in command or "\0" in command:
+            raise errors.InvalidArgument("command", "must be one non-empty line without NUL")
+        script = '[ -p "${SANDBOXD_KEEP:-}" ] || exit 3; printf "%s\\n" "$1" > "$SANDBOXD_KEEP"'
+        result = await self.exec(sandbox_id, ["bash", "-c", script, "keep", command])
+        if result.exit_code == 3:
+            raise errors.FailedPrecondition(
+                f"sandbox {sandbox_id} has no keeper: only gVisor sandboxes keep processes for live snapshots"
+            )
+        if result.exit_code != 0:
+            raise errors.BackendError(f"keep in {sandbox_id} failed: {result.stderr[:200]!r}")
 
     async def restore(
         self,

@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxd.client.rpc import Connection, rpc_errors
+import grpc.aio
+
+from sandboxd.client.rpc import Connection, rpc_errors, translate
 from sandboxd.v1 import exec_pb2
 
 OUTCOMES = {
@@ -94,8 +96,10 @@ class ExecCalls(Connection):
         user ("" = the sandbox's user; "root" = uid 0 without capabilities)."""
         request = exec_request(sandbox_id, command, **kwargs)
         deadline = request.timeout_seconds + 30.0 if request.timeout_seconds else None
-        with rpc_errors():
+        try:  # rpc_errors() inline: this is the hot path
             response = await self.execs.Exec(request, timeout=deadline, metadata=self.metadata)
+        except grpc.aio.AioRpcError as e:
+            raise translate(e) from e
         return ExecResult.from_proto(response.result)
 
     async def exec_stream(

@@ -21,9 +21,12 @@ class SnapshotCalls(Connection):
         policy_version: int | None = None,
         turn: int = 0,
         ttl: float = 0.0,
+        live: bool = False,
     ) -> snapshots_pb2.Snapshot:
         """Snapshots a leased sandbox's workspace and the cwd and exported
-        environment of ``session`` (if given)."""
+        environment of ``session`` (if given). ``live``: checkpoints the
+        running sandbox instead (gVisor pools): memory, the processes started
+        through ``Sandbox.keep`` and the workspace; it keeps running."""
         request = snapshots_pb2.SnapshotRequest(
             sandbox_id=sandbox_id,
             session=session,
@@ -31,6 +34,7 @@ class SnapshotCalls(Connection):
             policy_version=policy_version,
             turn=turn,
             ttl_seconds=ttl,
+            live=live,
         )
         with rpc_errors():
             response: snapshots_pb2.SnapshotResponse = await self.snapshots.Snapshot(

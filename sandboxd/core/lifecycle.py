@@ -56,6 +56,8 @@ class SandboxRecord:
     lease_id: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     failure_reason: str = ""
+    # Frozen by a pause (sandboxd.core.pausing): nothing runs in it until resumed.
+    paused: bool = False
     # Wall-clock timestamps per state entered (seconds since the epoch).
     entered: dict[State, float] = field(default_factory=dict)
 

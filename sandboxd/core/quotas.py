@@ -42,10 +42,11 @@ class Quotas:
         self._tenants = tenants
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
+        self._defaults = TenantSettings()
 
     def of(self, tenant: str) -> TenantSettings:
-        """The tenant's settings; an unconfigured tenant gets the defaults."""
-        return self._tenants.get(tenant) or TenantSettings()
+        """The tenant's settings (read them, do not change them); an unconfigured tenant gets the defaults."""
+        return self._tenants.get(tenant) or self._defaults
 
     def check_ceiling(self, tenant: str, limits: Limits, prefix: str) -> None:
         """INVALID_ARGUMENT naming ``prefix.field`` for a limit above the tenant's ceiling (0 = none)."""

@@ -117,6 +117,11 @@ class Pacer:
             await self._clock.sleep(delay)
 
 
+PASS_GAP_SECONDS = 0.005
+"""Least loop time between two passes woken by pokes; CPU use, not a clock
+the scaling logic reads (which is the injected one)."""
+
+
 class Reconciler:
     """Runs every pool (the PoolHost): plans, grants creates within the
     global budget, trims surplus, paces create attempts, sweeps liveness."""
@@ -339,14 +344,23 @@ class Reconciler:
 
     async def _run(self) -> None:
         clock = self._clock
+        loop = asyncio.get_running_loop()
         self._next_sweep = clock.monotonic() + self.budget.liveness_interval
+        last_pass = -math.inf
         while True:
             # A timeout, not wait_for: a poke racing a cancel must not
             # swallow the cancel (Python 3.11's wait_for can).
             with contextlib.suppress(TimeoutError):
                 async with clock.timeout(self._sleep_for()):
                     await self._wake.wait()
+            # Every acquire pokes: a burst of them (64 at once) is served by a
+            # few passes, not one pass between each two answers. A poke after
+            # a quiet spell is served at once.
+            gap = last_pass + PASS_GAP_SECONDS - loop.time()
+            if gap > 0 and self._wake.is_set():
+                await asyncio.sleep(gap)
             self._wake.clear()
+            last_pass = loop.time()
             try:
                 self.reconcile()
                 self._settle()

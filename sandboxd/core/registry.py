@@ -343,6 +343,8 @@ class SandboxRegistry:
             raise FailedPrecondition(
                 f"sandbox {sandbox_id} is {rec.state.name}, not LEASED; acquire it first"
             )
+        if rec.paused:
+            raise FailedPrecondition(f"sandbox {sandbox_id} is paused; resume it first")
         return rec
 
     def is_live(self, sandbox_id: str) -> bool:

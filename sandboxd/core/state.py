@@ -7,7 +7,10 @@ stores of sandboxd.stores); two adapters:
 - ``SqliteStateStore`` (here): SQLite on a local volume. It fits one replica per
   engine (the Docker backend): nothing else could read the file anyway, and a
   local write costs microseconds. Writes go through a single worker thread so
-  the event loop never blocks on disk.
+  the event loop never blocks on disk, and are group-committed: the writes
+  that arrive while one transaction commits go together in the next, as one
+  statement per run of like writes (a burst of 64 acquires costs a couple of
+  transactions and thread hand-offs, not 64).
 - ``LedgerStateStore`` (sandboxd.core.ledger_state): the backend itself, for a
   backend that is a ``Ledger`` (Kubernetes: annotations on the Pods and a
   ConfigMap), so a standby replica with its own empty disk takes over what
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +42,59 @@ CREATE TABLE IF NOT EXISTS leases (
 
 PersistedLease = tuple[str, str, list[str], float, float, dict[str, str]]
 """lease id, pool key, sandbox ids, ttl, expiry (wall-clock seconds), labels."""
+
+_KEY_COLUMN = {"pools": "name", "leases": "id"}
+LINGER_SECONDS = 0.003
+"""While writes come in together (a batch of several committed within the
+last ``BUSY_SECONDS``), the next batch waits this long for more to join it.
+Measured on 2 cores, 64 acquires at once (fake backend): committing at once
+gives batches of ~2 and costs 100-170 us of server CPU per acquire over not
+writing at all; lingering 3 ms leaves 10-50 us of that. A write that comes
+alone (one client, sequential calls) never waits."""
+BUSY_SECONDS = 0.005
+# SQLite's smallest default limit on the parameters of one statement.
+_MAX_PARAMETERS = 999
+
+
+@dataclass(frozen=True)
+class Write:
+    """One row written: the whole row upserted, or (key,) deleted."""
+
+    table: str
+    row: tuple[Any, ...]
+    delete: bool = False
+
+
+def batch_statements(writes: Sequence[Write]) -> list[tuple[str, tuple[Any, ...]]]:
+    """Statements that apply ``writes`` in their order: each run of upserts
+    (or of deletes) on one table becomes one multi-row statement, within
+    SQLite's parameter limit. Upserts of one key in a run: the last wins."""
+    out: list[tuple[str, tuple[Any, ...]]] = []
+    i = 0
+    while i < len(writes):
+        first = writes[i]
+        width = len(first.row)
+        most = max(1, _MAX_PARAMETERS // width)
+        j = i + 1
+        while (
+            j < len(writes)
+            and j - i < most
+            and writes[j].table == first.table
+            and writes[j].delete == first.delete
+            and len(writes[j].row) == width
+        ):
+            j += 1
+        run = writes[i:j]
+        params = tuple(value for w in run for value in w.row)
+        if first.delete:
+            marks = ", ".join("?" * len(run))
+            sql = f"DELETE FROM {first.table} WHERE {_KEY_COLUMN[first.table]} IN ({marks})"
+        else:
+            one = "(" + ", ".join("?" * width) + ")"
+            sql = f"INSERT OR REPLACE INTO {first.table} VALUES {', '.join([one] * len(run))}"
+        out.append((sql, params))
+        i = j
+    return out
 
 
 class StateStore(Protocol):
@@ -99,8 +155,11 @@ class SqliteStateStore:
         # Group commit: writes that arrive while one is being committed go
         # together in the next transaction, so 64 concurrent acquires cost a
         # few thread hand-offs instead of 64.
-        self._pending: list[tuple[str, tuple[Any, ...], asyncio.Future[None]]] = []
+        self._pending: list[tuple[Write, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self.commits = 0
+        """Transactions committed (each holds one batch of writes)."""
+        self._busy_until = 0.0
 
     async def open(self) -> None:
         """Opens the database, creating the file and its tables when missing."""
@@ -112,42 +171,50 @@ class SqliteStateStore:
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self._sql.close()
 
-    def _exec_many(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _commit(self, writes: list[Write]) -> None:
+        # One transaction; on the worker, so the statements are built there too.
         db = self._sql.db
         with db:
-            for sql, params in statements:
+            for sql, params in batch_statements(writes):
                 db.execute(sql, params)
 
-    async def _write(self, sql: str, params: tuple[Any, ...]) -> None:
-        """Commits one statement, in order with every other write, and
+    async def _write(self, write: Write) -> None:
+        """Commits one row write, in order with every other write, and
         returns once it is durable."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((sql, params, done))
+        self._pending.append((write, done))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush())
         await done
 
     async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
+            if loop.time() < self._busy_until:
+                await asyncio.sleep(LINGER_SECONDS)
             batch, self._pending = self._pending, []
             try:
-                await self._sql.run(self._exec_many, [(sql, params) for sql, params, _ in batch])
+                await self._sql.run(self._commit, [write for write, _ in batch])
             except Exception as e:
-                for *_, done in batch:
+                # The whole transaction rolled back: every write in it failed.
+                for _, done in batch:
                     if not done.done():
                         done.set_exception(e)
                 continue
-            for *_, done in batch:
+            self.commits += 1
+            if len(batch) > 1:
+                self._busy_until = loop.time() + BUSY_SECONDS
+            for _, done in batch:
                 if not done.done():
                     done.set_result(None)
 
     async def save_pool(self, config: PoolConfig) -> None:
         """Upserts the spec by internal key; returns once it is committed."""
-        await self._write("INSERT OR REPLACE INTO pools VALUES (?, ?)", (config.name, pool_to_json(config)))
+        await self._write(Write("pools", (config.name, pool_to_json(config))))
 
     async def delete_pool(self, name: str) -> None:
         """Deletes the spec's row; returns once that is committed."""
-        await self._write("DELETE FROM pools WHERE name = ?", (name,))
+        await self._write(Write("pools", (name,), delete=True))
 
     async def load_pools(self) -> list[PoolConfig]:
         """Every stored pool spec, read on the worker thread."""
@@ -160,20 +227,22 @@ class SqliteStateStore:
     async def save_lease(self, lease: Lease, handles: Sequence[str] = ()) -> None:
         """Upserts the lease (``handles`` are not needed here); returns once it is committed."""
         await self._write(
-            "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                lease.lease_id,
-                lease.pool,
-                json.dumps(lease.sandbox_ids),
-                lease.ttl,
-                lease.expires_wall,
-                json.dumps(lease.labels),
-            ),
+            Write(
+                "leases",
+                (
+                    lease.lease_id,
+                    lease.pool,
+                    json.dumps(lease.sandbox_ids),
+                    lease.ttl,
+                    lease.expires_wall,
+                    json.dumps(lease.labels),
+                ),
+            )
         )
 
     async def delete_lease(self, lease_id: str) -> None:
         """Deletes the lease's row; returns once that is committed."""
-        await self._write("DELETE FROM leases WHERE id = ?", (lease_id,))
+        await self._write(Write("leases", (lease_id,), delete=True))
 
     async def load_leases(self) -> list[PersistedLease]:
         """Every stored lease, read on the worker thread."""

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -244,11 +244,15 @@ def _image_exists(docker: str, tag: str) -> bool:
     return bool(proc.stdout.strip())
 
 
-def _import_tarball(docker: str, tarball: Path, tag: str, h: str) -> None:
+def import_tarball(
+    docker: str, tarball: Path, tag: str, h: str, *, changes: Sequence[str], what: str
+) -> None:
+    """``docker import`` of a cached rootfs tarball as ``tag``, with the image
+    config ``changes`` and the recipe label ``h``."""
     cmd = [docker, "import"]
-    for change in (*IMAGE_CHANGES, f"LABEL {_LABEL_RECIPE}={h}"):
+    for change in (*changes, f"LABEL {_LABEL_RECIPE}={h}"):
         cmd += ["--change", change]
-    cmd += ["--message", f"sandboxd rollout image, recipe {h}", "-", tag]
+    cmd += ["--message", f"sandboxd {what}, recipe {h}", "-", tag]
     with tarball.open("rb") as stdin:
         proc = subprocess.run(cmd, stdin=stdin, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -374,9 +378,27 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def _build_tarball(dest: Path, h: str, log: Callable[[str], None]) -> None:
+def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], what: str) -> None:
+    """Runs a build step with its output appended to ``log_path``."""
+    with log_path.open("ab") as out:
+        proc = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, check=False
+        )
+    if proc.returncode != 0:
+        raise ImageBuildError(
+            f"{what} failed (exit {proc.returncode}), full log in {log_path}:\n{_tail(log_path)}"
+        )
+
+
+Customise = Callable[[Path, Path, dict[str, str]], None]
+"""A build step after debootstrap: (rootfs, build log, environment)."""
+
+
+def build_tarball(dest: Path, h: str, log: Callable[[str], None], customise: Customise | None = None) -> None:
+    """Bootstraps the base rootfs, lets ``customise`` add to it, configures and
+    strips it, and caches it as the tarball ``dest``."""
     if os.geteuid() != 0:
-        raise ImageBuildError("building the image needs root (debootstrap); rerun as root")
+        raise ImageBuildError("building the image needs root (debootstrap, chroot); rerun as root")
     env = _host_path_env()
     debootstrap = shutil.which("debootstrap", path=env["PATH"])
     if debootstrap is None:
@@ -384,32 +406,23 @@ def _build_tarball(dest: Path, h: str, log: Callable[[str], None]) -> None:
     mirror = debian_mirror()
     cache = dest.parent
     build_log = cache / f"{h}.build.log"
+    build_log.unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{h}.build-", dir=cache))
     try:
         rootfs = work / "rootfs"
         log(f"debootstrap {SUITE} ({VARIANT}) from {mirror}; takes a few minutes")
         started = time.monotonic()
-        with build_log.open("wb") as out:
-            proc = subprocess.run(
-                [
-                    debootstrap,
-                    f"--variant={VARIANT}",
-                    f"--include={','.join(PACKAGES)}",
-                    SUITE,
-                    str(rootfs),
-                    mirror,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                check=False,
-            )
-        if proc.returncode != 0:
-            raise ImageBuildError(
-                f"debootstrap failed (exit {proc.returncode}), full log in {build_log}:\n{_tail(build_log)}"
-            )
+        include = f"--include={','.join(PACKAGES)}"
+        run_logged(
+            [debootstrap, f"--variant={VARIANT}", include, SUITE, str(rootfs), mirror],
+            build_log,
+            env,
+            "debootstrap",
+        )
         log(f"debootstrap done in {time.monotonic() - started:.0f}s")
+        if customise is not None:
+            customise(rootfs, build_log, env)
+            log(f"rootfs customised after {time.monotonic() - started:.0f}s")
         _configure_rootfs(rootfs)
         _strip_rootfs(rootfs)
         partial = work / "rootfs.tar"
@@ -435,6 +448,43 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def ensure_image(
+    tag: str,
+    h: str,
+    tarball_name: str,
+    *,
+    changes: Sequence[str],
+    what: str,
+    customise: Customise | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> str:
+    """Make sure ``tag`` exists in docker: cheap when it does; otherwise
+    imports the cached tarball, building it first if it is missing or
+    ``force`` is set. Blocking and slow on a cold cache."""
+    docker = _docker_cli()
+    if not force and _image_exists(docker, tag):
+        return tag
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    tarball = cache / tarball_name
+    # Concurrent callers (several workers starting at once) wait for one build.
+    with _exclusive(cache / f"{tarball.stem}.lock"):
+        if not force and _image_exists(docker, tag):
+            return tag
+        # Holding the lock, any build dir left over is from a dead builder.
+        for stale in cache.glob(f".{h}.build-*"):
+            log(f"removing interrupted build {stale}")
+            _remove_build_dir(stale)
+        if force or not tarball.is_file():
+            build_tarball(tarball, h, log, customise)
+        log(f"importing {tarball} as {tag}")
+        started = time.monotonic()
+        import_tarball(docker, tarball, tag, h, changes=changes, what=what)
+        log(f"imported {tag} in {time.monotonic() - started:.1f}s")
+    return tag
+
+
 def ensure_default_image(*, force: bool = False, log: Callable[[str], None] = print) -> str:
     """Make sure the default rollout image exists in docker; return its tag.
 
@@ -443,29 +493,15 @@ def ensure_default_image(*, force: bool = False, log: Callable[[str], None] = pr
     is set. Blocking and slow on a cold cache: not for use on an event loop.
     """
     h = _recipe_hash()
-    tag = f"{DEFAULT_IMAGE_REPO}:{h}"
-    docker = _docker_cli()
-    if not force and _image_exists(docker, tag):
-        return tag
-
-    cache = _cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    tarball = cache / f"{h}.tar"
-    # Concurrent callers (several workers starting at once) wait for one build.
-    with _exclusive(cache / f"{h}.lock"):
-        if not force and _image_exists(docker, tag):
-            return tag
-        # Holding the lock, any build dir left over is from a dead builder.
-        for stale in cache.glob(f".{h}.build-*"):
-            log(f"removing interrupted build {stale}")
-            _remove_build_dir(stale)
-        if force or not tarball.is_file():
-            _build_tarball(tarball, h, log)
-        log(f"importing {tarball} as {tag}")
-        started = time.monotonic()
-        _import_tarball(docker, tarball, tag, h)
-        log(f"imported {tag} in {time.monotonic() - started:.1f}s")
-    return tag
+    return ensure_image(
+        f"{DEFAULT_IMAGE_REPO}:{h}",
+        h,
+        f"{h}.tar",
+        changes=IMAGE_CHANGES,
+        what="rollout image",
+        force=force,
+        log=log,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,12 +21,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,10 +101,6 @@ IMAGE_CHANGES: tuple[str, ...] = (
 )
 
 
-class CodeJudgeBuildError(base.ImageBuildError):
-    """The code-judge image could not be built or imported."""
-
-
 def _recipe() -> dict[str, object]:
     return {
         "recipe_version": RECIPE_VERSION,
@@ -129,17 +121,6 @@ def code_judge_tag() -> str:
     return f"{CODE_JUDGE_REPO}:{_recipe_hash()}"
 
 
-def _run_logged(cmd: list[str], log_path: Path, env: dict[str, str], what: str) -> None:
-    with log_path.open("ab") as out:
-        proc = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, check=False
-        )
-    if proc.returncode != 0:
-        raise CodeJudgeBuildError(
-            f"{what} failed (exit {proc.returncode}), full log in {log_path}:\n{base._tail(log_path)}"
-        )
-
-
 def _apt_in_chroot(rootfs: Path, log_path: Path, env: dict[str, str]) -> None:
     # Java's and ca-certificates' maintainer scripts need /proc; nothing may
     # start a service in the chroot (policy-rc.d 101 forbids it).
@@ -151,10 +132,10 @@ def _apt_in_chroot(rootfs: Path, log_path: Path, env: dict[str, str]) -> None:
     subprocess.run(["mount", "-t", "proc", "proc", str(proc_dir)], check=True, capture_output=True)
     try:
         chroot_env = {**env, "DEBIAN_FRONTEND": "noninteractive", "HOME": "/root"}
-        _run_logged(
+        base.run_logged(
             ["chroot", str(rootfs), "apt-get", "update", "-q"], log_path, chroot_env, "apt-get update"
         )
-        _run_logged(
+        base.run_logged(
             [
                 "chroot",
                 str(rootfs),
@@ -169,93 +150,33 @@ def _apt_in_chroot(rootfs: Path, log_path: Path, env: dict[str, str]) -> None:
             chroot_env,
             "apt-get install of the toolchains",
         )
-        _run_logged(["chroot", str(rootfs), "apt-get", "clean"], log_path, chroot_env, "apt-get clean")
+        base.run_logged(["chroot", str(rootfs), "apt-get", "clean"], log_path, chroot_env, "apt-get clean")
     finally:
         subprocess.run(["umount", "--lazy", str(proc_dir)], check=False, capture_output=True)
         policy.unlink(missing_ok=True)
 
 
-def _build_tarball(dest: Path, h: str, log: Callable[[str], None]) -> None:
-    if os.geteuid() != 0:
-        raise CodeJudgeBuildError("building the image needs root (debootstrap, chroot)")
-    env = base._host_path_env()
-    debootstrap = shutil.which("debootstrap", path=env["PATH"])
-    if debootstrap is None:
-        raise CodeJudgeBuildError("debootstrap not found; apt-get install debootstrap")
-    mirror = base.debian_mirror()
-    build_log = dest.parent / f"{h}.build.log"
-    build_log.unlink(missing_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{h}.build-", dir=dest.parent))
-    try:
-        rootfs = work / "rootfs"
-        started = time.monotonic()
-        log(f"debootstrap {base.SUITE} ({base.VARIANT}) from {mirror}")
-        _run_logged(
-            [
-                debootstrap,
-                f"--variant={base.VARIANT}",
-                f"--include={','.join(base.PACKAGES)}",
-                base.SUITE,
-                str(rootfs),
-                mirror,
-            ],
-            build_log,
-            env,
-            "debootstrap",
-        )
-        log(f"debootstrap done in {time.monotonic() - started:.0f}s; installing {len(TOOLCHAINS)} packages")
-        _apt_in_chroot(rootfs, build_log, env)
-        log(f"toolchains installed after {time.monotonic() - started:.0f}s")
-        runner = rootfs / TS_RUNNER_PATH.lstrip("/")
-        runner.parent.mkdir(parents=True, exist_ok=True)
-        runner.write_text(TS_RUNNER, encoding="utf-8")
-        base._configure_rootfs(rootfs)
-        base._strip_rootfs(rootfs)
-        partial = work / "rootfs.tar"
-        tar_cmd = ["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(partial)]
-        tar_cmd += [f"--exclude={pattern}" for pattern in base._TAR_EXCLUDES]
-        tar = subprocess.run([*tar_cmd, "."], capture_output=True, text=True, check=False)
-        if tar.returncode != 0:
-            raise CodeJudgeBuildError(f"tar of rootfs failed: {tar.stderr.strip()}")
-        os.replace(partial, dest)
-        size = dest.stat().st_size / 2**20
-        log(f"cached rootfs {dest} ({size:.0f} MiB) in {time.monotonic() - started:.0f}s")
-    finally:
-        base._remove_build_dir(work)
-
-
-def _import(docker: str, tarball: Path, tag: str, h: str) -> None:
-    cmd = [docker, "import"]
-    for change in (*IMAGE_CHANGES, f"LABEL {base._LABEL_RECIPE}={h}"):
-        cmd += ["--change", change]
-    cmd += ["--message", f"sandboxd code-judge image, recipe {h}", "-", tag]
-    with tarball.open("rb") as stdin:
-        proc = subprocess.run(cmd, stdin=stdin, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise CodeJudgeBuildError(f"docker import of {tarball} failed: {proc.stderr.strip()}")
+def _add_toolchains(rootfs: Path, build_log: Path, env: dict[str, str]) -> None:
+    """The build step after debootstrap: every toolchain, then the TypeScript runner."""
+    _apt_in_chroot(rootfs, build_log, env)
+    runner = rootfs / TS_RUNNER_PATH.lstrip("/")
+    runner.parent.mkdir(parents=True, exist_ok=True)
+    runner.write_text(TS_RUNNER, encoding="utf-8")
 
 
 def ensure_code_judge_image(*, force: bool = False, log: Callable[[str], None] = print) -> str:
     """Make sure the code-judge image exists in docker; return its tag (slow on a cold cache)."""
     h = _recipe_hash()
-    tag = f"{CODE_JUDGE_REPO}:{h}"
-    docker = base._docker_cli()
-    if not force and base._image_exists(docker, tag):
-        return tag
-    cache = base._cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    tarball = cache / f"code-judge-{h}.tar"
-    with base._exclusive(cache / f"code-judge-{h}.lock"):
-        if not force and base._image_exists(docker, tag):
-            return tag
-        for stale in cache.glob(f".{h}.build-*"):
-            log(f"removing interrupted build {stale}")
-            base._remove_build_dir(stale)
-        if force or not tarball.is_file():
-            _build_tarball(tarball, h, log)
-        log(f"importing {tarball} as {tag}")
-        _import(docker, tarball, tag, h)
-    return tag
+    return base.ensure_image(
+        f"{CODE_JUDGE_REPO}:{h}",
+        h,
+        f"code-judge-{h}.tar",
+        changes=IMAGE_CHANGES,
+        what="code-judge image",
+        customise=_add_toolchains,
+        force=force,
+        log=log,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

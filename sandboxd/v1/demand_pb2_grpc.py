@@ -81,6 +81,10 @@ class DemandServiceServicer:
         INVALID_ARGUMENT for a timeout_seconds that is negative, NaN or infinite,
         FAILED_PRECONDITION when the pool cannot create sandboxes (image gone).
         DEADLINE_EXCEEDED: wait was set and timeout_seconds passed first.
+        RESOURCE_EXHAUSTED, at once: wait was set and count cannot fit under the
+        server's ceiling (the host's capacity unless pools.max_total_sandboxes
+        says otherwise) beside what other pools hold; the message names the
+        ceiling and what fits, and the announcement stands (what fits warms).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -29,6 +29,18 @@ class FileServiceStub:
     """Moving files in and out of leased sandboxes. Paths are relative to the
     workspace (/workspace) or absolute inside one of the two file roots,
     /workspace and /tmp; nothing outside them is reachable.
+
+    Symbolic links are never followed: a path that passes through a link
+    (as a directory on the way, or as the directory itself for
+    UploadDirectory and DownloadDirectory) is INVALID_ARGUMENT naming the link
+    and saying whether it leads out of its root; a link inside the root is
+    refused the same way. A link as the last component is read as a link
+    (ReadFiles: not a regular file), replaced by a write (its target keeps its
+    content), stored as a link by a download. What remains: a process of the
+    sandbox that swaps a directory for a link while a transfer is inside it
+    can redirect that one step, reaching only what the transfer's user
+    reaches in the sandbox (for user "root": uid 0 without capabilities on a
+    read-only root filesystem).
     """
 
     def __init__(self, channel):
@@ -63,12 +75,24 @@ class FileServiceServicer:
     """Moving files in and out of leased sandboxes. Paths are relative to the
     workspace (/workspace) or absolute inside one of the two file roots,
     /workspace and /tmp; nothing outside them is reachable.
+
+    Symbolic links are never followed: a path that passes through a link
+    (as a directory on the way, or as the directory itself for
+    UploadDirectory and DownloadDirectory) is INVALID_ARGUMENT naming the link
+    and saying whether it leads out of its root; a link inside the root is
+    refused the same way. A link as the last component is read as a link
+    (ReadFiles: not a regular file), replaced by a write (its target keeps its
+    content), stored as a link by a download. What remains: a process of the
+    sandbox that swaps a directory for a link while a transfer is inside it
+    can redirect that one step, reaching only what the transfer's user
+    reaches in the sandbox (for user "root": uid 0 without capabilities on a
+    read-only root filesystem).
     """
 
     def WriteFiles(self, request, context):
         """Writes several files in one call, creating parent directories.
-        INVALID_ARGUMENT: empty, duplicate or escaping path; bad mode; oversize
-        payload; an unknown user.
+        INVALID_ARGUMENT: empty, duplicate or escaping path; a path through a
+        symbolic link; bad mode; oversize payload; an unknown user.
         NOT_FOUND: unknown sandbox. FAILED_PRECONDITION: sandbox not leased, or
         user "root" on a backend that cannot run it.
         RESOURCE_EXHAUSTED: the workspace is full (bytes or files).
@@ -80,7 +104,8 @@ class FileServiceServicer:
     def ReadFiles(self, request, context):
         """Reads several files in one call.
         NOT_FOUND: unknown sandbox, or a path that does not exist (named in the message).
-        INVALID_ARGUMENT: escaping path, or a path that is not a regular file.
+        INVALID_ARGUMENT: escaping path, a path through a symbolic link, or a
+        path that is not a regular file.
         RESOURCE_EXHAUSTED: the files exceed max_bytes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -90,8 +115,10 @@ class FileServiceServicer:
     def UploadDirectory(self, request_iterator, context):
         """Uploads a tar stream and extracts it under a directory. The first message
         carries the header, the rest carry data.
-        INVALID_ARGUMENT: missing header, escaping path, a tar member that escapes,
-        a member declaring more data than the archive holds.
+        INVALID_ARGUMENT: missing header, escaping path, a path or a member's
+        directory that is a symbolic link in the sandbox (nothing is extracted
+        then), a tar member that escapes, a member declaring more data than
+        the archive holds.
         RESOURCE_EXHAUSTED: the archive's files, at their apparent sizes (a
         sparse member counts whole), exceed the sandbox's disk limit.
         """
@@ -100,8 +127,10 @@ class FileServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DownloadDirectory(self, request, context):
-        """Downloads a directory as a tar stream (paths relative to the directory).
-        NOT_FOUND: unknown sandbox or directory.
+        """Downloads a directory as a tar stream (paths relative to the directory);
+        links in it are stored as links, never descended into.
+        NOT_FOUND: unknown sandbox or directory. INVALID_ARGUMENT: escaping
+        path, or a path through (or naming) a symbolic link.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,6 +171,18 @@ class FileService:
     """Moving files in and out of leased sandboxes. Paths are relative to the
     workspace (/workspace) or absolute inside one of the two file roots,
     /workspace and /tmp; nothing outside them is reachable.
+
+    Symbolic links are never followed: a path that passes through a link
+    (as a directory on the way, or as the directory itself for
+    UploadDirectory and DownloadDirectory) is INVALID_ARGUMENT naming the link
+    and saying whether it leads out of its root; a link inside the root is
+    refused the same way. A link as the last component is read as a link
+    (ReadFiles: not a regular file), replaced by a write (its target keeps its
+    content), stored as a link by a download. What remains: a process of the
+    sandbox that swaps a directory for a link while a transfer is inside it
+    can redirect that one step, reaching only what the transfer's user
+    reaches in the sandbox (for user "root": uid 0 without capabilities on a
+    read-only root filesystem).
     """
 
     @staticmethod

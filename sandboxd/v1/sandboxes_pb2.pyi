@@ -149,3 +149,27 @@ class GetUsageResponse(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
+class PauseRequest(_message.Message):
+    __slots__ = ("sandbox_id",)
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ...) -> None: ...
+
+class PauseResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: _common_pb2.Sandbox
+    def __init__(self, sandbox: _Optional[_Union[_common_pb2.Sandbox, _Mapping]] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("sandbox_id",)
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    def __init__(self, sandbox_id: _Optional[str] = ...) -> None: ...
+
+class ResumeResponse(_message.Message):
+    __slots__ = ("sandbox",)
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    sandbox: _common_pb2.Sandbox
+    def __init__(self, sandbox: _Optional[_Union[_common_pb2.Sandbox, _Mapping]] = ...) -> None: ...

@@ -65,6 +65,16 @@ class SandboxServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageResponse.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/sandboxd.v1.SandboxService/Pause',
+                request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.PauseRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.PauseResponse.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/sandboxd.v1.SandboxService/Resume',
+                request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.ResumeResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -101,6 +111,7 @@ class SandboxServiceServicer:
         """Releases a lease (or some of its sandboxes); the sandboxes are destroyed
         and the pool refills. Idempotent for recently released leases.
         NOT_FOUND: unknown lease, or a sandbox id that is not in the lease.
+        INVALID_ARGUMENT: a malformed lease or sandbox id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -125,6 +136,27 @@ class SandboxServiceServicer:
         """What a leased sandbox uses now: memory (and its peak), pids, workspace
         bytes and files, CPU time.
         NOT_FOUND: no such sandbox. FAILED_PRECONDITION: not leased.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pause(self, request, context):
+        """Freezes every process of a leased gVisor sandbox (no CPU; memory and the
+        lease are kept, the lease still needs heartbeats). Until Resume, exec,
+        files and snapshots of it answer FAILED_PRECONDITION. Pausing a paused
+        sandbox is a no-op.
+        INVALID_ARGUMENT: a malformed sandbox id. NOT_FOUND: no such sandbox.
+        FAILED_PRECONDITION: not leased, or its runtime or backend cannot
+        pause (runc pools, Kubernetes; the message names which).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Thaws a paused sandbox: its processes continue where they were.
+        Resuming a running sandbox is a no-op. Codes as Pause.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -162,6 +194,16 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.PauseRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.PauseResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.ResumeRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.ResumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -327,6 +369,60 @@ class SandboxService:
             '/sandboxd.v1.SandboxService/GetUsage',
             sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageRequest.SerializeToString,
             sandboxd_dot_v1_dot_sandboxes__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SandboxService/Pause',
+            sandboxd_dot_v1_dot_sandboxes__pb2.PauseRequest.SerializeToString,
+            sandboxd_dot_v1_dot_sandboxes__pb2.PauseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SandboxService/Resume',
+            sandboxd_dot_v1_dot_sandboxes__pb2.ResumeRequest.SerializeToString,
+            sandboxd_dot_v1_dot_sandboxes__pb2.ResumeResponse.FromString,
             options,
             channel_credentials,
             insecure,

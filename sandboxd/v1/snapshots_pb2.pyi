@@ -24,7 +24,7 @@ class SnapshotRef(_message.Message):
     def __init__(self, id: _Optional[str] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("id", "pool", "image", "labels", "policy_version", "turn", "parent_id", "session", "cwd", "env", "size_bytes", "stored_bytes", "entry_count", "digest", "created_at", "expires_at", "chain")
+    __slots__ = ("id", "pool", "image", "labels", "policy_version", "turn", "parent_id", "session", "cwd", "env", "size_bytes", "stored_bytes", "entry_count", "digest", "created_at", "expires_at", "chain", "live", "memory_limit_bytes")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,8 @@ class Snapshot(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     CHAIN_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     id: str
     pool: str
     image: str
@@ -73,10 +75,12 @@ class Snapshot(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     expires_at: _timestamp_pb2.Timestamp
     chain: _containers.RepeatedCompositeFieldContainer[SnapshotRef]
-    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., parent_id: _Optional[str] = ..., session: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., entry_count: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[SnapshotRef, _Mapping]]] = ...) -> None: ...
+    live: bool
+    memory_limit_bytes: int
+    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., parent_id: _Optional[str] = ..., session: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., entry_count: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[SnapshotRef, _Mapping]]] = ..., live: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
-    __slots__ = ("sandbox_id", "session", "labels", "policy_version", "turn", "ttl_seconds")
+    __slots__ = ("sandbox_id", "session", "labels", "policy_version", "turn", "ttl_seconds", "live")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,13 +94,15 @@ class SnapshotRequest(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     session: str
     labels: _containers.ScalarMap[str, str]
     policy_version: int
     turn: int
     ttl_seconds: float
-    def __init__(self, sandbox_id: _Optional[str] = ..., session: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+    live: bool
+    def __init__(self, sandbox_id: _Optional[str] = ..., session: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., ttl_seconds: _Optional[float] = ..., live: _Optional[bool] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
     __slots__ = ("snapshot",)

@@ -77,6 +77,9 @@ class SnapshotServiceServicer:
     def Snapshot(self, request, context):
         """Snapshots a leased sandbox. A sandbox restored from snapshot P (or
         snapshotted before as P) records P as parent and stores only what changed.
+        With live = true (gVisor sandboxes only) the whole sandbox is
+        checkpointed instead: memory, the processes of its init tree (those
+        started through $SANDBOXD_KEEP) and the workspace; it keeps running.
         INVALID_ARGUMENT: bad sandbox id, session name, labels or TTL.
         NOT_FOUND: unknown sandbox.
         FAILED_PRECONDITION: the sandbox is not leased, or its workspace holds
@@ -86,6 +89,8 @@ class SnapshotServiceServicer:
         file counts whole), could never be restored into its sandbox (a file
         or all of them above its disk limit); the message names the file.
         Nothing is stored then.
+        FAILED_PRECONDITION (live): the sandbox's runtime or backend cannot
+        checkpoint (runc, Kubernetes: the message names which), or it is paused.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,14 +99,23 @@ class SnapshotServiceServicer:
     def Restore(self, request, context):
         """Restores a snapshot into n fresh sandboxes of its pool (a fork when n > 1)
         under a new lease, files first, then the session's cwd and environment.
-        Nothing stays leased when it fails.
+        Nothing stays leased when it fails. A live snapshot is restored by
+        starting each new sandbox from its checkpoint: every kept process
+        continues where it was; engine execs (session shells) do not survive a
+        checkpoint, so the snapshot's session gets a fresh shell with its cwd and
+        environment. Its checkpoint image is verified (digest, members) before
+        anything is leased.
         INVALID_ARGUMENT: n < 1, bad labels, TTL or timeout.
         NOT_FOUND: unknown or expired snapshot, or its pool no longer exists.
         FAILED_PRECONDITION: the snapshot does not fit the pool's limits (files,
         bytes), the pool runs another image, n is above max_size, or the
         snapshot is corrupt or unsafe (blob digest mismatch, missing blob, path
         escaping the workspace, device file, setuid bit); sandboxes already
-        acquired for it are destroyed.
+        acquired for it are destroyed; or n above what the tenant's quotas
+        could ever hold; for a live snapshot also a target pool not on gVisor,
+        with another image or with less memory than the snapshot's sandbox had,
+        or a checkpoint image that is corrupt, missing or not one.
+        RESOURCE_EXHAUSTED: n does not fit the tenant's quotas now (retry-after).
         DEADLINE_EXCEEDED: not enough warm sandboxes in time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -413,16 +413,85 @@ async def test_reused_sandboxes_share_nothing(endpoint: tuple[str, web.Applicati
     warm = wapp[WARM]
     first = await _run("bash", "echo secret > mine.txt; (setsid sleep 300 >/dev/null 2>&1 &); echo started")
     assert first.status == "Success", first
-    # Sequential clean requests are served by the same warm sandbox...
+    # Sequential clean requests are served by the same warm sandbox, once its clean-up is done...
+    await poll(lambda: warm.idle() >= 1, what="the sandbox to be cleaned and kept")
     second = await _run("bash", "ls -A; ps -eo args | grep -c '^sleep 300' || true")
     assert second.run_result.stdout == "main.sh\n0\n", second
     assert warm.reused >= 1
     # ...but one that leaves a file outside its directory destroys its sandbox.
     destroyed = warm.destroyed
     await _run("bash", "echo LEAKED > /tmp/leak; echo LEAKED > /workspace/leak 2>/dev/null; true")
-    assert warm.destroyed == destroyed + 1
+    # The clean-up runs after the answer.
+    await poll(lambda: warm.destroyed == destroyed + 1, what="the dirtied sandbox to be destroyed")
     third = await _run("bash", "cat /tmp/leak /workspace/leak 2>&1; ls /tmp")
     assert "LEAKED" not in third.run_result.stdout, third
+
+
+# Tries to ptrace, open the memory of and signal every process it did not
+# start: the sandbox's own shells and main process, and whatever ran before.
+_REACH_OUT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+mine = {os.getpid(), os.getppid()}
+seen, reached = 0, []
+for p in os.listdir("/proc"):
+    if not p.isdigit() or int(p) in mine:
+        continue
+    seen += 1
+    if libc.ptrace(16, int(p), 0, 0) == 0:
+        libc.ptrace(17, int(p), 0, 0)
+        reached.append(("ptrace", p))
+    try:
+        open(f"/proc/{p}/mem", "rb").close()
+        reached.append(("mem", p))
+    except OSError:
+        pass
+    try:
+        os.kill(int(p), 0)
+        reached.append(("signal", p))
+    except OSError:
+        pass
+print(seen >= 2, reached)
+"""
+
+
+async def test_reused_sandbox_confines_each_request(endpoint: tuple[str, web.Application]) -> None:
+    _, wapp = endpoint
+    warm = wapp[WARM]
+    reach = await _run("python", _REACH_OUT)
+    # Nothing outside the request's own commands can be traced, read or signalled.
+    assert reach.status == "Success" and reach.run_result.stdout == "True []\n", reach
+    first = await _run("bash", "export LEAKED_ENV=1; echo s > mine.txt; (setsid sleep 300 >/dev/null 2>&1 &)")
+    assert first.status == "Success", first
+    reused = warm.reused
+    await poll(lambda: warm.idle() >= 1, what="the sandbox to be cleaned and kept")
+    second = await _run(
+        "bash", "ls -A; ps -eo args | grep -c '^sleep 300' || true; echo ${LEAKED_ENV:-unset}"
+    )
+    assert second.run_result.stdout == "main.sh\n0\nunset\n", second
+    assert warm.reused == reused + 1
+
+
+async def test_burst_is_served_from_the_reserve(client: AsyncClient, judge_pool: str) -> None:
+    async with serving(client, judge_pool, reserve=4) as (_, wapp):
+        warm = wapp[WARM]
+        await poll(lambda: warm.idle() >= 4, timeout=120, what="the reserve to be prepared")
+        pool = await client.get_pool(judge_pool)
+        # verl's memory_limit_MB, at or above the pool's limit: served by the pool's own.
+        mb = max(pool.spec.limits.memory_bytes >> 20, 1)
+        leased, waited = warm.stats.leased, warm.stats.waited
+        burst = [_run("python", "print(1)", memory_limit_MB=mb) for _ in range(4)]
+        for answer in await asyncio.gather(*burst):
+            assert answer.status == "Success" and answer.run_result.stdout == "1\n", answer
+        # No request waited for a lease, an inspection or a container start.
+        assert (warm.stats.waited, warm.stats.leased) == (waited, leased)
+        assert warm.stats.from_reserve == 4
+        await poll(lambda: warm.idle() >= 4, timeout=120, what="the sandboxes to be cleaned and kept")
+        again = [_run("python", "print(2)", memory_limit_MB=mb) for _ in range(4)]
+        for answer in await asyncio.gather(*again):
+            assert answer.status == "Success", answer
+        assert (warm.stats.waited, warm.stats.leased) == (waited, leased)
+        assert warm.stats.reused >= 4
 
 
 async def test_lost_sandbox_is_sandbox_error(

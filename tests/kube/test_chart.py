@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s_client
 
-from sandboxd.backends.base import LeaseMark, Limits, SandboxSpec
-from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, LeaderElector
+from sandboxd.backends.base import GVISOR, RUNC, LeaseMark, Limits, SandboxSpec
+from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, LeaderElector, PodOptions
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.backends.kubernetes.podspec import tenant_class
 from tests.kube.conftest import IMAGE
@@ -95,6 +95,8 @@ async def test_the_charts_rbac_is_enough_and_no_more(
     release_ns = namespace + "-cp"
     await kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": release_ns}})
     instance = "rbac-" + secrets.token_hex(3)
+    # A RuntimeClass of this test's own: the cluster's `gvisor` one stays as it is.
+    probe_class = "gvisor-" + instance
     rendered = await asyncio.to_thread(
         helm_template,
         helm,
@@ -106,6 +108,8 @@ async def test_the_charts_rbac_is_enough_and_no_more(
         f"instanceId={instance}",
         "--set",
         "sandbox.tenantQuotas=true",
+        "--set",
+        f"sandbox.gvisorRuntimeClassName={probe_class}",
     )
     try:
         await asyncio.to_thread(
@@ -129,7 +133,13 @@ async def test_the_charts_rbac_is_enough_and_no_more(
         cfg.api_key = {"BearerToken": f"Bearer {token}"}
         as_sa = KubeClient(cfg, threads=4)
         backend = KubernetesBackend(
-            KubernetesOptions(instance=instance, namespace=namespace, tenant_quotas=True), as_sa
+            KubernetesOptions(
+                instance=instance,
+                namespace=namespace,
+                tenant_quotas=True,
+                pod=PodOptions(namespace=namespace, instance=instance, gvisor_runtime_class=probe_class),
+            ),
+            as_sa,
         )
         try:
             await backend.ping()  # creates the NetworkPolicy, starts the watch
@@ -166,6 +176,23 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             )
             await elector.wait_leading(timeout=20)
             await elector.stop()
+            # The gVisor RuntimeClass, for pre-flight (absent where no node
+            # runs gVisor: 404, not 403).
+            with contextlib.suppress(KubeError):
+                await kube.request("DELETE", f"/apis/node.k8s.io/v1/runtimeclasses/{probe_class}")
+            await kube.request(
+                "POST", "/apis/node.k8s.io/v1/runtimeclasses",
+                body={"metadata": {"name": probe_class}, "handler": "runsc"},
+            )  # fmt: skip
+            assert (await as_sa.request("GET", f"/apis/node.k8s.io/v1/runtimeclasses/{probe_class}"))[
+                "handler"
+            ] == "runsc"
+            assert GVISOR in await backend.runtimes()
+            await kube.request("DELETE", f"/apis/node.k8s.io/v1/runtimeclasses/{probe_class}")
+            with pytest.raises(KubeError) as missing:
+                await as_sa.request("GET", f"/apis/node.k8s.io/v1/runtimeclasses/{probe_class}")
+            assert missing.value.status == 404, missing.value
+            assert await backend.runtimes() == {RUNC}
             # Nothing more: no Secrets, no Pods outside the sandbox namespace,
             # no other Lease names.
             for method, path in [
@@ -178,6 +205,9 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/x"),
                 ("GET", "/apis/scheduling.k8s.io/v1/priorityclasses"),
                 ("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{tenant_class('default')}"),
+                ("GET", "/apis/node.k8s.io/v1/runtimeclasses"),
+                ("GET", "/apis/node.k8s.io/v1/runtimeclasses/sandboxd"),
+                ("DELETE", f"/apis/node.k8s.io/v1/runtimeclasses/{probe_class}"),
             ]:
                 with pytest.raises(KubeError) as info:
                     await as_sa.request(method, path)
@@ -190,6 +220,8 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             stdin=rendered, env={"KUBECONFIG": kubeconfig},
         )  # fmt: skip
         await kube.request("DELETE", f"/api/v1/namespaces/{release_ns}")
+        with contextlib.suppress(KubeError):  # cluster-wide: made by the RuntimeClass check
+            await kube.request("DELETE", f"/apis/node.k8s.io/v1/runtimeclasses/{probe_class}")
         with contextlib.suppress(KubeError):  # cluster-wide: made by the tenant-quota check
             await kube.request(
                 "DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{tenant_class('default')}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,28 @@ def elector(kube: KubeClient, namespace: str, lease: str, who: str) -> LeaderEle
     )
 
 
+async def watch_renewals(
+    kube: KubeClient, namespace: str, lease: str, count: int, holds: Callable[[], bool]
+) -> None:
+    """Waits until the Lease has been renewed ``count`` times (its renewTime
+    moved), checking ``holds`` at every look: a property that must stay true
+    across renewal rounds, observed round by round rather than over a guessed
+    stretch of time."""
+    seen: list[str] = []
+
+    async def renewed() -> bool:
+        assert holds(), "the invariant broke between two renewals"
+        held = await kube.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
+        )
+        stamp = str(held["spec"].get("renewTime"))
+        if not seen or seen[-1] != stamp:
+            seen.append(stamp)
+        return len(seen) > count
+
+    await poll(renewed, timeout=30, what=f"{count} renewals of {lease}")
+
+
 async def test_only_one_leads_and_the_standby_takes_over_after_renewals_stop(
     kube: KubeClient, namespace: str
 ) -> None:
@@ -37,9 +60,7 @@ async def test_only_one_leads_and_the_standby_takes_over_after_renewals_stop(
         await poll(lambda: a.is_leader or b.is_leader, timeout=20, what="a leader")
         leader, standby = (a, b) if a.is_leader else (b, a)
         # Several renewal rounds pass: leadership stays put, never shared.
-        for _ in range(12):
-            await asyncio.sleep(0.25)
-            assert leader.is_leader and not standby.is_leader
+        await watch_renewals(kube, namespace, lease, 6, lambda: leader.is_leader and not standby.is_leader)
         held = await kube.request(
             "GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}"
         )
@@ -65,8 +86,8 @@ async def test_a_clean_stop_hands_over_at_once(kube: KubeClient, namespace: str)
     b = elector(kube, namespace, lease, "b")
     b.start()
     try:
-        await asyncio.sleep(0.6)
-        assert not b.is_leader
+        # b retries every 0.25 s; over two of a's renewals it must not lead.
+        await watch_renewals(kube, namespace, lease, 2, lambda: not b.is_leader)
         await a.stop(release=True)
         # Released: b need not wait out the 3 s lease duration.
         loop = asyncio.get_running_loop()

@@ -3,10 +3,12 @@ values, quantities, watch summaries, exec status frames."""
 
 from __future__ import annotations
 
-from sandboxd.backends.base import Limits, SandboxSpec
+from sandboxd.backends.base import GVISOR, Limits, SandboxSpec
 from sandboxd.backends.execstream import MarkerSplitter
 from sandboxd.backends.kubernetes.cache import summarize
 from sandboxd.backends.kubernetes.podspec import (
+    ANNOTATION_PIDS,
+    ANNOTATION_RUNTIME,
     PodOptions,
     build_pod,
     label_value,
@@ -64,6 +66,19 @@ def test_pod_options_map_to_the_spec() -> None:
         "requests": {"memory": str(1 << 20)},
         "limits": {"memory": str(1 << 20)},
     }
+
+
+def test_gvisor_pods_name_their_runtime_class_and_process_limit() -> None:
+    opts = PodOptions(namespace="ns", instance="i", runtime_class="sandboxd", gvisor_runtime_class="gv")
+    limits = Limits(memory_bytes=1 << 30, pids=64)
+    gvisor = build_pod(SandboxSpec("sb-1", "p", "img:1", limits, runtime=GVISOR), opts)
+    assert gvisor["spec"]["runtimeClassName"] == "gv"
+    assert gvisor["metadata"]["annotations"][ANNOTATION_RUNTIME] == GVISOR
+    assert gvisor["metadata"]["annotations"][ANNOTATION_PIDS] == "64"
+    runc = build_pod(SandboxSpec("sb-2", "p", "img:1", limits), opts)
+    assert runc["spec"]["runtimeClassName"] == "sandboxd"
+    # Under runc the rlimit would count the user's processes host-wide.
+    assert not {ANNOTATION_RUNTIME, ANNOTATION_PIDS} & set(runc["metadata"]["annotations"])
 
 
 def test_summaries() -> None:

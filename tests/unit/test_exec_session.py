@@ -14,7 +14,14 @@ import pytest
 from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec, OutputChunk
 from sandboxd.backends.execstream import FirstLine, MarkerSplitter
 from sandboxd.backends.session import Explain, Frame, OneShot, ShellSession, unchanged
-from sandboxd.backends.shell import EXEC_TAG_VAR, SESSION_TAG_VAR, Tree
+from sandboxd.backends.shell import (
+    EXEC_TAG_VAR,
+    SESSION_PRELUDE,
+    SESSION_TAG_VAR,
+    Tree,
+    session_command,
+    session_frame,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -146,7 +153,7 @@ async def test_a_session_timeout_kills_the_command_not_the_shell() -> None:
     transport = Scripted(clock=True)
     session = ShellSession(transport, Tasks())
     await session.start()
-    assert transport.written[0] == b"trap '' KILL\n", "the job reports are silenced first"
+    assert transport.written[0].startswith(b"trap '' KILL\n"), "the job reports are silenced first"
     assert (await _result(session.run(ExecSpec(shell="true")))).outcome is ExecOutcome.EXITED
     assert transport.settled == 1
     transport.hang = True
@@ -223,3 +230,50 @@ def test_marker_keeps_what_follows_the_status() -> None:
     assert _status(splitter) == (None, b"")
     splitter.feed(b" 812\n")
     assert _status(splitter) == (3, b"45.67 812")
+
+
+async def test_session_frames_run_in_a_real_bash_as_lines_at_its_top_level() -> None:
+    # A command reaches the shell as a short call plus its line, read in one
+    # go; what it does to the shell (cd, export, declare, functions) stays.
+    shell = await asyncio.create_subprocess_exec(
+        "bash", "--noprofile", "--norc", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert shell.stdin is not None and shell.stdout is not None
+    shell.stdin.write(SESSION_PRELUDE)
+
+    async def run(command: str, stdin: bytes = b"", env: dict[str, str] | None = None) -> bytes:
+        assert shell.stdin is not None and shell.stdout is not None
+        marker = f"__SBXD_{len(command):016x}__"
+        line = session_command(command, tag="t", marker=marker, cwd="", env=env or {}, stdin=stdin)
+        frame = session_frame(line)
+        header = frame.split(b"\n", 1)[0]
+        assert len(header) < 40, "the shell reads only a short call byte by byte"
+        shell.stdin.write(frame)
+        await shell.stdin.drain()
+        out = b""
+        while marker.encode() not in out:
+            out += await asyncio.wait_for(shell.stdout.readline(), 5)
+        return out.split(marker.encode())[0]
+
+    try:
+        assert await run('cd /tmp && export Q=7 && declare -A m=([k]=v) && f() { echo "f:$1"; }') == b""
+        said = await run('echo "$PWD $Q ${m[k]} $ONE"; f x; echo héllo "wörld"', env={"ONE": "1"})
+        assert said.decode() == "/tmp 7 v 1\nf:x\nhéllo wörld\n"
+        assert await run("echo ${ONE-unset}; echo ${__sbx_line-gone}") == b"unset\ngone\n"
+        big = "x" * 200_000
+        assert await run("wc -c", stdin=big.encode()) == b"200000\n"
+        assert await run("return 2>/dev/null; echo top-level") == b"top-level\n"
+        assert shell.stdin is not None and shell.stderr is not None
+        shell.stdin.close()
+        await asyncio.wait_for(shell.wait(), 5)
+        # Nothing but the markers on stderr: no unknown call, no line read as script.
+        errors = [
+            x for x in (await shell.stderr.read()).splitlines() if not re.fullmatch(rb"__SBXD_[0-9a-f]+__", x)
+        ]
+        assert errors == []
+    finally:
+        if shell.returncode is None:
+            shell.kill()
+            await shell.wait()

@@ -19,6 +19,7 @@ import pytest
 from benchmarks.load import cli
 from benchmarks.load.dists import Dist, ProfileError, parse_dist
 from benchmarks.load.episode import ExecOutcome, Plan, Write, file_content, plan_episode
+from benchmarks.load.floor import FloorBox, FloorDriver
 from benchmarks.load.leaks import leased_leftovers, leftovers
 from benchmarks.load.profile import PRESETS, Profile, load_profile, parse_profile
 from benchmarks.load.report import build_report, compare, render
@@ -392,6 +393,53 @@ async def test_a_failing_command_is_a_typed_error() -> None:
     assert set(raw["errors"]) == {"exec:EXIT_NONZERO"}
 
 
+# -- the floor: plain processes on the host ----------------------------------------
+
+
+@pytest.mark.timeout(30)
+async def test_episodes_run_on_the_floor_without_errors_or_leaks() -> None:
+    profile = fake_profile(**{"episode.snapshot_probability": 0.3})
+    driver = FloorDriver(snapshots=True)
+    await driver.setup(10.0)
+    try:
+        raw = await play_profile(driver, profile, run_id="t")
+    finally:
+        down = await driver.teardown()
+    assert raw["errors"] == {}, raw["error_samples"]
+    assert raw["episodes"] == {"planned": 12, "completed": 12, "failed": 0, "cut_by_bounds": 0}
+    plans: list[Plan] = [plan_episode(profile, r, s) for s in range(2) for r in range(6)]
+    assert raw["latency_ms"]["exec"]["n"] == sum(p.execs for p in plans)
+    assert raw["latency_ms"]["snapshot"]["n"] == sum(t.snapshot for p in plans for t in p.turns)
+    assert down == {"leaked": 0, "leftovers": []} and not driver.root.exists()
+
+
+@pytest.mark.timeout(30)
+async def test_floor_sessions_keep_their_state_and_one_shots_do_not() -> None:
+    driver = FloorDriver()
+    await driver.setup(10.0)
+    try:
+        (box,) = await driver.acquire(1, {})
+        assert isinstance(box, FloorBox)
+        await driver.write(box, [("src/a.py", b"print(1)\n")])
+
+        async def run(command: str, session: bool = True, timeout: float = 10.0) -> ExecOutcome:
+            return await driver.exec(box, command, session=session, timeout=timeout)
+
+        assert (await run("cd /workspace/src && export X=7")).exit_code == 0
+        assert (await run('test "$X" = 7 && test -f a.py && python3 a.py')).exit_code == 0
+        assert (await run('test -z "$X" && test -f src/a.py', session=False)).exit_code == 0
+        failed = await run("echo oops >&2; false")
+        assert failed == ExecOutcome("EXITED", 1, b"oops\n")
+        assert (await run("sleep 30", timeout=0.3)).outcome == "TIMED_OUT"
+        assert (await run("sleep 30", session=False, timeout=0.3)).outcome == "TIMED_OUT"
+        assert (await run('test -z "$X"')).exit_code == 0  # a new session after the timeout
+        await driver.release([box])
+        assert not box.path.exists() and box.shell is None and driver.live == 0
+    finally:
+        down = await driver.teardown()
+    assert down["leaked"] == 0
+
+
 # -- the leak check -------------------------------------------------------------------
 
 
@@ -530,19 +578,29 @@ def _driver_result(step: float, p99: float) -> dict[str, Any]:
 def test_report_has_the_headline_keys(tmp_path: Path) -> None:
     report = build_report(
         {"profile": "x", "rollouts": 2},
-        {"sandboxd": _driver_result(2.0, 5.0), "baseline": _driver_result(8.0, 50.0)},
+        {
+            "sandboxd": _driver_result(2.0, 5.0),
+            "baseline": _driver_result(8.0, 50.0),
+            "floor": _driver_result(1.6, 2.0),
+        },
     )
     for key in (
         "sandboxd_step_s",
         "baseline_step_s",
+        "floor_step_s",
         "sandboxd_exec_p99_ms",
         "baseline_exec_p99_ms",
         "errors",
         "leaked",
     ):
         assert key in report
-    assert report["speedup"] == 4.0 and report["goals_met"] is True
-    assert "4.00x shorter" in render(report)
+    assert report["speedup"] == 4.0 and report["sandboxd_over_floor"] == 1.25
+    assert report["goals"]["sandboxd_over_floor"]["met"] is False  # over the 1.2x goal
+    assert report["goals_met"] is False
+    assert "4.00x shorter" in render(report) and "1.25x the floor" in render(report)
+    report["drivers"]["floor"]["step_s"] = [1.8]
+    report = build_report({"profile": "x", "rollouts": 2}, report["drivers"])
+    assert report["goals"]["sandboxd_over_floor"]["met"] is True and report["goals_met"] is True
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(report))
     report["drivers"]["sandboxd"]["step_s"] = [1.0]

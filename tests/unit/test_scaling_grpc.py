@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from sandboxd.app import App, build_app
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient
-from sandboxd.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+from sandboxd.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from sandboxd.settings import TelemetrySettings
 from sandboxd.telemetry import MetricsServer, Telemetry
 from sandboxd.telemetry.status import format_table, run_status
@@ -93,6 +93,21 @@ async def test_prewarm_that_cannot_finish_in_time_is_deadline_exceeded(make_app:
         await client.create_pool("p", IMAGE, max_size=8, max_ready=8)
         with pytest.raises(DeadlineExceeded, match="0 of 3"):
             await client.prewarm("p", 3, wait=True, timeout=0.3)
+
+
+async def test_prewarm_past_the_ceiling_is_refused_at_once_and_warms_what_fits(make_app: MakeApp) -> None:
+    app = await make_app(pools__max_total_sandboxes=6)
+    async with AsyncClient(app.address) as client:
+        await client.create_pool("other", IMAGE, min_ready=2, max_size=4)
+        await wait_for(lambda: app.control.get_pool("other").ready == 2, what="2 warm in other")
+        await client.create_pool("p", IMAGE, max_size=16, max_ready=16)
+        # Long before the 20 s wait would run out: the answer names the room.
+        with pytest.raises(ResourceExhausted, match=r"4 fit this pool now \(2 held by other pools"):
+            await client.prewarm("p", 10, wait=True, timeout=20)
+        await wait_for(lambda: app.control.get_pool("p").ready == 4, what="what fits, warm")
+        # What fits is still served with a wait.
+        scaling = await client.prewarm("p", 4, wait=True, timeout=5, source="fits")
+        assert scaling.ready >= 4
 
 
 async def test_watch_pool_streams_updates(app: App, client: AsyncClient) -> None:

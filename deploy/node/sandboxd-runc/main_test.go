@@ -55,7 +55,7 @@ func TestWorkspaceBecomesALimitedTmpfs(t *testing.T) {
 			map[string]any{"destination": "/workspace", "type": "bind", "source": "/var/lib/kubelet/x", "options": []any{"rbind"}},
 		},
 	})
-	if err := patch(path); err != nil {
+	if err := patch(path, false); err != nil {
 		t.Fatal(err)
 	}
 	spec := readSpec(t, path)
@@ -75,7 +75,7 @@ func TestWorkspaceBecomesALimitedTmpfs(t *testing.T) {
 func TestOtherContainersPassThrough(t *testing.T) {
 	original := map[string]any{"mounts": []any{map[string]any{"destination": "/workspace", "type": "bind"}}}
 	path := writeSpec(t, original)
-	if err := patch(path); err != nil {
+	if err := patch(path, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := readSpec(t, path); !reflect.DeepEqual(got, map[string]any{"mounts": []any{map[string]any{"destination": "/workspace", "type": "bind"}}}) {
@@ -89,7 +89,7 @@ func TestBadAnnotationsRefuseToStart(t *testing.T) {
 			"annotations": map[string]any{annotationFiles: files},
 			"mounts":      []any{map[string]any{"destination": "/workspace"}},
 		})
-		if err := patch(path); err == nil {
+		if err := patch(path, false); err == nil {
 			t.Errorf("max-files %q accepted", files)
 		}
 	}
@@ -99,10 +99,63 @@ func TestThePodsOtherContainersPassThrough(t *testing.T) {
 	// The pause container gets the Pod's annotations too, and has no workspace.
 	spec := map[string]any{"annotations": map[string]any{annotationFiles: "10"}, "mounts": []any{}}
 	path := writeSpec(t, spec)
-	if err := patch(path); err != nil {
+	if err := patch(path, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := readSpec(t, path); !reflect.DeepEqual(got, spec) {
 		t.Errorf("spec changed: %v", got)
+	}
+}
+
+func TestPidsBecomeAnNprocLimitUnderGvisorOnly(t *testing.T) {
+	spec := map[string]any{
+		"annotations": map[string]any{annotationPids: "64"},
+		"process": map[string]any{"rlimits": []any{
+			map[string]any{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+			map[string]any{"type": "RLIMIT_NPROC", "hard": 9999, "soft": 9999},
+		}},
+	}
+	path := writeSpec(t, spec)
+	if err := patch(path, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := readSpec(t, path); !reflect.DeepEqual(got, readSpec(t, writeSpec(t, spec))) {
+		t.Errorf("runc spec changed: %v", got)
+	}
+	if err := patch(path, true); err != nil {
+		t.Fatal(err)
+	}
+	want := []any{
+		map[string]any{"type": "RLIMIT_NPROC", "hard": 64.0, "soft": 64.0},
+		map[string]any{"type": "RLIMIT_NOFILE", "hard": 1024.0, "soft": 1024.0},
+	}
+	if got := readSpec(t, path)["process"].(map[string]any)["rlimits"]; !reflect.DeepEqual(got, want) {
+		t.Errorf("rlimits = %v, want %v", got, want)
+	}
+}
+
+func TestBadPidsRefuseToStartUnderGvisor(t *testing.T) {
+	for _, pids := range []string{"many", "0", "-1"} {
+		path := writeSpec(t, map[string]any{
+			"annotations": map[string]any{annotationPids: pids},
+			"process":     map[string]any{},
+		})
+		if err := patch(path, true); err == nil {
+			t.Errorf("pids %q accepted", pids)
+		}
+	}
+}
+
+func TestShimStartPrintsTheBareAddress(t *testing.T) {
+	cases := map[string]string{
+		`{"version":2,"address":"unix:///run/containerd/s/ab","protocol":"ttrpc"}` + "\n": "unix:///run/containerd/s/ab",
+		"unix:///run/containerd/s/cd\n":                          "unix:///run/containerd/s/cd\n",
+		`{"version":3,"address":"unix:///x","protocol":"ttrpc"}`: `{"version":3,"address":"unix:///x","protocol":"ttrpc"}`,
+		`{"version":2,"address":"unix:///x","protocol":"grpc"}`:  `{"version":2,"address":"unix:///x","protocol":"grpc"}`,
+	}
+	for out, want := range cases {
+		if got := string(startAddress([]byte(out))); got != want {
+			t.Errorf("startAddress(%q) = %q, want %q", out, got, want)
+		}
 	}
 }

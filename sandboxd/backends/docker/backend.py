@@ -36,6 +36,7 @@ from sandboxd.backends.base import (
     SandboxUsage,
 )
 from sandboxd.backends.docker.cgroups import ContainerProbe
+from sandboxd.backends.docker.checkpoints import Checkpoints
 from sandboxd.backends.docker.containers import Containers, DockerOptions
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
@@ -44,7 +45,7 @@ from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.session import SessionClosed, ShellSession
 from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote
-from sandboxd.errors import NotFound, SandboxLost, TransientBackendError
+from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
 
@@ -116,6 +117,10 @@ class DockerBackend:
         self._runners: dict[str, list[ShellSession]] = {}
         # Each sandbox's isolation runtime, looked up once for adopted ones.
         self._runtimes: dict[str, str] = {}
+        address = options.base_url or ""
+        self._checkpoints = Checkpoints(self._containers, local=not address or address.startswith("unix://"))
+        # Paused containers: thawed before removal (the engine cannot remove a paused runsc one).
+        self._paused: set[str] = set()
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -140,15 +145,7 @@ class DockerBackend:
             host_view = pid and spec.runtime != GVISOR
             self._probes[handle] = ContainerProbe.open(pid) if host_view else None
             session = ShellSession(await self._transport(handle), self._spawn, spec.env)
-            await session.start()
-            # The spare shell doubles as the health check: a sandbox is READY
-            # only once a command has run in it.
-            async for event in session.run(ExecSpec(shell="true", timeout=30)):
-                if isinstance(event, ExecResult) and (
-                    event.outcome is not ExecOutcome.EXITED or event.exit_code != 0
-                ):
-                    raise TransientBackendError(f"health check failed: {event.detail or event.outcome.name}")
-            self._spare[handle] = session
+            await self._check_spare(handle, session)
             return handle
         except BaseException:
             # Failed or cancelled half-way: the container must not outlive us,
@@ -161,6 +158,17 @@ class DockerBackend:
             # doubt and settles it by listing once the engine answers).
             await asyncio.wait({cleanup}, timeout=_CLEANUP_WAIT_SECONDS)
             raise
+
+    async def _check_spare(self, handle: str, session: ShellSession) -> None:
+        """Starts the spare shell, which doubles as the health check: a
+        sandbox is READY only once a command has run in it."""
+        await session.start()
+        async for event in session.run(ExecSpec(shell="true", timeout=30)):
+            if isinstance(event, ExecResult) and (
+                event.outcome is not ExecOutcome.EXITED or event.exit_code != 0
+            ):
+                raise TransientBackendError(f"health check failed: {event.detail or event.outcome.name}")
+        self._spare[handle] = session
 
     async def _cleanup_create(
         self, creating: asyncio.Future[tuple[str, int]], sandbox_id: str, session: ShellSession | None
@@ -206,10 +214,22 @@ class DockerBackend:
         self._runtimes.pop(handle, None)
         for session in sessions:
             await session.close()
+        if handle in self._paused:
+            self._paused.discard(handle)
+            with contextlib.suppress(BackendError):
+                await self._checkpoints.resume(handle)
         await self._containers.remove(handle)
 
     async def list(self) -> list[BackendSandbox]:
-        return await self._containers.list()
+        found = await self._containers.list()
+        for i, sandbox in enumerate(found):
+            if sandbox.paused and sandbox.handle not in self._paused:
+                # Paused by a control plane that has since restarted: this one
+                # knows nothing of the pause, so the sandbox runs again.
+                with contextlib.suppress(BackendError):
+                    await self._checkpoints.resume(sandbox.handle)
+                    found[i] = replace(sandbox, paused=False)
+        return found
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
         """One ``containers list`` call for every handle asked about."""
@@ -390,3 +410,37 @@ class DockerBackend:
 
     def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
         return self._files.get_tar(handle, base, paths)
+
+    # -- LiveCheckpoints ------------------------------------------------------
+
+    def live_refusal(self, runtime: str) -> str:
+        return self._checkpoints.refusal(runtime)
+
+    async def pause(self, handle: str) -> None:
+        # Marked first: a listing meanwhile must not take it for a pause of
+        # a control plane gone (and thaw it).
+        self._paused.add(handle)
+        try:
+            await self._checkpoints.pause(handle)
+        except BaseException:
+            self._paused.discard(handle)
+            raise
+
+    async def resume(self, handle: str) -> None:
+        await self._checkpoints.resume(handle)
+        self._paused.discard(handle)
+
+    async def checkpoint(self, handle: str, dest: Path) -> None:
+        await self._checkpoints.checkpoint(handle, dest)
+
+    async def restore_checkpoint(self, handle: str, image: Path) -> None:
+        # The restore replaces every process the engine's execs started:
+        # the shells held for this sandbox end with them.
+        shells = list(self._sessions.pop(handle, {}).values()) + self._runners.pop(handle, [])
+        spare = self._spare.pop(handle, None)
+        if spare is not None:
+            shells.append(spare)
+        for shell in shells:
+            await shell.close()
+        await self._checkpoints.restore(handle, image)
+        await self._check_spare(handle, ShellSession(await self._transport(handle), self._spawn))

@@ -35,6 +35,7 @@ import requests.exceptions
 
 from sandboxd.backends.base import (
     GVISOR,
+    KEEP_VAR,
     LABEL_INSTANCE,
     LABEL_MANAGED,
     LABEL_POOL,
@@ -44,6 +45,7 @@ from sandboxd.backends.base import (
     Limits,
     SandboxSpec,
 )
+from sandboxd.backends.docker.keeper import KEEP_FIFO, KEEPER_COMMAND
 from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
@@ -144,6 +146,9 @@ def container_spec(spec: SandboxSpec, options: DockerOptions, inbox: Path | None
         kwargs["nano_cpus"] = limits.cpu_millis * 1_000_000
     if spec.runtime == GVISOR:
         kwargs["runtime"] = options.gvisor_runtime
+        # A live snapshot carries the init tree only: the keeper puts processes there.
+        kwargs["command"] = KEEPER_COMMAND
+        kwargs["environment"][KEEP_VAR] = KEEP_FIFO
         if limits.pids:
             kwargs["pids_limit"] = engine_pids(GVISOR, limits.pids)
             kwargs["ulimits"] = [docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)]
@@ -181,6 +186,12 @@ class Containers:
         """The worker threads for every blocking call of the backend."""
         # Host directory of each sandbox's inbox mount (None: it has none).
         self._inboxes: dict[str, Path | None] = {}
+
+    @property
+    def api(self) -> Any:
+        """The SDK's low-level client, for endpoints the SDK does not wrap;
+        only for calls made through run()."""
+        return self._client.api
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` on a worker thread."""
@@ -287,8 +298,9 @@ class Containers:
                     sandbox_id=labels.get(LABEL_SANDBOX, ""),
                     pool=labels.get(LABEL_POOL, ""),
                     handle=str(c["Id"]),
-                    running=c.get("State") == "running",
+                    running=c.get("State") in ("running", "paused"),
                     labels=labels,
+                    paused=c.get("State") == "paused",
                 )
             )
         if self._options.inbox_dir is not None:
@@ -296,14 +308,15 @@ class Containers:
         return out
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
-        """The running ones among ``handles``, from one ``containers list`` call."""
+        """The running ones among ``handles`` (paused ones count: their
+        processes are all there), from one ``containers list`` call."""
         try:
             running = await self.run(
                 self._client.api.containers,
                 quiet=True,
                 filters={
                     "label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"],
-                    "status": "running",
+                    "status": ["running", "paused"],
                 },
             )
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
@@ -26,7 +25,7 @@ from dataclasses import replace
 from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.cgroups import Cell, ContainerProbe, Counters
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
-from sandboxd.backends.execstream import FirstLine
+from sandboxd.backends.execstream import FirstLine, RootPidLine
 from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
 from sandboxd.backends.shell import Tree, gate_argv, reaper_argv, tree_kill_argv
 from sandboxd.errors import BackendError, TransientBackendError
@@ -86,7 +85,7 @@ class EngineExec:
         self._cell: Cell | None = None
         self._root_host = 0
         # Without the host: the root's pid comes as the first line of stdout.
-        self._first: FirstLine | None = None
+        self._pid_line: RootPidLine | None = None
         self._root = 0
         self._released = False
 
@@ -103,7 +102,7 @@ class EngineExec:
             argv = gate_argv(list(argv))
         else:
             argv = reaper_argv(list(argv))
-            self._first = FirstLine()
+            self._pid_line = RootPidLine()
         try:
             self._exec_id = await self._engine.exec_create(
                 self._container, list(argv), stdin=stdin or cell is not None, env=dict(env), workdir=cwd,
@@ -157,22 +156,10 @@ class EngineExec:
 
     async def read(self, timeout: float) -> Frame | TimeoutError | None:
         """The next demultiplexed frame (see ExecChannel.next_frame), the
-        root's pid line taken off stdout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            frame = await self._stream().next_frame(timeout)
-            if self._first is None or not isinstance(frame, tuple) or frame[0] != 1:
-                return frame
-            data = self._first.feed(frame[1])
-            if self._first.value is not None:
-                value, self._first = self._first.value, None
-                self._root = int(value) if value.isdigit() else 0
-            if data:
-                return 1, data
-            # Only the pid line came: the caller's deadline still holds.
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                return TimeoutError()
+        root's pid line taken off stdout when REAPER runs it."""
+        if self._pid_line is None:
+            return await self._stream().next_frame(timeout)
+        return await self._pid_line.read(self._stream().next_frame, timeout)
 
     async def exit_status(self) -> tuple[int | None, str]:
         """The exec's exit code as the engine reports it (None while it runs)."""
@@ -200,7 +187,8 @@ class EngineExec:
 
             await self._blocking(from_host)
         if cell is None:
-            await self._exec_quietly(tree_kill_argv(tree, self._root), self._kill_user)
+            root = self._pid_line.pid if self._pid_line is not None else self._root
+            await self._exec_quietly(tree_kill_argv(tree, root), self._kill_user)
 
     async def settle(self) -> None:
         """After a command in the stream's shell ended by itself: moves what

@@ -21,7 +21,6 @@ runc sandboxes pass straight through to the base backend.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -38,44 +37,16 @@ from sandboxd.backends.base import (
 )
 from sandboxd.backends.docker.backend import DockerBackend
 from sandboxd.backends.docker.cgroups import SCRATCH, ContainerProbe
+from sandboxd.backends.gvisor_pids import KILL_ALL, RESCUE_SESSION, STDERR_KEPT, refused_fork
 from sandboxd.errors import SandboxLost
 
-__all__ = ["GvisorAwareBackend", "parse_statfs", "refused_fork"]
+__all__ = ["GvisorAwareBackend", "parse_statfs"]
 
 _MOUNTS = (WORKSPACE, *SCRATCH)
-# What a refused fork or clone prints from the shells and runtimes commonly
-# run (bash, dash, Python's os.fork and threading, glibc's posix_spawn users).
-_FORK_REFUSED = re.compile(
-    rb"fork: (retry: )?Resource temporarily unavailable|Cannot fork|can't fork|"
-    rb"can't start new thread|BlockingIOError: \[Errno 11\]"
-)
-_STDERR_KEPT = 8 << 10
 # A filesystem with less than this free is full for a command that failed on it.
 _FULL_BYTES = 64 << 10
 _STATFS_ARGV = ("stat", "-f", "-c", "%n %S %b %a %c %d", *_MOUNTS)
 _PIDS_ARGV = ("sh", "-c", "ls /proc | grep -c '^[0-9]'")
-# A session kept in every gVisor sandbox for _KILL_ALL: its shell runs the
-# builtins without forking, and the engine refuses new execs (they count as
-# processes) while the limit is held.
-_RESCUE_SESSION = ".sandboxd-rescue"
-# Stops, then kills, every process of the sandbox that the engine did not
-# start itself (those have parent 0: the shells of sessions and one-shot
-# runners, kept so they go on serving) but for the container's own init and
-# keep-alive (pids 1 and 2), with shell builtins only: while a fork bomb holds
-# the process limit nothing can be started, and gVisor sandboxes have no
-# per-exec cgroup to freeze from the host. Stopping first, in rounds, keeps
-# the bomb from refilling the slots each kill frees.
-_KILL_ALL = (
-    "each() { local sig=$1 d p s; for d in /proc/[0-9]*; do p=${d#/proc/}; ((p > 2 && p != $$)) || continue; "
-    'read -r s < "$d/stat" || continue; s=${s##*) }; set -- $s; '
-    '(($2 != 0)) && kill "$sig" "$p" 2>/dev/null; done; }; '
-    "for r in 1 2 3 4 5; do each -STOP; done; each -KILL; true"
-)
-
-
-def refused_fork(stderr: bytes) -> bool:
-    """Whether ``stderr`` shows a fork or thread start refused for want of processes."""
-    return _FORK_REFUSED.search(stderr) is not None
 
 
 def parse_statfs(text: str) -> dict[str, tuple[int, int, int, int]]:
@@ -96,7 +67,7 @@ class GvisorAwareBackend(DockerBackend):
         handle = await super().create(spec)
         if spec.runtime == GVISOR:
             try:
-                async for _ in super().exec(handle, ExecSpec(shell="true", session=_RESCUE_SESSION)):
+                async for _ in super().exec(handle, ExecSpec(shell="true", session=RESCUE_SESSION)):
                     pass
             except BaseException:
                 await self.destroy(handle)
@@ -111,7 +82,7 @@ class GvisorAwareBackend(DockerBackend):
         stderr = b""
         async for event in super().exec(handle, spec):
             if isinstance(event, OutputChunk) and event.stream == 2:
-                stderr = (stderr + event.data)[-_STDERR_KEPT:]
+                stderr = (stderr + event.data)[-STDERR_KEPT:]
             elif isinstance(event, ExecResult):
                 try:
                     event = await self._explain(handle, event, stderr)
@@ -149,7 +120,7 @@ class GvisorAwareBackend(DockerBackend):
         return result
 
     async def _kill_all(self, handle: str) -> None:
-        async for _ in super().exec(handle, ExecSpec(shell=_KILL_ALL, session=_RESCUE_SESSION, timeout=10)):
+        async for _ in super().exec(handle, ExecSpec(shell=KILL_ALL, session=RESCUE_SESSION, timeout=10)):
             pass
 
     async def _inside(self, handle: str, argv: tuple[str, ...]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
@@ -29,11 +30,13 @@ from sandboxd.backends.base import (
     ExecSpec,
     LeaseMark,
     Limits,
+    OutputChunk,
     QuotaHeadroom,
     SandboxSpec,
     SandboxUsage,
 )
-from sandboxd.backends.kubernetes.cache import PodCache
+from sandboxd.backends.gvisor_pids import KILL_ALL, RESCUE_SESSION, STDERR_KEPT, refused_fork
+from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
 from sandboxd.backends.kubernetes.client import (
     KubeClient,
     KubeError,
@@ -55,12 +58,18 @@ from sandboxd.backends.kubernetes.limits import (
     parse_fs,
 )
 from sandboxd.backends.kubernetes.pods import KubernetesOptions, Pods
-from sandboxd.backends.kubernetes.podspec import ANNOTATION_LABELS, ANNOTATION_POOL, CONTAINER, selector
+from sandboxd.backends.kubernetes.podspec import (
+    ANNOTATION_LABELS,
+    ANNOTATION_POOL,
+    ANNOTATION_RUNTIME,
+    CONTAINER,
+    selector,
+)
 from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
 from sandboxd.backends.kubernetes.usage import read_usage
 from sandboxd.backends.kubernetes.wsexec import ExecStream
 from sandboxd.backends.session import SessionClosed, ShellSession
-from sandboxd.errors import NotFound, SandboxLost, TransientBackendError
+from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +85,10 @@ class KubernetesBackend:
             load_configuration(options.kubeconfig, options.context), threads=options.threads
         )
         self.cache = PodCache(
-            self._client, self._ns, selector(options.instance), (ANNOTATION_POOL, ANNOTATION_LABELS)
+            self._client,
+            self._ns,
+            selector(options.instance),
+            (ANNOTATION_POOL, ANNOTATION_LABELS, ANNOTATION_RUNTIME),
         )
         self.quotas = TenantQuotaManager(self._client, self._ns)
         self.ledger = KubeLedger(self._client, self._ns, options.instance, selector(options.instance))
@@ -117,7 +129,22 @@ class KubernetesBackend:
 
     async def create(self, spec: SandboxSpec) -> str:
         check = self._health_check if self._options.exec_health_check else None
-        return await self._pods.create(spec, check)
+        handle = await self._pods.create(spec, check)
+        if spec.runtime == GVISOR:
+            try:
+                await self._rescue(handle)
+            except BaseException:
+                await self.destroy(handle)
+                raise
+        return handle
+
+    async def _rescue(self, handle: str) -> ShellSession:
+        """The gVisor sandbox's rescue session (gvisor_pids), started before
+        any command can fill its process slots."""
+        try:
+            return await self._session(handle, RESCUE_SESSION)
+        except KubeError as e:
+            raise unavailable(e, "the sandbox's rescue session did not start") from e
 
     async def _health_check(self, name: str) -> None:
         # The limit counters' baseline doubles as the check that commands run
@@ -199,22 +226,81 @@ class KubernetesBackend:
         task.add_done_callback(self._cleanups.discard)
 
     async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
-        if handle not in self._counters:  # adopted, or created without a health check
+        gvisor = self._gvisor(handle)
+        rescue = self._sessions.get(handle, {}).get(RESCUE_SESSION)
+        if gvisor and (rescue is None or rescue.dead):
+            # Adopted, or its shell ended: best effort, the command runs either way.
+            try:
+                await self._rescue(handle)
+            except BackendError as e:
+                log.warning("sandbox %s: no rescue session: %s", handle, e)
+        elif handle not in self._counters and not gvisor:  # adopted, or created without a health check
             probe = await self._probe(handle, COUNTERS_ARGV, attempts=1)
             if probe[0] is not None:  # else: read again before the next command
                 self._counters[handle] = parse_counters(probe[1])
+        stderr = b""
         async for event in self._exec(handle, spec):
-            if isinstance(event, ExecResult) and _failed(event):
-                event = await self._explain(handle, event)
+            if gvisor and isinstance(event, OutputChunk) and event.stream == 2:
+                stderr = (stderr + event.data)[-STDERR_KEPT:]
+            elif isinstance(event, ExecResult) and _failed(event):
+                if gvisor:
+                    event = await self._explain_gvisor(handle, event, stderr)
+                else:
+                    event = await self._explain(handle, event)
             yield event
+
+    def _gvisor(self, handle: str) -> bool:
+        pod = self.cache.get(handle)
+        return pod is not None and pod.annotations.get(ANNOTATION_RUNTIME) == GVISOR
+
+    def _oom_killed(self, handle: str, result: ExecResult, whole: bool) -> ExecResult | None:
+        """OOM_KILLED when the sandbox's container ended for memory, else None."""
+        pod = self.cache.get(handle)
+        ended = (pod.terminated_reason, pod.last_terminated_reason) if pod is not None else ()
+        if "OOMKilled" not in ended:
+            return None
+        if whole:
+            detail = "the sandbox hit its memory limit; under gVisor that stops the whole sandbox"
+            return replace(result, outcome=ExecOutcome.OOM_KILLED, detail=detail, sandbox_gone=True)
+        detail = "the sandbox's main process hit its memory limit and was killed"
+        return replace(result, outcome=ExecOutcome.OOM_KILLED, detail=detail)
+
+    async def _explain_gvisor(self, handle: str, result: ExecResult, stderr: bytes) -> ExecResult:
+        """Names the limit a failed command hit in a gVisor Pod. Its cgroup
+        counters are gVisor's own view, which counts neither OOM kills nor
+        refused forks: hitting the memory limit ends the whole sandbox (its
+        container ends OOMKilled; the command's exec reports a code >= 128
+        or is cut off), and the process limit is RLIMIT_NPROC, whose refusals
+        only the command's stderr shows."""
+        died = result.outcome is ExecOutcome.SANDBOX_LOST
+        if not died and result.outcome is ExecOutcome.EXITED and result.exit_code >= 128:
+            died = not await self._transport(handle).alive()
+        if died:
+            with contextlib.suppress(TimeoutError):
+                await self.cache.wait(handle, _ended, _ENDED_TIMEOUT)
+            named = self._oom_killed(handle, result, whole=True)
+            if named is not None:
+                return named
+            return replace(result, outcome=ExecOutcome.SANDBOX_LOST, sandbox_gone=True)
+        why: tuple[ExecOutcome, str] | None = None
+        if refused_fork(stderr):
+            detail = "the sandbox's process limit was reached (fork refused)"
+            why = ExecOutcome.PIDS_EXHAUSTED, detail + await self._stop_in_gvisor(handle)
+        elif result.outcome is ExecOutcome.EXITED:
+            fs_probe = await self._probe(handle, FS_ARGV, attempts=1)
+            fs = parse_fs(fs_probe[1]) if fs_probe[0] is not None else None
+            why = explain_fs(fs) if fs else None
+        if why is None:
+            return result
+        outcome, detail = why
+        return replace(result, outcome=outcome, detail=detail)
 
     async def _explain(self, handle: str, result: ExecResult) -> ExecResult:
         """Names the limit a failed command hit, if one did (limits.py)."""
-        pod = self.cache.get(handle)
-        ended = (pod.terminated_reason, pod.last_terminated_reason) if pod is not None else ()
-        if result.outcome is ExecOutcome.SANDBOX_LOST and "OOMKilled" in ended:
-            detail = "the sandbox's main process hit its memory limit and was killed"
-            return replace(result, outcome=ExecOutcome.OOM_KILLED, detail=detail)
+        if result.outcome is ExecOutcome.SANDBOX_LOST:
+            named = self._oom_killed(handle, result, whole=False)
+            if named is not None:
+                return named
         if result.sandbox_gone:
             return result
         before = self._counters.get(handle)
@@ -251,6 +337,21 @@ class KubernetesBackend:
             await session.close()
         if (await self._probe(handle, KILL_ALL_ARGV, attempts=20))[0] is not None:
             return "; every process in the sandbox was killed (sessions restart)"
+        return "; its processes could not be stopped"
+
+    async def _stop_in_gvisor(self, handle: str) -> str:
+        """_stop_everything for a gVisor sandbox, where no exec starts while
+        the process slots are full: KILL_ALL in the rescue session."""
+        sessions = self._sessions.get(handle, {})
+        for name in [n for n in sessions if n != RESCUE_SESSION]:
+            await sessions.pop(name).close()
+        rescue = sessions.get(RESCUE_SESSION)
+        if rescue is None or rescue.dead:
+            return "; its processes could not be stopped (no rescue session)"
+        with contextlib.suppress(SessionClosed):
+            async for event in rescue.run(ExecSpec(shell=KILL_ALL, session=RESCUE_SESSION, timeout=10)):
+                if isinstance(event, ExecResult) and event.outcome is ExecOutcome.EXITED:
+                    return "; every process the sandbox's commands started was killed (sessions restart)"
         return "; its processes could not be stopped"
 
     async def _probe(self, handle: str, argv: builtins.list[str], attempts: int) -> tuple[int | None, str]:
@@ -318,7 +419,9 @@ class KubernetesBackend:
             return session
 
     async def usage(self, handle: str) -> SandboxUsage:
-        return await read_usage(self._client, self.cache, self._ns, handle)
+        usage = await read_usage(self._client, self.cache, self._ns, handle)
+        # gVisor does not limit the file count: the workspace's inode total is not a limit.
+        return replace(usage, files_total=0) if self._gvisor(handle) else usage
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
         await self._files.put_tar(handle, dest, chunks)
@@ -329,6 +432,13 @@ class KubernetesBackend:
 
 # How the runtime answers an exec into a container whose process limit is full.
 _NO_PROCESS_SLOT = "resource temporarily unavailable"
+# Longest the watch may take to report why a gVisor Pod's container ended.
+_ENDED_TIMEOUT = 10.0
+
+
+def _ended(pod: PodInfo | None) -> bool:
+    """Whether the Pod is gone or its container has ended (with a reason)."""
+    return pod is None or not pod.running or bool(pod.terminated_reason)
 
 
 def _failed(result: ExecResult) -> bool:

@@ -10,11 +10,10 @@ is TREE_KILL, run by an exec of its own.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 
 from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
-from sandboxd.backends.execstream import FirstLine
+from sandboxd.backends.execstream import RootPidLine
 from sandboxd.backends.kubernetes.cache import PodCache
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, unavailable, unreachable
 from sandboxd.backends.kubernetes.wsexec import ExecStream, wrap_argv
@@ -38,8 +37,7 @@ class PodExec:
         self._pod = pod
         self._container = container
         self._stream: ExecStream | None = None
-        self._first: FirstLine | None = FirstLine()
-        self._root = 0
+        self._pid_line = RootPidLine()
 
     @property
     def clock(self) -> bool:
@@ -74,21 +72,7 @@ class PodExec:
     async def read(self, timeout: float) -> Frame | TimeoutError | None:
         """The next stdout/stderr frame (see ExecStream.next_frame), the
         root's pid line (REAPER's) taken off stdout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            frame = await self._opened().next_frame(timeout)
-            if self._first is None or not isinstance(frame, tuple) or frame[0] != 1:
-                return frame
-            data = self._first.feed(frame[1])
-            if self._first.value is not None:
-                value, self._first = self._first.value, None
-                self._root = int(value) if value.isdigit() else 0
-            if data:
-                return 1, data
-            # Only the pid line came: the caller's deadline still holds.
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                return TimeoutError()
+        return await self._pid_line.read(self._opened().next_frame, timeout)
 
     async def exit_status(self) -> tuple[int | None, str]:
         """The exit code and failure message from the stream's status frame."""
@@ -98,7 +82,7 @@ class PodExec:
 
     async def kill(self, tree: Tree) -> None:
         """Kills the tree through an exec of its own (TREE_KILL)."""
-        await self._run(tree_kill_argv(tree, self._root))
+        await self._run(tree_kill_argv(tree, self._pid_line.pid))
 
     async def settle(self) -> None:
         """Nothing to do: TREE_KILL tells earlier commands' processes by start time."""

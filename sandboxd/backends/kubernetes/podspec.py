@@ -60,6 +60,12 @@ ANNOTATION_LABELS = "sandboxd.io/labels"
 """The sandbox's own labels, JSON (values need not be valid label values)."""
 ANNOTATION_MAX_FILES = "sandboxd.io/max-files"
 ANNOTATION_DISK_BYTES = "sandboxd.io/disk-bytes"
+ANNOTATION_RUNTIME = "sandboxd.io/runtime"
+"""The pool's isolation runtime, on gVisor Pods only (runc is the default)."""
+ANNOTATION_PIDS = "sandboxd.io/pids"
+"""A gVisor Pod's process limit: the node's runsc wrapper makes it RLIMIT_NPROC
+inside gVisor, which counts the sandbox's own processes (the host's pids
+cgroup counts gVisor's threads instead, see deploy/node/sandboxd-runc)."""
 NETWORK_POLICY_NAME = "sandboxd-sandboxes-deny-all"
 CONTAINER = "sandbox"
 DEFAULT_TENANT = "default"
@@ -202,6 +208,10 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
         annotations[ANNOTATION_MAX_FILES] = str(spec.limits.max_files)
     if spec.limits.disk_bytes:
         annotations[ANNOTATION_DISK_BYTES] = str(spec.limits.disk_bytes)
+    if spec.runtime == GVISOR:
+        annotations[ANNOTATION_RUNTIME] = GVISOR
+        if spec.limits.pids:
+            annotations[ANNOTATION_PIDS] = str(spec.limits.pids)
     env = [{"name": "HOME", "value": WORKSPACE}]
     env += [{"name": k, "value": v} for k, v in spec.env.items() if k != "HOME"]
     container: dict[str, Any] = {

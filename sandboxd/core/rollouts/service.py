@@ -7,36 +7,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
-from sandboxd.backends.base import ExecOutcome, ExecResult, OutputChunk
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
-from sandboxd.core.control import ControlPlane, ExecRequest
+from sandboxd.core.control import ControlPlane
 from sandboxd.core.rollouts.figures import Figures
 from sandboxd.core.rollouts.model import (
     Batch,
     Group,
     GroupState,
-    InfraFailure,
     RunConfig,
-    StepReward,
     Trajectory,
     config_from_json,
     config_to_json,
-    group_from_json,
     group_to_json,
 )
+from sandboxd.core.rollouts.persisted import batch_to_json, restore, state_of
 from sandboxd.core.rollouts.queue import Cancellation, RolloutQueue
 from sandboxd.core.rollouts.store import RolloutStore
+from sandboxd.core.rollouts.verifier import VerifierSpec, run_verifier
 from sandboxd.core.snapshots import SnapshotManager
 from sandboxd.core.tenancy import acting_as, current_tenant, owns, pool_key, split_pool_key
-from sandboxd.errors import BackendError, InvalidArgument, NotFound, SandboxdError
+from sandboxd.errors import InvalidArgument, NotFound, SandboxdError
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +39,6 @@ _RUN_NAME_MAX = 128
 _ID_MAX = 256
 """Longest trajectory or prompt id."""
 _IDLE_RECHECK_SECONDS = 0.5
-
-
-@dataclass(frozen=True)
-class VerifierSpec:
-    """A reward command to run in ``sandbox_id`` ("" = the trajectory's own sandbox) at submit."""
-
-    sandbox_id: str
-    command: str
-    timeout: float = 0.0
 
 
 @dataclass
@@ -69,33 +55,6 @@ class _Run:
     def notify(self) -> None:
         self.changed.set()
         self.changed = asyncio.Event()
-
-
-def parse_reward(stdout: bytes) -> tuple[float, dict[str, float], list[StepReward]] | None:
-    """A verifier's reward: JSON {"reward", "components", "steps"} on the
-    last non-empty line, or a bare number there; None when neither."""
-    lines = [ln.strip() for ln in stdout.decode(errors="replace").splitlines() if ln.strip()]
-    if not lines:
-        return None
-    last = lines[-1]
-    try:
-        value = json.loads(last)
-    except ValueError:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return (float(value), {}, []) if math.isfinite(value) else None
-    if not isinstance(value, dict) or not isinstance(value.get("reward"), int | float):
-        return None
-    try:
-        components = {str(k): float(v) for k, v in dict(value.get("components", {})).items()}
-        steps = [
-            StepReward(int(s.get("step", i)), float(s["reward"]), {str(k): float(v) for k, v in
-                       dict(s.get("components", {})).items()})
-            for i, s in enumerate(value.get("steps", []))
-        ]  # fmt: skip
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return None
-    return float(value["reward"]), components, steps
 
 
 class RolloutManager:
@@ -322,7 +281,7 @@ class RolloutManager:
         if g.state is GroupState.RUNNING:
             await asyncio.gather(
                 *(
-                    self._verify(t, spec)
+                    run_verifier(self._control, t, spec)
                     for t, spec in zip(trajectories, verifiers, strict=True)
                     if spec is not None
                 )
@@ -332,50 +291,6 @@ class RolloutManager:
             g, cancels = run.queue.submit(group_id, prompt_id, trajectories)
             await self._after(run, changed, cancels)
         return g
-
-    async def _verify(self, t: Trajectory, spec: VerifierSpec) -> None:
-        """Runs the verifier; fills reward and components, or types the failure."""
-        if t.failure is not InfraFailure.NONE:
-            return
-        if self._control is None:
-            t.failure, t.failure_detail = InfraFailure.BACKEND, "no control plane to run verifiers"
-            return
-        try:
-            rec, exec_spec = self._control.prepare_exec(
-                ExecRequest(
-                    sandbox_id=spec.sandbox_id or t.sandbox_id, shell=spec.command, timeout=spec.timeout
-                )
-            )
-            out: list[bytes] = []
-            result: ExecResult | None = None
-            async for event in self._control.exec(rec, exec_spec):
-                if isinstance(event, OutputChunk):
-                    if event.stream == 1:
-                        out.append(event.data)
-                else:
-                    result = event
-        except (NotFound, BackendError) as e:
-            t.failure = InfraFailure.SANDBOX_LOST if isinstance(e, NotFound) else InfraFailure.BACKEND
-            t.failure_detail = str(e)
-            return
-        except InvalidArgument:
-            raise
-        except SandboxdError as e:
-            t.failure, t.failure_detail = InfraFailure.BACKEND, str(e)
-            return
-        if result is None or result.outcome is ExecOutcome.SANDBOX_LOST:
-            t.failure = InfraFailure.SANDBOX_LOST
-            t.failure_detail = result.detail if result else "no result"
-            return
-        parsed = parse_reward(b"".join(out))
-        if parsed is None:
-            t.failure = InfraFailure.VERIFIER
-            how = f"{result.outcome.name.lower()} (exit {result.exit_code})"
-            t.failure_detail = f"verifier {how} without a reward"
-            return
-        t.reward, components, steps = parsed
-        t.components.update(components)
-        t.steps = steps or t.steps
 
     # -- trainer side --------------------------------------------------------------
 
@@ -454,65 +369,3 @@ def check_run_name(name: str) -> str:
 def _check_names(trajectories: list[Trajectory]) -> None:
     for i, t in enumerate(trajectories):
         v.name_text(f"trajectories[{i}].trajectory_id", t.trajectory_id, _ID_MAX)
-
-
-# -- persistence helpers ----------------------------------------------------------
-
-
-def batch_to_json(b: Batch) -> dict[str, Any]:
-    """What the store keeps of a batch: no stream or deadline, as a restart redelivers it."""
-    return {
-        "batch_id": b.batch_id,
-        "groups": [group_to_json(g) for g in b.groups],
-        "policy_version": b.policy_version,
-        "delivery": b.delivery,
-    }
-
-
-def state_of(q: RolloutQueue) -> dict[str, Any]:
-    """The queue's counters and version, as JSON for the store; ``restore`` reads them back."""
-    return {
-        "version": q.version,
-        "accepted_total": q.accepted_total,
-        "consumed_groups": q.consumed_groups,
-        "filtered": dict(q.filtered),
-        "infra_masked": q.infra_masked,
-        "backfilled": {str(k): v for k, v in q.backfilled.items()},
-        "cohort_done": {str(k): v for k, v in q.cohort_done.items()},
-        "target": q.target,
-        "seq": q._seq,
-    }
-
-
-def restore(
-    q: RolloutQueue, state: dict[str, Any], groups: list[dict[str, Any]], batches: list[dict[str, Any]]
-) -> None:
-    """Puts a restarted run back as it was; delivered batches wait for redelivery."""
-    q.version = int(state["version"])
-    q.accepted_total = int(state["accepted_total"])
-    q.consumed_groups = int(state["consumed_groups"])
-    q.filtered.update(state["filtered"])
-    q.infra_masked = int(state["infra_masked"])
-    q.backfilled.update({int(k): v for k, v in dict(state["backfilled"]).items()})
-    q.cohort_done.update({int(k): v for k, v in dict(state["cohort_done"]).items()})
-    q.target = int(state["target"])
-    q._seq = int(state["seq"])
-    for body in groups:
-        g = group_from_json(body)
-        if g.state is GroupState.RUNNING:
-            q.running[g.group_id] = g
-        elif g.state is GroupState.QUEUED:
-            q.queued.append(g)
-        elif g.state is GroupState.PARKED:
-            g.snapshots_ready = True
-            q.parked[g.group_id] = g
-    q.queued.sort(key=lambda g: g.accepted_seq)
-    for body in batches:
-        b = Batch(
-            str(body["batch_id"]),
-            [group_from_json(g) for g in body["groups"]],
-            int(body["policy_version"]),
-            delivery=int(body["delivery"]),
-        )
-        q.batches[b.batch_id] = b
-        q.redeliver.append(b.batch_id)

@@ -101,6 +101,10 @@ class SnapshotInfo:
     created_at: float
     expires_at: float
     chain: list[ChainRef] = field(default_factory=list)
+    # A live snapshot (sandboxd.core.snapshots.live): its one blob is the
+    # checkpoint image (digest and sizes are the image's, no manifest entries).
+    live: bool = False
+    memory_limit_bytes: int = 0
 
     def ref(self) -> ChainRef:
         """This snapshot as a link of a descendant's chain."""

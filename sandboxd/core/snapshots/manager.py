@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxd.clock import Clock
@@ -19,6 +22,7 @@ from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
 from sandboxd.core.snapshots.contents import Contents
 from sandboxd.core.snapshots.gc import GcResult, Pins, collect
 from sandboxd.core.snapshots.listing import Baseline
+from sandboxd.core.snapshots.live import LiveSnapshots
 from sandboxd.core.snapshots.packs import PackedBlobs
 from sandboxd.core.snapshots.restore import Restore
 from sandboxd.core.snapshots.tars import Tars
@@ -45,7 +49,11 @@ class SnapshotManager:
         blobs: BlobStore,
         settings: SnapshotSettings,
         clock: Clock,
+        staging: Path | None = None,
     ) -> None:
+        """``staging``: where live snapshots' checkpoint images are written
+        and read back, this instance's alone (on the engine's host; None: a
+        temporary directory); emptied at start and stop."""
         self._catalog = catalog
         self.blobs = PackedBlobs(blobs, catalog)
         self.settings = settings
@@ -65,6 +73,16 @@ class SnapshotManager:
             self._now,
         )
         self._restore = Restore(control, catalog, self._tars, self._workspaces, self._baselines, self._pins)
+        self._live = LiveSnapshots(
+            control,
+            catalog,
+            self.blobs,
+            self._workspaces,
+            self._pins,
+            settings,
+            self._now,
+            staging or Path(tempfile.gettempdir()) / f"sandboxd-live-{secrets.token_hex(6)}",
+        )
         self._gc_task: asyncio.Task[None] | None = None
 
     def _now(self) -> float:
@@ -76,6 +94,7 @@ class SnapshotManager:
     async def start(self) -> None:
         """Opens the catalog and starts periodic GC (if configured)."""
         await self._catalog.open()
+        await self._live.clear()
         if self.settings.gc_interval_seconds > 0:
             self._gc_task = asyncio.create_task(self._gc_loop(), name="snapshot-gc")
 
@@ -88,6 +107,7 @@ class SnapshotManager:
                 await self._gc_task
         await self._catalog.close()
         await self.blobs.close()
+        await self._live.clear()
 
     async def _gc_loop(self) -> None:
         while True:
@@ -108,10 +128,16 @@ class SnapshotManager:
         policy_version: int | None = None,
         turn: int = 0,
         ttl: float = 0.0,
+        live: bool = False,
     ) -> SnapshotInfo:
         """Snapshots the current tenant's leased sandbox (workspace, and
         ``session``'s cwd and environment if named); incremental on the
-        sandbox's last snapshot or restore."""
+        sandbox's last snapshot or restore. ``live``: checkpoints the running
+        sandbox instead (processes, memory, workspace)."""
+        if live:
+            return await self._live.snapshot(
+                sandbox_id, session=session, labels=labels, policy_version=policy_version, turn=turn, ttl=ttl
+            )
         return await self._capture.snapshot(
             sandbox_id, session=session, labels=labels, policy_version=policy_version, turn=turn, ttl=ttl
         )
@@ -130,7 +156,8 @@ class SnapshotManager:
         """Restores a snapshot into ``n`` sandboxes leased under one lease
         (a fork when n > 1); on any failure every one of them is destroyed."""
         info = await self.get(snapshot_id)
-        return await self._restore.restore(
+        restore = self._live.restore if info.live else self._restore.restore
+        return await restore(
             info, n=n, pool=pool, labels=labels, ttl=ttl, timeout=timeout, call_remaining=call_remaining
         )
 

@@ -1,0 +1,3 @@
+from benchmarks.scale.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""The service's own steps inside a ``/run_code`` sandbox, and the launcher
+that confines a request's commands. Each step is a small Python program run
+by the sandbox's root-owned ``python3`` (``-I -S``: no environment, no user
+site, no site import) that prints one JSON line.
+
+Steps and requests run as the same uid (the sandbox's user), so a step could
+be subverted by what a request left running (a leftover process may ptrace
+the step, or the sandbox's idle shells that run it, and rewrite its answer).
+So every command of a request starts in a Landlock domain of its own
+(LANDLOCK_SCOPE_SIGNAL and the abstract-socket scope, ABI 6): from there no
+process can ptrace, open ``/proc/<pid>/mem`` of, or signal anything outside
+the domain — not the steps, not the sandbox's shells, not a later request.
+The steps run outside any domain: they can see and kill everything the
+request left. Where the kernel has no such Landlock, sandboxes are not reused.
+"""
+
+from __future__ import annotations
+
+import json
+
+__all__ = ["LANDLOCK_ABI", "LAUNCH_FAILED", "baseline_command", "clean_command", "launch", "setup_command"]
+
+# The Landlock ABI whose scopes the launcher sets.
+LANDLOCK_ABI = 6
+# The launcher's exit status when the domain cannot be entered (the command does not run).
+LAUNCH_FAILED = 125
+
+# hashlib and shutil load only where needed: OpenSSL alone costs milliseconds per step.
+_STEP = r"""
+import base64, ctypes, json, os, signal, stat, sys
+def ident(pid):
+    # pid and start time: a pid reused by a later process is another process.
+    return f"{pid}:{open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}"
+def ancestors():
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+def others(infra=()):
+    # The user's processes but this step's own chain and the sandbox's own (infra).
+    keep, uid, found = ancestors(), os.getuid(), []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != 1 and int(p) not in keep:
+            try:
+                if os.stat(f"/proc/{p}").st_uid == uid and ident(p) not in infra:
+                    found.append(int(p))
+            except (OSError, IndexError):
+                pass
+    return found
+# File systems whose entries the kernel makes, not a process: never walked.
+VIRTUAL = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "securityfs", "debugfs", "tracefs",
+           "bpf", "pstore", "fusectl", "configfs", "binfmt_misc", "nsfs"}
+def writable_mounts():
+    found = []
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        fstype = fields[fields.index("-") + 1]
+        if "rw" in fields[5].split(",") and fstype not in VIRTUAL:
+            found.append(fields[4].encode().decode("unicode_escape"))
+    return sorted(set(found))
+def digest(skip):
+    # Every writable mount, not only /tmp: what a request can change anywhere.
+    import hashlib
+    h, unreadable = hashlib.sha256(), 0
+    def entry(name, st):
+        times = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+        # A directory's times change with its entries, which are listed
+        # themselves; a device's with the I/O through it.
+        if stat.S_ISDIR(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            times = f"{st.st_rdev}"
+        h.update(f"{name}\0{st.st_mode}\0{st.st_uid}\0{st.st_gid}\0{times}\n".encode())
+    def failed(_):
+        nonlocal unreadable
+        unreadable += 1
+    for root in writable_mounts():
+        try:
+            top = os.lstat(root)
+        except OSError:
+            continue
+        entry(root, top)
+        if not stat.S_ISDIR(top.st_mode):
+            continue
+        for d, dirs, files in os.walk(root, onerror=failed):
+            kept = []
+            for x in sorted(dirs):
+                path = os.path.join(d, x)
+                if path == skip:
+                    continue
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                entry(path, st)
+                # Another mount below is walked (or not) as itself.
+                if st.st_dev == top.st_dev:
+                    kept.append(x)
+            dirs[:] = kept
+            for f in sorted(files):
+                try:
+                    entry(os.path.join(d, f), os.lstat(os.path.join(d, f)))
+                except OSError:
+                    continue
+    for ipc in ("shm", "msg", "sem"):
+        try:
+            h.update(open("/proc/sysvipc/" + ipc, "rb").read())
+        except OSError:
+            pass
+    return h.hexdigest(), unreadable
+def landlock_abi():
+    libc = ctypes.CDLL(None, use_errno=True)
+    # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    return max(libc.syscall(444, None, 0, 1), 0)
+def remove(path):
+    import shutil
+    def reopen(fn, p, _):
+        # A directory the request made unwritable: its owner may open it again.
+        os.chmod(os.path.dirname(p), 0o700)
+        fn(p)
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=reopen)
+    return not os.path.lexists(path)
+mode, top = sys.argv[1], sys.argv[2]
+out = {}
+if mode == "baseline":
+    # The processes already there are the sandbox's own (its main process,
+    # sandboxd's shells): the clean-up spares exactly those.
+    out["digest"], out["unreadable"] = digest(None)
+    out["infra"] = sorted(ident(p) for p in others())
+    out["landlock"] = landlock_abi()
+elif mode == "setup":
+    os.makedirs(top + "/w", mode=0o700)
+    os.makedirs(top + "/h", mode=0o700)
+    os.chmod(top, 0o700)
+    # name -> base64, written the way SandboxFusion's restore_files does
+    # (joined onto the cwd, so absolute names stay absolute).
+    for name, data in json.loads(sys.stdin.buffer.read() or b"{}").items():
+        path = os.path.join(top + "/w", name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+else:
+    # Stop first so a forking process cannot outrun the kills, then kill.
+    infra = json.loads(sys.argv[4])
+    for _ in range(20 if infra is not None else 0):
+        found = others(set(infra))
+        if not found:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for p in found:
+                try:
+                    os.kill(p, sig)
+                except OSError:
+                    pass
+    out["survivors"] = len(others(set(infra))) if infra is not None else -1
+    files = {}
+    for name in json.loads(sys.argv[3]):
+        path = os.path.join(top + "/w", name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            with open(path, "rb") as f:
+                files[name] = base64.b64encode(f.read()).decode()
+    out["files"] = files
+    out["removed"] = remove(top)
+    if infra is not None:
+        out["digest"] = digest(None)[0]
+print(json.dumps(out))
+"""
+
+# Enters a fresh Landlock domain that scopes signals and abstract sockets
+# (struct landlock_ruleset_attr: handled_access_fs, handled_access_net,
+# scoped), then becomes ``sh -c COMMAND``. Prints nothing of its own.
+_LAUNCH = rf"""
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+attr = ctypes.create_string_buffer(struct.pack("QQQ", 0, 0, 0x3), 24)
+fd = libc.syscall(444, attr, 24, 0)
+if fd < 0 or libc.syscall(446, fd, 0) != 0:
+    os._exit({LAUNCH_FAILED})
+os.close(fd)
+os.execv("/bin/sh", ["sh", "-c", sys.argv[1]])
+"""
+
+_PYTHON = ["python3", "-I", "-S", "-c"]
+
+
+def launch(command: str) -> list[str]:
+    """The argv that runs the shell ``command`` confined to a Landlock domain of its own."""
+    return [*_PYTHON, _LAUNCH, command]
+
+
+def baseline_command() -> list[str]:
+    """Reports the digest of the writable mounts, the sandbox's own processes and the
+    kernel's Landlock ABI: the sandbox as it came, before any request."""
+    return [*_PYTHON, _STEP, "baseline", "/"]
+
+
+def setup_command(top: str) -> list[str]:
+    """Makes ``top`` and writes the files (JSON name -> base64 on stdin) there."""
+    return [*_PYTHON, _STEP, "setup", top]
+
+
+def clean_command(top: str, fetch: list[str], infra: list[str] | None) -> list[str]:
+    """Kills the user's processes but ``infra``, reads ``fetch``, removes ``top`` and
+    reports the digest. With ``infra`` None (a sandbox used once) it kills nothing
+    and only reads and removes."""
+    return [*_PYTHON, _STEP, "clean", top, json.dumps(fetch), json.dumps(infra)]

@@ -1,0 +1,327 @@
+"""Live snapshots: a running gVisor sandbox checkpointed whole (memory, the
+processes of its init tree, its tmpfs workspace and /tmp) and restored into
+fresh sandboxes, n of them for a fork.
+
+The checkpoint image (a directory of a few files) is written by the backend
+into a staging directory and streamed as one deterministic archive
+(sandboxd.core.snapshots.images; equal images are one blob) into the
+snapshot store as a content-addressed blob of the tenant; the catalog
+records it like a file snapshot whose only reference is that blob, so
+quotas, TTL, deletion, garbage collection and lineage are the file
+snapshots'. A restore streams the blob back, unpacking it while it checks
+the digest and that it is an image (regular files with plain names,
+checkpoint.img among them), before anything is leased; then it leases n
+warm sandboxes of a gVisor pool and starts each from the image: they keep
+their own container (limits, mounts, name, user) and continue every kept
+process. Engine execs do not survive a
+checkpoint (sandboxd.backends.docker.keeper), so the snapshot's session, if
+named, gets a fresh shell with the captured cwd and exported environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandboxd.backends.base import LiveCheckpoints
+from sandboxd.backends.snapshot_shell import restore_script
+from sandboxd.core import validation as v
+from sandboxd.core.leases import Lease
+from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.pausing import live_backend
+from sandboxd.core.snapshots import manifest as mf
+from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.gc import Pins, discard
+from sandboxd.core.snapshots.images import Unpacker, archive_chunks, archived_size
+from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, lineage_labels, new_snapshot_id, parent_of
+from sandboxd.core.snapshots.manifest import UnsafeSnapshot
+from sandboxd.core.snapshots.packs import PackedBlobs, blob_key, tenant_namespace
+from sandboxd.core.snapshots.workspaces import Workspaces
+from sandboxd.core.tenancy import current_tenant, split_pool_key
+from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, SandboxdError
+from sandboxd.settings import SnapshotSettings
+
+if TYPE_CHECKING:
+    from sandboxd.core.control import ControlPlane
+
+log = logging.getLogger(__name__)
+
+
+class LiveSnapshots:
+    """Takes and restores live snapshots of the current tenant's sandboxes."""
+
+    def __init__(
+        self,
+        control: ControlPlane,
+        catalog: SnapshotCatalog,
+        blobs: PackedBlobs,
+        workspaces: Workspaces,
+        pins: Pins,
+        settings: SnapshotSettings,
+        now: Callable[[], float],
+        staging: Path,
+    ) -> None:
+        self._control = control
+        self._catalog = catalog
+        self._blobs = blobs
+        self._workspaces = workspaces
+        self._pins = pins
+        self._settings = settings
+        self._now = now
+        self._staging = staging
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def clear(self) -> None:
+        """Removes what operations a previous run of this instance left staged."""
+        await asyncio.to_thread(shutil.rmtree, self._staging, True)
+
+    def _quota(self, tenant: str) -> int:
+        return self._settings.tenant_quota_bytes.get(tenant, self._settings.quota_bytes)
+
+    def _workdir(self) -> Path:
+        where = self._staging / secrets.token_hex(8)
+        where.mkdir(parents=True, mode=0o700)
+        return where
+
+    # -- snapshot -------------------------------------------------------------
+
+    async def snapshot(
+        self,
+        sandbox_id: str,
+        *,
+        session: str = "",
+        labels: dict[str, str] | None = None,
+        policy_version: int | None = None,
+        turn: int = 0,
+        ttl: float = 0.0,
+    ) -> SnapshotInfo:
+        """Checkpoints the current tenant's leased sandbox, which keeps running."""
+        rec = self._control.leased(sandbox_id)
+        session = v.session_name("session", session)
+        labels = v.labels("labels", labels or {})
+        ttl = v.non_negative("ttl_seconds", ttl, self._settings.max_ttl_seconds)
+        ttl = ttl or self._settings.default_ttl_seconds
+        if turn < 0:
+            raise InvalidArgument("turn", f"must be >= 0, got {turn}")
+        backend = live_backend(self._control, rec, "take a live snapshot of")
+        tenant = current_tenant()
+        quota = self._quota(tenant)
+        if quota and await self._catalog.usage(tenant) >= quota:
+            raise ResourceExhausted(
+                f"snapshot quota of tenant {tenant!r} ({quota} bytes) is used up; "
+                "delete snapshots or let them expire"
+            )
+        for sid in [
+            s for s, lock in self._locks.items() if not lock.locked() and not self._control.is_live(s)
+        ]:
+            del self._locks[sid]
+        async with self._locks.setdefault(rec.sandbox_id, asyncio.Lock()):
+            with self._control.using(rec):
+                return await self._snapshot(rec, backend, session, labels, policy_version, turn, ttl, quota)
+
+    async def _snapshot(
+        self,
+        rec: SandboxRecord,
+        backend: LiveCheckpoints,
+        session: str,
+        labels: dict[str, str],
+        policy_version: int | None,
+        turn: int,
+        ttl: float,
+        quota: int,
+    ) -> SnapshotInfo:
+        started = time.monotonic()
+        tenant = current_tenant()
+        ns = tenant_namespace(tenant)
+        # The session's shell is not carried by the checkpoint: its state is.
+        cwd, env = await self._workspaces.session_state(rec, session)
+        work = await asyncio.to_thread(self._workdir)
+        pinned: list[str] = []
+        recorded = False
+        try:
+            image = work / "image"
+            await backend.checkpoint(rec.handle, image)
+            checkpointed = time.monotonic()
+            size = await asyncio.to_thread(archived_size, image)
+
+            async def pin(key: str) -> None:
+                pinned.extend(await self._pins.pin([key]))
+
+            digest, stored = await self._blobs.put_stream(ns, archive_chunks(image), size, pin)
+            parent_id, chain = await parent_of(self._catalog, rec, None)
+            now = self._now()
+            info = SnapshotInfo(
+                id=new_snapshot_id(),
+                tenant=tenant,
+                pool=split_pool_key(rec.pool)[1],
+                image=rec.image,
+                labels=labels,
+                policy_version=policy_version,
+                turn=turn,
+                parent_id=parent_id,
+                session=session,
+                cwd=cwd,
+                env=env,
+                size_bytes=size,
+                stored_bytes=stored,
+                entry_count=0,
+                digest=f"sha256:{digest}",
+                created_at=now,
+                expires_at=now + ttl,
+                live=True,
+                memory_limit_bytes=rec.limits.memory_bytes,
+            )
+            info.chain = [*chain, info.ref()]
+            await self._catalog.insert(info, mf.encode([]), {blob_key(ns, digest): size}, quota)
+            recorded = True
+        finally:
+            self._pins.unpin(pinned)
+            if not recorded and pinned:
+                # A refused snapshot (over quota) leaves nothing stored.
+                try:
+                    await discard(self._catalog, self._blobs, self._pins, tenant, pinned)
+                except Exception:  # the collector takes what is left
+                    log.exception("live snapshot of %s: dropping what it stored failed", rec.sandbox_id)
+            await asyncio.to_thread(shutil.rmtree, work, True)
+        rec.labels[LABEL_SNAPSHOT] = info.id
+        log.info(
+            "live snapshot %s of %s: image %d bytes, %d new (parent %s); checkpoint %.0f ms, total %.0f ms",
+            info.id, rec.sandbox_id, size, stored, parent_id or "-", (checkpointed - started) * 1000,
+            (time.monotonic() - started) * 1000,
+        )  # fmt: skip
+        return info
+
+    # -- restore --------------------------------------------------------------
+
+    async def restore(
+        self,
+        info: SnapshotInfo,
+        *,
+        n: int = 1,
+        pool: str = "",
+        labels: dict[str, str] | None = None,
+        ttl: float = 0.0,
+        timeout: float = 0.0,
+        call_remaining: float | None = None,
+    ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
+        """Leases ``n`` sandboxes and starts each from the snapshot's
+        checkpoint; on any failure none stays leased."""
+        n = n or 1
+        if n < 1:
+            raise InvalidArgument("n", f"must be >= 1, got {n}")
+        labels = v.labels("labels", labels or {})
+        target = self._control.get_pool(pool or info.pool, "pool")
+        name = target.config.name
+        if target.config.image != info.image:
+            raise FailedPrecondition(
+                f"snapshot {info.id} was taken on image {info.image!r}; pool {name!r} runs "
+                f"{target.config.image!r}"
+            )
+        backend = self._control.backend
+        refusal = (
+            backend.live_refusal(target.config.runtime)
+            if isinstance(backend, LiveCheckpoints)
+            else "this backend cannot restore a running sandbox (only Docker with the gVisor runtime can)"
+        )
+        if refusal:
+            raise FailedPrecondition(
+                f"live snapshot {info.id} cannot be restored into pool {name!r}: {refusal}"
+            )
+        assert isinstance(backend, LiveCheckpoints)
+        memory = target.config.limits.memory_bytes
+        if memory and (not info.memory_limit_bytes or memory < info.memory_limit_bytes):
+            raise FailedPrecondition(
+                f"live snapshot {info.id} was taken of a sandbox with "
+                f"{info.memory_limit_bytes or 'unlimited'} bytes of memory; pool {name!r} sandboxes have "
+                f"{memory}: its processes could not all be held"
+            )
+        digest = info.digest.removeprefix("sha256:")
+        key = blob_key(tenant_namespace(info.tenant), digest)
+        pinned = await self._pins.pin([key])
+        work = await asyncio.to_thread(self._workdir)
+        try:
+            if not await self._catalog.exists(info.id):
+                raise NotFound(f"snapshot {info.id!r} not found (deleted while restoring)")
+            started = time.monotonic()
+            image = await self._fetch(info, key, digest, work)
+            fetched = time.monotonic()
+            with self._control.reconciler.urgent():
+                lease, records = await self._control.acquire(
+                    pool or info.pool, n, 0, {**labels, **lineage_labels(info)}, ttl, timeout, call_remaining
+                )
+                try:
+                    leased = time.monotonic()
+                    await asyncio.gather(*(self._restore_into(backend, rec, info, image) for rec in records))
+                except BaseException as e:
+                    await asyncio.shield(self._control.release(lease.lease_id, []))
+                    if isinstance(e, SandboxdError) and not isinstance(e, FailedPrecondition | NotFound):
+                        raise FailedPrecondition(
+                            f"restore of {info.id} failed and its sandboxes were destroyed: {e}"
+                        ) from e
+                    raise
+        finally:
+            self._pins.unpin(pinned)
+            await asyncio.to_thread(shutil.rmtree, work, True)
+        log.info(
+            "live restore of %s into %d: image read and checked %.0f ms, leased %.0f ms, started %.0f ms",
+            info.id, n, (fetched - started) * 1000, (leased - fetched) * 1000,
+            (time.monotonic() - leased) * 1000,
+        )  # fmt: skip
+        return lease, records, info
+
+    async def _fetch(self, info: SnapshotInfo, key: str, digest: str, work: Path) -> Path:
+        """The snapshot's image, read back, unpacked under ``work`` and
+        verified; UnsafeSnapshot when it is missing, corrupt or not a
+        checkpoint image."""
+        image = work / "image"
+        unpacker = await asyncio.to_thread(Unpacker, image)
+        sha = hashlib.sha256()
+        read = 0
+        # A parse failure is read to the end: only the digest tells a
+        # corrupt image from a foreign one.
+        refused: UnsafeSnapshot | None = None
+        try:
+            async for piece in self._blobs.open_stream(key, info.size_bytes):
+                await asyncio.to_thread(sha.update, piece)  # sha256 releases the GIL
+                read += len(piece)
+                if refused is None:
+                    try:
+                        await asyncio.to_thread(unpacker.feed, piece)
+                    except UnsafeSnapshot as e:
+                        refused = e
+            intact = read == info.size_bytes and sha.hexdigest() == digest
+            if intact and refused is None:
+                try:
+                    unpacker.finish()
+                except UnsafeSnapshot as e:
+                    refused = e
+        except NotFound as e:
+            raise UnsafeSnapshot(
+                f"live snapshot {info.id} was not restored: its checkpoint image is missing from the store"
+            ) from e
+        finally:
+            unpacker.close()
+        if not intact:
+            raise UnsafeSnapshot(
+                f"live snapshot {info.id} was not restored: its checkpoint image is corrupt (the store "
+                f"holds {read} bytes that do not hash to the recorded {info.size_bytes}, {digest[:16]}...)"
+            )
+        if refused is not None:
+            raise UnsafeSnapshot(f"live snapshot {info.id} was not restored: {refused}") from refused
+        return image
+
+    async def _restore_into(
+        self, backend: LiveCheckpoints, rec: SandboxRecord, info: SnapshotInfo, image: Path
+    ) -> None:
+        with self._control.using(rec):
+            await backend.restore_checkpoint(rec.handle, image)
+            if info.session:
+                script = restore_script(fixups=False, cwd=info.cwd, env=info.env)
+                await self._workspaces.run(rec, script, session=info.session)
