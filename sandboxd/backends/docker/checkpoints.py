@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,9 @@ from sandboxd.errors import FailedPrecondition, SandboxLost, TransientBackendErr
 _NAME = "sandboxd"
 """The checkpoint's name in the engine (one at a time per container)."""
 _STOP_WAIT_SECONDS = 30
+_CREATE_ATTEMPTS = 4
+"""Checkpoint creates tried while the engine reports leftover content (0.5, 1, 2 s apart)."""
+
 # Restored images get a random mtime in [_EPOCH, _EPOCH + _STAMPS) seconds:
 # concurrent restores of one image (a fork) then upload different tars.
 _EPOCH = 1_000_000_000
@@ -97,7 +101,18 @@ class Checkpoints:
         work.mkdir(parents=True, mode=0o700)
         try:
             body = {"CheckpointID": _NAME, "CheckpointDir": str(work), "Exit": False}
-            self._raise(api._post_json(api._url("/containers/{0}/checkpoints", handle), data=body))
+            for attempt in range(_CREATE_ATTEMPTS):
+                try:
+                    self._raise(api._post_json(api._url("/containers/{0}/checkpoints", handle), data=body))
+                    break
+                except docker.errors.APIError as e:
+                    # Docker 20.10 commits each checkpoint's blobs to containerd's
+                    # content store and fails on one an earlier checkpoint left
+                    # there (identical content) until containerd's GC removes it.
+                    if "already exists" not in str(e.explanation) or attempt == _CREATE_ATTEMPTS - 1:
+                        raise
+                    shutil.rmtree(work / _NAME, ignore_errors=True)
+                    time.sleep(0.5 * 2**attempt)  # a worker thread, not the event loop
             # The engine writes <dir>/<name>/; ours is the image itself.
             os.rename(work / _NAME, dest)
         except docker.errors.NotFound as e:
