@@ -43,6 +43,7 @@ from sandboxd.core.snapshots.images import Unpacker, archive_chunks, archived_si
 from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, lineage_labels, new_snapshot_id, parent_of
 from sandboxd.core.snapshots.manifest import UnsafeSnapshot
 from sandboxd.core.snapshots.packs import PackedBlobs, blob_key, tenant_namespace
+from sandboxd.core.snapshots.restore import restore_target
 from sandboxd.core.snapshots.workspaces import Workspaces
 from sandboxd.core.tenancy import current_tenant, split_pool_key
 from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, SandboxdError
@@ -213,17 +214,8 @@ class LiveSnapshots:
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
         """Leases ``n`` sandboxes and starts each from the snapshot's
         checkpoint; on any failure none stays leased."""
-        n = n or 1
-        if n < 1:
-            raise InvalidArgument("n", f"must be >= 1, got {n}")
-        labels = v.labels("labels", labels or {})
-        target = self._control.get_pool(pool or info.pool, "pool")
+        n, labels, target = restore_target(self._control, info, n, pool, labels)
         name = target.config.name
-        if target.config.image != info.image:
-            raise FailedPrecondition(
-                f"snapshot {info.id} was taken on image {info.image!r}; pool {name!r} runs "
-                f"{target.config.image!r}"
-            )
         backend = self._control.backend
         refusal = (
             backend.live_refusal(target.config.runtime)

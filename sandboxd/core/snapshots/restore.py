@@ -45,6 +45,27 @@ from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument, N
 
 if TYPE_CHECKING:
     from sandboxd.core.control import ControlPlane
+    from sandboxd.core.pools import WarmPool
+
+
+def restore_target(
+    control: ControlPlane, info: SnapshotInfo, n: int, pool: str, labels: dict[str, str] | None
+) -> tuple[int, dict[str, str], WarmPool]:
+    """A restore's checked inputs, for file and live snapshots alike: the
+    count (0 = 1), the labels, and the target pool (the snapshot's by
+    default), which must run the snapshot's image."""
+    n = n or 1
+    if n < 1:
+        raise InvalidArgument("n", f"must be >= 1, got {n}")
+    checked = v.labels("labels", labels or {})
+    target = control.get_pool(pool or info.pool, "pool")
+    if target.config.image != info.image:
+        raise FailedPrecondition(
+            f"snapshot {info.id} was taken on image {info.image!r}; pool {pool or info.pool!r} runs "
+            f"{target.config.image!r}"
+        )
+    return n, checked, target
+
 
 # Archives above this are handed to a backend that can take files as a file;
 # smaller ones already travel cheaply through a sandbox shell's stdin.
@@ -83,16 +104,7 @@ class Restore:
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
         """Leases ``n`` sandboxes of ``pool`` (the snapshot's by default) and
         restores ``info`` into each; on any failure none stays leased."""
-        n = n or 1
-        if n < 1:
-            raise InvalidArgument("n", f"must be >= 1, got {n}")
-        labels = v.labels("labels", labels or {})
-        target = self._control.get_pool(pool or info.pool, "pool")
-        if target.config.image != info.image:
-            raise FailedPrecondition(
-                f"snapshot {info.id} was taken on image {info.image!r}; pool {pool or info.pool!r} runs "
-                f"{target.config.image!r}"
-            )
+        n, labels, target = restore_target(self._control, info, n, pool, labels)
         try:
             resolved = await self._catalog.entries(info.id)
         except UnsafeSnapshot as e:
