@@ -102,6 +102,7 @@ def make_backend(settings: Settings) -> Backend:
                 gvisor_runtime=cfg.gvisor_runtime,
                 inbox_dir=_inbox_dir(settings, cfg),
                 host_workspaces=cfg.host_workspaces,
+                session_pipes=cfg.session_pipes,
             )
         )
     if isinstance(cfg, FakeBackendSettings):

@@ -157,6 +157,11 @@ class DockerBackendSettings:
     containers' processes (same host and pid namespace, as root, default
     runtime); they fall back to reading through the sandbox otherwise.
     False = always through it."""
+    session_pipes: bool = True
+    """Session shells' stdin/stdout/stderr on FIFOs in the sandbox's inbox,
+    read and written by the control plane directly, where it can see the
+    containers' processes (runc and crun sandboxes with an inbox); False =
+    through the engine's exec stream, as under gVisor."""
 
 
 @dataclass

@@ -37,7 +37,7 @@ from sandboxd.backends.base import (
 )
 from sandboxd.backends.docker.cgroups import ContainerProbe
 from sandboxd.backends.docker.checkpoints import Checkpoints
-from sandboxd.backends.docker.containers import Containers, DockerOptions
+from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
@@ -298,14 +298,19 @@ class DockerBackend:
         return self._files.get_tar(handle, base, paths, engine_user=engine_user)
 
     async def _transport(self, handle: str) -> EngineExec:
-        """A fresh exec stream into the sandbox, for one session or command."""
+        """A fresh exec stream into the sandbox, for one session or command;
+        a shell's stdio goes over FIFOs in the inbox where the host sees the
+        sandbox's processes (sandboxd.backends.docker.pipes)."""
+        probe = await self._probe(handle)
+        inbox = await self._containers.find_inbox(handle) if probe is not None else None
         return EngineExec(
             self._raw,
             handle,
             user=self._options.user,
-            probe=await self._probe(handle),
+            probe=probe,
             is_running=self._is_running,
             executor=self._pool,
+            pipes=(inbox, INBOX) if inbox is not None and self._options.session_pipes else None,
         )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -57,6 +57,27 @@ def _field(text: str, key: str) -> int:
     return 0
 
 
+def _raw_field(path: bytes, key: bytes) -> int:
+    """_field of a small file read with one read(2) (a text-mode read costs
+    several times more)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    for line in data.split(b"\n"):
+        name, _, value = line.partition(b" ")
+        if name == key:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return 0
+
+
 def _int(text: str) -> int:
     with contextlib.suppress(ValueError):
         return int(text.strip())
@@ -101,6 +122,7 @@ class Cell:
 
     def __init__(self, path: Path, parent: Path, unified: bool) -> None:
         self.path = path
+        self._procs = os.fsencode(path / "cgroup.procs")
         self._parent = parent
         self._unified = unified
 
@@ -123,7 +145,7 @@ class Cell:
         costs ten times more)."""
         chunks: list[bytes] = []
         try:
-            fd = os.open(self.path / "cgroup.procs", os.O_RDONLY)
+            fd = os.open(self._procs, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return []
         try:
@@ -196,6 +218,7 @@ class ContainerProbe:
         tell it from a later process that reuses its pid."""
         self.pid = pid
         self._paths = paths
+        self._counter_files: tuple[bytes, bytes] | None = None
         self._unified = unified
         self._started = started
 
@@ -270,11 +293,13 @@ class ContainerProbe:
     # -- counters -----------------------------------------------------------
 
     def counters(self) -> Counters:
-        if self._unified:
-            oom = _field(_read(self._paths["memory"] / "memory.events"), "oom_kill")
-        else:
-            oom = _field(_read(self._paths["memory"] / "memory.oom_control"), "oom_kill")
-        return Counters(oom, _field(_read(self._paths["pids"] / "pids.events"), "max"))
+        """The OOM-kill and pids-limit counters: read twice per failed command
+        and once per other, so read raw from paths made once."""
+        if self._counter_files is None:
+            memory = self._paths["memory"] / ("memory.events" if self._unified else "memory.oom_control")
+            self._counter_files = (os.fsencode(memory), os.fsencode(self._paths["pids"] / "pids.events"))
+        oom_file, pids_file = self._counter_files
+        return Counters(_raw_field(oom_file, b"oom_kill"), _raw_field(pids_file, b"max"))
 
     def workspace(self) -> os.statvfs_result | None:
         return self._statvfs(WORKSPACE)

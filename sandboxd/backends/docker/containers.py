@@ -90,6 +90,9 @@ class DockerOptions:
     host_workspaces: bool = True
     """Read workspaces in place (sandboxd.backends.hostfs) where this process
     can see the containers' processes; False: always through the sandbox."""
+    session_pipes: bool = True
+    """Shells' stdio on FIFOs in the inbox where the host sees the sandbox's
+    processes (sandboxd.backends.docker.pipes); False: the engine's stream."""
 
 
 def container_name(sandbox_id: str) -> str:

@@ -18,12 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
 
 from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.cgroups import Cell, ContainerProbe, Counters
+from sandboxd.backends.docker.pipes import READY, HostPipes
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
 from sandboxd.backends.execstream import FirstLine, RootPidLine
 from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
@@ -33,11 +37,31 @@ from sandboxd.errors import BackendError, TransientBackendError
 IsRunning = Callable[[str], Awaitable[bool]]
 """Whether the container with this id runs (True when the engine cannot tell)."""
 
+log = logging.getLogger(__name__)
+
+
+class Channel(Protocol):
+    """A started process's stdio: the engine's exec stream, or FIFOs (pipes)."""
+
+    async def next_frame(self, timeout: float) -> tuple[int, bytes] | TimeoutError | None: ...
+
+    async def read_frame(self) -> tuple[int, bytes] | None: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    def close_stdin(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 # Longest a gated stream may take to print its pid (a process start).
 _GATE_TIMEOUT = 30.0
 # Pauses (seconds) before asking the engine again whether a container whose
 # exec would not start still runs: it reports a container's death late.
 _ENGINE_CATCH_UP = (0.05, 0.1, 0.2, 0.4, 0.8)
+# Pauses (seconds) while the engine has not yet recorded the exit of a piped
+# shell whose FIFOs have already closed.
+_PIPE_EXIT_CATCH_UP = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 
 
 def _explain(probe: ContainerProbe, before: Counters, result: ExecResult) -> ExecResult:
@@ -69,10 +93,13 @@ class EngineExec:
         is_running: IsRunning,
         executor: Executor,
         kill_user: str = "",
+        pipes: tuple[Path, str] | None = None,
     ) -> None:
         """``executor`` runs the host-side freezes and kills, which block on
         /proc and /sys; ``kill_user`` is who TREE_KILL runs as without the
-        host ("": the container's user)."""
+        host ("": the container's user); ``pipes`` is the sandbox's inbox (the
+        host's directory, where the sandbox sees it), for a shell's stdio on
+        FIFOs (sandboxd.backends.docker.pipes)."""
         self._engine = engine
         self._container = container
         self._user = user
@@ -80,7 +107,9 @@ class EngineExec:
         self._is_running = is_running
         self._executor = executor
         self._kill_user = kill_user
-        self._channel: ExecChannel | None = None
+        self._pipes = pipes
+        self._piped = False
+        self._channel: Channel | None = None
         self._exec_id = ""
         self._cell: Cell | None = None
         self._root_host = 0
@@ -98,6 +127,10 @@ class EngineExec:
         """Creates and starts the exec as the sandbox user, contained (see
         the module docstring) before the command runs."""
         cell = self._probe.cell() if self._probe is not None else None
+        if cell is not None and stdin and self._pipes is not None:
+            if await self._open_piped(argv, env=env, cwd=cwd, cell=cell):
+                return
+            cell = self._probe.cell() if self._probe is not None else None
         if cell is not None:
             argv = gate_argv(list(argv))
         else:
@@ -115,6 +148,70 @@ class EngineExec:
             if cell is not None and self._cell is None:
                 await self._blocking(cell.release)
             raise
+
+    async def _open_piped(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, cell: Cell) -> bool:
+        """open() with the shell's stdio on FIFOs; False (nothing left behind)
+        where the sandbox could not open them, so the caller uses the engine
+        stream instead."""
+        assert self._pipes is not None
+        host_dir, inside = self._pipes
+        pipes = HostPipes(host_dir, inside)
+        try:
+            await self._blocking(pipes.make)
+        except OSError as e:
+            log.warning("session pipes unavailable in %s (%s): using the engine stream", host_dir, e)
+            self._pipes = None
+            await self._blocking(cell.release)
+            return False
+        engine: ExecChannel | None = None
+        try:
+            self._exec_id = await self._engine.exec_create(
+                self._container, gate_argv(pipes.argv(list(argv))), stdin=True, env=dict(env), workdir=cwd,
+                user=self._user,
+            )  # fmt: skip
+            engine = await self._engine.exec_start(self._exec_id)
+            self._channel = engine
+            await self._enter(cell, stdin=False)
+            said = await self._redirected(engine)
+            if said != READY + b"\n":
+                log.warning(
+                    "session pipes refused in %s (%r): using the engine stream", self._container, said[:200]
+                )
+                self._pipes = None
+                self._channel = None
+                await self._release_cell()
+                return False
+            self._channel = pipes.channel()
+            self._piped = True
+        except BaseException:
+            pipes.close()
+            await self._release_cell()
+            # Never entered, or released above: a second release is a no-op.
+            await self._blocking(cell.release)
+            raise
+        finally:
+            if engine is not None:
+                await engine.close()
+        return True
+
+    async def _redirected(self, engine: ExecChannel) -> bytes:
+        """What the engine stream says after the gate: READY once the shell's
+        stdio is on the FIFOs, else why it failed (to the stream's end). The
+        engine keeps the stream open while the process lives, whatever it
+        did with its descriptors, so READY is awaited, not the end."""
+        said = b""
+        async with asyncio.timeout(_GATE_TIMEOUT):
+            while (frame := await engine.read_frame()) is not None:
+                said += frame[1]
+                if (frame[0] == 1 and said.startswith(READY + b"\n")) or len(said) > 4096:
+                    break
+        return said
+
+    async def _release_cell(self) -> None:
+        cell, self._cell = self._cell, None
+        if cell is not None:
+            with contextlib.suppress(OSError):
+                await self._blocking(cell.release)
 
     async def _enter(self, cell: Cell, stdin: bool) -> None:
         """Reads GATE's pid, moves the process into ``cell``, lets it go on."""
@@ -141,7 +238,7 @@ class EngineExec:
         if not stdin:
             self._channel.close_stdin()
 
-    def _stream(self) -> ExecChannel:
+    def _stream(self) -> Channel:
         if self._channel is None:
             raise ConnectionError("the exec stream is closed")
         return self._channel
@@ -162,15 +259,20 @@ class EngineExec:
         return await self._pid_line.read(self._stream().next_frame, timeout)
 
     async def exit_status(self) -> tuple[int | None, str]:
-        """The exec's exit code as the engine reports it (None while it runs)."""
-        try:
-            info = await self._engine.exec_inspect(self._exec_id)
-        except BackendError:
-            return None, ""
-        code = info.get("ExitCode")
-        if code is None or info.get("Running"):
-            return None, ""
-        return int(str(code)), ""
+        """The exec's exit code as the engine reports it (None while it runs).
+        A shell on FIFOs ends its stream the moment it dies, before the
+        engine has heard of it: the engine gets a moment to catch up."""
+        for delay in (*(_PIPE_EXIT_CATCH_UP if self._piped else ()), None):
+            try:
+                info = await self._engine.exec_inspect(self._exec_id)
+            except BackendError:
+                return None, ""
+            code = info.get("ExitCode")
+            if code is not None and not info.get("Running"):
+                return int(str(code)), ""
+            if delay is not None:
+                await asyncio.sleep(delay)
+        return None, ""
 
     async def kill(self, tree: Tree) -> None:
         """From the host when it sees the container (works even when the

@@ -1,0 +1,92 @@
+"""Session shells of runc sandboxes talk over FIFOs in the sandbox's inbox
+(sandboxd.backends.docker.pipes), not through the engine: what that changes
+must not be visible to a command, nothing in the sandbox can tamper with the
+FIFOs, and where they cannot be used sessions still work through the engine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from sandboxd.client import AsyncClient
+from tests.integration.conftest import make_settings, running_app
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+# The shell's stdout and stderr (a command's stdin is its own).
+_STDIO = "for n in 1 2; do readlink /proc/$$/fd/$n; done"
+
+
+@pytest.fixture
+async def piped(
+    tmp_path: Path, engine: docker.DockerClient, image: str
+) -> AsyncIterator[tuple[AsyncClient, Path]]:
+    settings = make_settings(tmp_path)
+    async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
+        await client.create_pool("pp", image, min_ready=1, max_size=4)
+        yield client, Path(settings.state_dir) / "inbox"
+        await client.delete_pool("pp", force=True)
+
+
+async def test_session_stdio_is_on_inbox_fifos_and_names_are_gone(piped: tuple[AsyncClient, Path]) -> None:
+    client, inboxes = piped
+    async with client.acquire("pp") as sb:
+        links = (await sb.exec(_STDIO, session="s")).text.split()
+        assert len(links) == 4 and all(".sandboxd/inbox/.pipe-" in link for link in links[::2]), links
+        assert not [n for n in os.listdir(inboxes / sb.id) if n.startswith(".pipe-")]
+        # What a command sees is unchanged: both streams, stdin, exit status, state.
+        r = await sb.exec("cd /tmp && export K=v; echo out; echo err >&2; sh -c 'exit 4'", session="s")
+        assert (r.exit_code, r.stdout, r.stderr) == (4, b"out\n", b"err\n")
+        r = await sb.exec("pwd; echo $K; cat", session="s", stdin=b"in\x00put")
+        assert r.stdout == b"/tmp\nv\nin\x00put"
+        big = await sb.exec("head -c 3000000 /dev/zero | tr '\\0' y", session="s", output_limit=4 << 20)
+        assert big.ok and big.stdout == b"y" * 3_000_000
+
+
+async def test_the_sandbox_cannot_touch_its_fifos(piped: tuple[AsyncClient, Path]) -> None:
+    client, _ = piped
+    async with client.acquire("pp") as sb:
+        await sb.exec("true", session="s")
+        for attack in (
+            "touch /.sandboxd/inbox/.pipe-w.0",
+            "mkfifo /.sandboxd/inbox/.pipe-x.1",
+            "ln -s /etc/passwd /.sandboxd/inbox/.pipe-y.1",
+        ):
+            for user in ("", "root"):
+                r = await sb.exec(attack, user=user)
+                assert r.exit_code != 0 and b"Read-only file system" in r.stderr, (attack, user, r)
+        # A command that closes or redirects the shell's own descriptors hurts only its session.
+        r = await sb.exec("exec 1>&- 2>&-", session="s")
+        assert r.outcome in ("EXITED", "SANDBOX_LOST") or r.exit_code is not None
+        assert (await sb.exec("echo fine", session="s")).text == "fine\n"
+        assert (await sb.exec("echo other", session="t")).text == "other\n"
+
+
+async def test_sessions_use_the_engine_where_fifos_cannot_be_made(piped: tuple[AsyncClient, Path]) -> None:
+    client, inboxes = piped
+    async with client.acquire("pp") as sb:
+        assert (await sb.exec("true", session="first")).ok  # takes the shell made with the sandbox
+        # The host directory gone (a full or foreign filesystem reads the same).
+        shutil.rmtree(inboxes / sb.id)
+        assert (await sb.exec("echo $((6*7))", session="fresh")).text == "42\n"
+        links = (await sb.exec(_STDIO, session="fresh")).text
+        assert ".pipe-" not in links and "pipe:[" in links, links
+
+
+async def test_engine_stream_when_pipes_are_off(
+    tmp_path: Path, engine: docker.DockerClient, image: str
+) -> None:
+    settings = make_settings(tmp_path, **{"backend.session_pipes": False})
+    async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
+        await client.create_pool("np", image, min_ready=1, max_size=2)
+        async with client.acquire("np") as sb:
+            links = (await sb.exec(_STDIO, session="s")).text
+            assert ".pipe-" not in links and "pipe:[" in links, links
+            r = await sb.exec("echo a; echo b >&2; exit 2", session="s")
+            assert (r.exit_code, r.stdout, r.stderr) == (2, b"a\n", b"b\n")
+        await client.delete_pool("np", force=True)
