@@ -90,3 +90,20 @@ async def test_engine_stream_when_pipes_are_off(
             r = await sb.exec("echo a; echo b >&2; exit 2", session="s")
             assert (r.exit_code, r.stdout, r.stderr) == (2, b"a\n", b"b\n")
         await client.delete_pool("np", force=True)
+
+
+async def test_sessions_that_end_leave_no_descriptor_behind(piped: tuple[AsyncClient, Path]) -> None:
+    client, _ = piped
+    async with client.acquire("pp") as sb:
+        assert (await sb.exec("true", session="warm")).ok
+
+        def open_fds() -> int:
+            return len(os.listdir("/proc/self/fd"))  # the server runs in this process
+
+        before = open_fds()
+        for i in range(20):
+            # Each opens a shell on three fresh FIFOs; `exit` ends it, and the session with it.
+            r = await sb.exec("exit 7", session=f"s{i}")
+            assert (r.outcome, r.exit_code) == ("EXITED", 7), r
+        # 20 sessions held 60 FIFO ends and 20 cells; a few descriptors of other work may come and go.
+        assert open_fds() - before < 10
