@@ -9,6 +9,7 @@ import contextlib
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -36,9 +37,27 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, overrides, os.environ)
 
 
+_NR_OPEN = 1 << 20
+"""The kernel's default ceiling on a process's descriptors (fs.nr_open)."""
+
+
+def _raise_open_files_limit() -> None:
+    """Lifts the soft limit on open descriptors to the hard one, as Go's
+    runtime does: every sandbox holds a few (its shells' pipes or engine
+    streams), and a service manager's default soft limit of 1,024 runs out
+    near 300 sandboxes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit still stops at the kernel's nr_open.
+    target = _NR_OPEN if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 async def _serve(settings: Settings) -> None:
     from sandboxd.app import build_app
 
+    _raise_open_files_limit()
     app = build_app(settings)
     await app.start()
     # Everything allocated so far lives as long as the server: keep it out of

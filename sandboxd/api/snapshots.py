@@ -29,6 +29,7 @@ def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
         expires_at=ts(info.expires_at),
         live=info.live,
         memory_limit_bytes=info.memory_limit_bytes,
+        not_carried=info.not_carried,
     )
     if info.policy_version is not None:
         msg.policy_version = info.policy_version

@@ -426,6 +426,12 @@ class LiveCheckpoints(Protocol):
         """Thaws a paused sandbox (idempotent)."""
         ...
 
+    async def not_carried(self, handle: str) -> list[str]:
+        """The sandbox's processes a checkpoint taken now would not carry
+        (started by engine execs, not through its keeper), each as "args
+        (pid N)"; the backend's own shells are left out."""
+        ...
+
     async def checkpoint(self, handle: str, dest: Path) -> None:
         """Writes the running sandbox's checkpoint image (its files) into the
         new directory ``dest`` on the control plane's host; the sandbox keeps

@@ -24,7 +24,7 @@ class SnapshotRef(_message.Message):
     def __init__(self, id: _Optional[str] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("id", "pool", "image", "labels", "policy_version", "turn", "parent_id", "session", "cwd", "env", "size_bytes", "stored_bytes", "entry_count", "digest", "created_at", "expires_at", "chain", "live", "memory_limit_bytes")
+    __slots__ = ("id", "pool", "image", "labels", "policy_version", "turn", "parent_id", "session", "cwd", "env", "size_bytes", "stored_bytes", "entry_count", "digest", "created_at", "expires_at", "chain", "live", "memory_limit_bytes", "not_carried")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class Snapshot(_message.Message):
     CHAIN_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOT_CARRIED_FIELD_NUMBER: _ClassVar[int]
     id: str
     pool: str
     image: str
@@ -77,7 +78,8 @@ class Snapshot(_message.Message):
     chain: _containers.RepeatedCompositeFieldContainer[SnapshotRef]
     live: bool
     memory_limit_bytes: int
-    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., parent_id: _Optional[str] = ..., session: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., entry_count: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[SnapshotRef, _Mapping]]] = ..., live: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
+    not_carried: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., parent_id: _Optional[str] = ..., session: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., entry_count: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[SnapshotRef, _Mapping]]] = ..., live: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ..., not_carried: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
     __slots__ = ("sandbox_id", "session", "labels", "policy_version", "turn", "ttl_seconds", "live")

@@ -160,8 +160,14 @@ async def test_pause_resume_snapshot_restore_and_fork_continue_the_process(
             assert not (await sb.resume()).paused
             assert (await ticking_past(sb, before))[0] == token
         assert (await sb.exec("mkdir -p work && cd work && export AGENT_STEP=7", session="agent")).ok
+        # Started by execs, not kept: the snapshot says it does not carry them.
+        assert (await sb.exec("sleep 1000 >/dev/null 2>&1 &", session="agent")).ok
+        assert (await sb.exec("setsid sleep 1001 >/dev/null 2>&1 &")).ok
         snap = await sb.snapshot(live=True, session="agent", policy_version=3, turn=2)
         assert snap.live and snap.size_bytes > 0 and snap.entry_count == 0
+        stray = sorted(p.split(" (pid ")[0] for p in snap.not_carried)
+        assert stray == ["sleep 1000", "sleep 1001"], list(snap.not_carried)
+        assert list((await client.get_snapshot(snap.id)).not_carried) == list(snap.not_carried)
         assert snap.digest.startswith("sha256:") and snap.cwd == "/workspace/work"
         _, at_snapshot, _ = await holder_state(sb)
         # The source keeps running, memory intact.
@@ -173,6 +179,8 @@ async def test_pause_resume_snapshot_restore_and_fork_continue_the_process(
     await assert_continues(restored, token, at_snapshot, digest)
     state = await restored.exec('printf "%s %s" "$PWD" "$AGENT_STEP"', session="agent")
     assert state.stdout == b"/workspace/work 7"
+    gone = await restored.exec("pgrep -c -f '^sleep 100[01]$' || true")
+    assert gone.text.strip() == "0", "what the snapshot said it did not carry is not running"
     assert restored.info.labels["sandboxd.snapshot"] == snap.id
 
     fork = await client.restore(snap.id, n=4, timeout=240)

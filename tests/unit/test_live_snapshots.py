@@ -38,6 +38,7 @@ class LiveFake(FakeBackend):
         self.memory: dict[str, bytes] = {}
         self.paused: set[str] = set()
         self.restored: dict[str, bytes] = {}
+        self.strays: dict[str, list[str]] = {}
 
     def live_refusal(self, runtime: str) -> str:
         return "" if runtime == GVISOR else f"runtime {runtime!r} cannot checkpoint a running sandbox here"
@@ -47,6 +48,9 @@ class LiveFake(FakeBackend):
 
     async def resume(self, handle: str) -> None:
         self.paused.discard(handle)
+
+    async def not_carried(self, handle: str) -> list[str]:
+        return list(self.strays.get(handle, []))
 
     async def checkpoint(self, handle: str, dest: Path) -> None:
         await asyncio.to_thread(self._write, dest, self.memory.get(handle, b"fresh"))
@@ -129,10 +133,15 @@ async def test_live_snapshot_restore_fork_and_lineage(make_app: MakeApp) -> None
         await client.create_pool("g", IMAGE, min_ready=2, max_size=8, runtime=GVISOR)
         async with client.acquire("g", timeout=5) as sb:
             backend.memory[app.control.get_sandbox(sb.id).handle] = b"state of the source"
+            backend.strays[app.control.get_sandbox(sb.id).handle] = ["python3 -m http.server (pid 41)"]
             assert (await sb.exec("cd src; export STEP=4", session="agent")).ok
             snap = await sb.snapshot(live=True, session="agent", policy_version=9, turn=1, labels={"k": "v"})
+            backend.strays.clear()
             again = await sb.snapshot(live=True)
         assert snap.live
+        # What the checkpoint did not carry is said, and kept with the snapshot.
+        assert list(snap.not_carried) == ["python3 -m http.server (pid 41)"] and not again.not_carried
+        assert list((await client.get_snapshot(snap.id)).not_carried) == list(snap.not_carried)
         assert again.parent_id == snap.id and [r.id for r in again.chain] == [snap.id, again.id]
         # Equal images are one blob: the second stored nothing new.
         assert again.stored_bytes == 0 and again.digest == snap.digest
@@ -287,3 +296,10 @@ async def test_images_round_trip_and_equal_images_archive_to_equal_bytes(tmp_pat
         unpack(outs[0][: len(outs[0]) // 2], tmp_path / "half")
     with pytest.raises(UnsafeSnapshot, match="data after its end"):
         unpack(outs[0] + b"\1" * 512, tmp_path / "trailing")
+
+
+def test_not_carried_lines_are_named_by_args_and_pid() -> None:
+    from sandboxd.backends.docker.checkpoints import parse_not_carried
+
+    text = "41 python3 -m http.server\n7 \nnoise\n"
+    assert parse_not_carried(text) == ["python3 -m http.server (pid 41)", "? (pid 7)"]

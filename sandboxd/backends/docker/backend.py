@@ -32,11 +32,12 @@ from sandboxd.backends.base import (
     ExecSpec,
     HostFacts,
     Limits,
+    OutputChunk,
     SandboxSpec,
     SandboxUsage,
 )
 from sandboxd.backends.docker.cgroups import ContainerProbe
-from sandboxd.backends.docker.checkpoints import Checkpoints
+from sandboxd.backends.docker.checkpoints import NOT_CARRIED_SCRIPT, Checkpoints, parse_not_carried
 from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
@@ -434,6 +435,18 @@ class DockerBackend:
     async def resume(self, handle: str) -> None:
         await self._checkpoints.resume(handle)
         self._paused.discard(handle)
+
+    async def not_carried(self, handle: str) -> builtins.list[str]:
+        out = b""
+        async for event in self.exec(handle, ExecSpec(shell=NOT_CARRIED_SCRIPT, timeout=30)):
+            if isinstance(event, OutputChunk) and event.stream == 1:
+                out += event.data
+            elif isinstance(event, ExecResult) and not (
+                event.outcome is ExecOutcome.EXITED and event.exit_code == 0
+            ):
+                what = f"{event.outcome.name} {event.detail}"
+                raise BackendError(f"listing the sandbox's processes failed: {what}")
+        return parse_not_carried(out.decode(errors="replace"))
 
     async def checkpoint(self, handle: str, dest: Path) -> None:
         await self._checkpoints.checkpoint(handle, dest)

@@ -32,6 +32,7 @@ import requests.exceptions
 
 from sandboxd.backends.base import GVISOR
 from sandboxd.backends.docker.containers import Containers
+from sandboxd.backends.shell import EXEC_TAG_VAR, SESSION_TAG_VAR
 from sandboxd.errors import FailedPrecondition, SandboxLost, TransientBackendError
 
 _NAME = "sandboxd"
@@ -44,6 +45,69 @@ _CREATE_ATTEMPTS = 4
 # concurrent restores of one image (a fork) then upload different tars.
 _EPOCH = 1_000_000_000
 _STAMPS = 1 << 30
+
+
+# Lists, with bash builtins but one sort, the processes a checkpoint would
+# not carry. gVisor's restore kills every process whose lineage began with an
+# engine exec (a task's origin is inherited by fork, whoever its parent is
+# later): only the container's init (pid 1) and what the keeper started
+# survive. That origin is not visible from inside, so a process counts as an
+# exec's when its parent chain ends at a root other than pid 1 (an exec's
+# first process has parent 0) or, re-parented to pid 1, when its environment
+# carries an exec's tag (EXEC_TAG_VAR, SESSION_TAG_VAR: the keeper has
+# neither). Left out: the backend's own shells (roots with SESSION_TAG_VAR)
+# and this listing with the shells it runs in ($BASHPID and up). One line
+# each, "pid args", the args cut at 200 bytes; at most _LISTED.
+_LISTED = 50
+NOT_CARRIED_SCRIPT = f"""
+declare -A up mine
+for d in /proc/[0-9]*; do
+  p=${{d#/proc/}}; s=
+  {{ read -r s < "$d/stat"; }} 2>/dev/null || continue
+  s=${{s##*) }}; set -- $s
+  [ "$1" = Z ] || up[$p]=$2
+done
+q=$BASHPID
+while [ -n "$q" ] && [ "$q" != 0 ]; do mine[$q]=1; q=${{up[$q]}}; done
+tagged() {{
+  local e
+  while IFS= read -r -d '' e; do
+    case $e in {EXEC_TAG_VAR}=* | {SESSION_TAG_VAR}=*) return 0 ;; esac
+  done 2>/dev/null < "/proc/$1/environ"
+  return 1
+}}
+session_shell() {{
+  local e
+  while IFS= read -r -d '' e; do
+    case $e in {SESSION_TAG_VAR}=*) return 0 ;; esac
+  done 2>/dev/null < "/proc/$1/environ"
+  return 1
+}}
+n=0
+for p in $(printf '%s\n' "${{!up[@]}}" | sort -n); do
+  [ "$p" = 1 ] || [ -n "${{mine[$p]}}" ] && continue
+  q=$p; hops=0
+  while [ "${{up[$q]:-0}}" != 0 ] && [ $hops -lt 4096 ]; do q=${{up[$q]}}; hops=$((hops + 1)); done
+  if [ "$q" = "$p" ]; then session_shell "$p" && continue
+  elif [ "$q" = 1 ]; then tagged "$p" || continue
+  fi
+  a=
+  while IFS= read -r -d '' w; do a+="${{a:+ }}$w"; done 2>/dev/null < "/proc/$p/cmdline"
+  printf '%s %s\n' "$p" "${{a:0:200}}"
+  n=$((n + 1)); [ $n -ge {_LISTED} ] && break
+done
+true
+"""
+
+
+def parse_not_carried(text: str) -> list[str]:
+    """NOT_CARRIED_SCRIPT's lines as "args (pid N)"."""
+    out = []
+    for line in text.splitlines():
+        pid, _, args = line.partition(" ")
+        if pid.isdigit():
+            out.append(f"{args or '?'} (pid {pid})")
+    return out
 
 
 class Checkpoints:

@@ -105,6 +105,9 @@ class SnapshotInfo:
     # checkpoint image (digest and sizes are the image's, no manifest entries).
     live: bool = False
     memory_limit_bytes: int = 0
+    not_carried: list[str] = field(default_factory=list)
+    """Live snapshots: the processes the checkpoint did not carry (started
+    by engine execs, not kept), as "args (pid N)"."""
 
     def ref(self) -> ChainRef:
         """This snapshot as a link of a descendant's chain."""

@@ -46,7 +46,14 @@ from sandboxd.core.snapshots.packs import PackedBlobs, blob_key, tenant_namespac
 from sandboxd.core.snapshots.restore import restore_target
 from sandboxd.core.snapshots.workspaces import Workspaces
 from sandboxd.core.tenancy import current_tenant, split_pool_key
-from sandboxd.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, SandboxdError
+from sandboxd.errors import (
+    BackendError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SandboxdError,
+)
 from sandboxd.settings import SnapshotSettings
 
 if TYPE_CHECKING:
@@ -147,6 +154,13 @@ class LiveSnapshots:
         pinned: list[str] = []
         recorded = False
         try:
+            # Said, not silently dropped: what a restore will not have running.
+            try:
+                not_carried = await backend.not_carried(rec.handle)
+            except BackendError as e:
+                # A sandbox that cannot start one more process can still be checkpointed.
+                log.warning("live snapshot of %s: its processes could not be listed: %s", rec.sandbox_id, e)
+                not_carried = [f"unknown: the sandbox's processes could not be listed ({e})"]
             image = work / "image"
             await backend.checkpoint(rec.handle, image)
             checkpointed = time.monotonic()
@@ -178,6 +192,7 @@ class LiveSnapshots:
                 expires_at=now + ttl,
                 live=True,
                 memory_limit_bytes=rec.limits.memory_bytes,
+                not_carried=not_carried,
             )
             info.chain = [*chain, info.ref()]
             await self._catalog.insert(info, mf.encode([]), {blob_key(ns, digest): size}, quota)
@@ -193,9 +208,10 @@ class LiveSnapshots:
             await asyncio.to_thread(shutil.rmtree, work, True)
         rec.labels[LABEL_SNAPSHOT] = info.id
         log.info(
-            "live snapshot %s of %s: image %d bytes, %d new (parent %s); checkpoint %.0f ms, total %.0f ms",
+            "live snapshot %s of %s: image %d bytes, %d new (parent %s); checkpoint %.0f ms, total %.0f ms; "
+            "%d processes not carried",
             info.id, rec.sandbox_id, size, stored, parent_id or "-", (checkpointed - started) * 1000,
-            (time.monotonic() - started) * 1000,
+            (time.monotonic() - started) * 1000, len(not_carried),
         )  # fmt: skip
         return info
 
