@@ -13,6 +13,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from sandboxd.backends.docker.pipes import HostPipes
 from sandboxd.client import AsyncClient
 from tests.integration.conftest import make_settings, running_app
 
@@ -107,3 +108,43 @@ async def test_sessions_that_end_leave_no_descriptor_behind(piped: tuple[AsyncCl
             assert (r.outcome, r.exit_code) == ("EXITED", 7), r
         # 20 sessions held 60 FIFO ends and 20 cells; a few descriptors of other work may come and go.
         assert open_fds() - before < 10
+
+
+async def test_a_sandbox_that_cannot_open_the_fifos_gets_the_engine_stream(
+    piped: tuple[AsyncClient, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, inboxes = piped
+    async with client.acquire("pp") as sb:
+        assert (await sb.exec("true", session="first")).ok  # takes the shell made with the sandbox
+
+        # The shell is pointed at FIFOs it cannot open (as a sandbox whose inbox is not mounted would be).
+        real = HostPipes.argv
+        refused = 0
+        real_make = HostPipes.make
+
+        def make(self: HostPipes) -> None:
+            nonlocal refused
+            refused += 1
+            real_make(self)
+
+        monkeypatch.setattr(HostPipes, "make", make)
+        monkeypatch.setattr(
+            HostPipes,
+            "argv",
+            lambda self, argv: [*real(self, argv)[:4], "/nowhere/0", "/nowhere/1", "/nowhere/2", *argv],
+        )
+        before = len(os.listdir("/proc/self/fd"))
+        for name in ("a", "b", "c"):
+            r = await sb.exec("echo $((6*7))", session=name)
+            assert (r.exit_code, r.text) == (0, "42\n"), r
+            links = (await sb.exec(_STDIO, session=name)).text
+            assert ".pipe-" not in links and "pipe:[" in links, links
+        assert not [n for n in os.listdir(inboxes / sb.id) if n.startswith(".pipe-")], (
+            "refused FIFOs are removed"
+        )
+        # Tried once per sandbox: the later sessions go to the engine at once.
+        assert refused == 1
+        # Three engine streams are open now; the refused FIFOs' ends are not.
+        assert len(os.listdir("/proc/self/fd")) - before < 8
+        ps = (await sb.exec("ps -eo args")).text
+        assert "/nowhere/" not in ps, "the refused shell does not linger"

@@ -25,7 +25,9 @@ async def _started(tmp_path: Path, script: str) -> tuple[PipeChannel, asyncio.su
     )
     assert proc.stdout is not None
     assert await asyncio.wait_for(proc.stdout.readline(), 10) == READY + b"\n"
-    return pipes.channel(), proc
+    channel = pipes.channel()
+    pipes.unlink()
+    return channel, proc
 
 
 async def _all_output(channel: PipeChannel) -> dict[int, bytes]:

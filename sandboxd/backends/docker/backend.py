@@ -122,6 +122,8 @@ class DockerBackend:
         self._checkpoints = Checkpoints(self._containers, local=not address or address.startswith("unix://"))
         # Paused containers: thawed before removal (the engine cannot remove a paused runsc one).
         self._paused: set[str] = set()
+        # Sandboxes whose shells could not open their FIFOs: the engine stream for them.
+        self._no_pipes: set[str] = set()
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -213,6 +215,7 @@ class DockerBackend:
         self._session_locks.pop(handle, None)
         self._probes.pop(handle, None)
         self._runtimes.pop(handle, None)
+        self._no_pipes.discard(handle)
         for session in sessions:
             await session.close()
         if handle in self._paused:
@@ -303,7 +306,8 @@ class DockerBackend:
         a shell's stdio goes over FIFOs in the inbox where the host sees the
         sandbox's processes (sandboxd.backends.docker.pipes)."""
         probe = await self._probe(handle)
-        inbox = await self._containers.find_inbox(handle) if probe is not None else None
+        piped = probe is not None and self._options.session_pipes and handle not in self._no_pipes
+        inbox = await self._containers.find_inbox(handle) if piped else None
         return EngineExec(
             self._raw,
             handle,
@@ -311,7 +315,8 @@ class DockerBackend:
             probe=probe,
             is_running=self._is_running,
             executor=self._pool,
-            pipes=(inbox, INBOX) if inbox is not None and self._options.session_pipes else None,
+            pipes=(inbox, INBOX) if inbox is not None else None,
+            pipes_refused=functools.partial(self._no_pipes.add, handle),
         )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

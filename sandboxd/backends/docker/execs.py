@@ -94,12 +94,14 @@ class EngineExec:
         executor: Executor,
         kill_user: str = "",
         pipes: tuple[Path, str] | None = None,
+        pipes_refused: Callable[[], None] = lambda: None,
     ) -> None:
         """``executor`` runs the host-side freezes and kills, which block on
         /proc and /sys; ``kill_user`` is who TREE_KILL runs as without the
         host ("": the container's user); ``pipes`` is the sandbox's inbox (the
         host's directory, where the sandbox sees it), for a shell's stdio on
-        FIFOs (sandboxd.backends.docker.pipes)."""
+        FIFOs (sandboxd.backends.docker.pipes), and ``pipes_refused`` is
+        called when the sandbox could not open them."""
         self._engine = engine
         self._container = container
         self._user = user
@@ -108,6 +110,7 @@ class EngineExec:
         self._executor = executor
         self._kill_user = kill_user
         self._pipes = pipes
+        self._pipes_refused = pipes_refused
         self._piped = False
         self._channel: Channel | None = None
         self._exec_id = ""
@@ -178,12 +181,21 @@ class EngineExec:
                     "session pipes refused in %s (%r): using the engine stream", self._container, said[:200]
                 )
                 self._pipes = None
+                self._pipes_refused()
                 self._channel = None
+                if self._cell is not None:
+                    await self._blocking(self._cell.kill)  # whatever of it still runs
                 await self._release_cell()
+                await self._blocking(pipes.close)
                 return False
             self._channel = pipes.channel()
             self._piped = True
+            await self._blocking(pipes.unlink)
         except BaseException:
+            channel, self._channel = self._channel, None
+            if self._piped and channel is not None:
+                await channel.close()
+            self._piped = False
             pipes.close()
             await self._release_cell()
             # Never entered, or released above: a second release is a no-op.

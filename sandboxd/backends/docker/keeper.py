@@ -1,8 +1,10 @@
 """The keeper: what a gVisor sandbox runs instead of ``sleep infinity``.
 
-gVisor's restore brings back the container's init tree only: processes
-started by engine execs (sessions, one-shot commands and whatever they
-forked, daemonised or not) are gone after a restore (measured with runsc
+gVisor's restore brings back the container's init tree only: it kills every
+process whose lineage began with an engine exec (the sentry marks a task's
+origin when it is created and a fork inherits it, whatever the task's parent
+is later), so sessions, one-shot commands and whatever they forked,
+daemonised or re-parented, are gone after a restore (measured with runsc
 under Docker 20.10). So a gVisor sandbox's init process runs a shell that
 reads lines from a FIFO (KEEP_VAR names it inside the sandbox) and starts
 each one as a process of that tree: ``echo 'python3 server.py' >

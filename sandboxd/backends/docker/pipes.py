@@ -79,9 +79,10 @@ class HostPipes:
             raise
 
     def channel(self) -> PipeChannel:
-        """Our ends as a channel, once the shell has opened its own (READY).
-        The write side is reopened write-only, so a shell that is gone makes
-        writes fail (EPIPE) rather than fill the pipe."""
+        """Our ends as a channel, once the shell has opened its own (READY);
+        then the names can go (unlink). The write side is reopened
+        write-only, so a shell that is gone makes writes fail (EPIPE) rather
+        than fill the pipe."""
         rw, out, err = self._fds
         try:
             stdin = os.open(f"/proc/self/fd/{rw}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -89,7 +90,6 @@ class HostPipes:
             raise TransientBackendError(f"cannot reopen the session's stdin pipe: {e}") from e
         os.close(rw)
         self._fds = []
-        self.unlink()
         return PipeChannel(stdin, out, err)
 
     def unlink(self) -> None:
