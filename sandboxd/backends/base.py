@@ -350,6 +350,18 @@ class LivenessProbe(Protocol):
 
 
 @runtime_checkable
+class InPlaceWrites(Protocol):
+    """Optional for a backend: it writes small uploads into a sandbox's
+    workspace without a process in the sandbox, where it can."""
+
+    async def write_in_place(self, handle: str, files: list[tuple[str, bytes, int]]) -> bool:
+        """Writes (path relative to the workspace, content, mode) as the
+        sandbox's user, with the result put_tar would give; False, with
+        nothing written, where it cannot (then put_tar does it)."""
+        ...
+
+
+@runtime_checkable
 class RootUser(Protocol):
     """Optional for a backend: it runs one-shot commands (``ExecSpec.user ==
     ROOT_USER``) and file transfers as uid 0 inside the sandbox's own

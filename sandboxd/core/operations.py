@@ -22,6 +22,7 @@ from sandboxd.backends.base import (
     ExecEvent,
     ExecResult,
     ExecSpec,
+    InPlaceWrites,
     RootUser,
     SandboxUsage,
 )
@@ -33,6 +34,10 @@ from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.registry import SandboxRegistry
 from sandboxd.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from sandboxd.settings import Settings
+
+_IN_PLACE_MAX = 4 << 20
+"""Uploads up to this many bytes may be written from the host (the writes
+happen on a worker thread, all in memory)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,8 @@ class Operations:
             checked.append(FileData(path, f.content, mode))
         total = sum(len(f.content) for f in checked)
         with self._leasing.using(rec):
+            if await self._written_in_place(rec, checked, user):
+                return total
             for root in v.FILE_ROOTS:  # one tar per file root the files lie in
                 group = [f for f in checked if v.file_root(f.path) == root]
                 if group:
@@ -152,6 +159,22 @@ class Operations:
                     data = await asyncio.to_thread(build_tar, group, root) if big else build_tar(group, root)
                     await self._put_tar(rec.handle, root, data, user)
         return total
+
+    async def _written_in_place(self, rec: SandboxRecord, files: list[FileData], user: str) -> bool:
+        """Small workspace uploads as the sandbox's user, written by a backend
+        that can without a process in the sandbox (False: put_tar them)."""
+        backend = self._backend
+        if (
+            user
+            or not isinstance(backend, InPlaceWrites)
+            or sum(len(f.content) for f in files) > _IN_PLACE_MAX
+        ):
+            return False
+        if any(v.file_root(f.path) != WORKSPACE for f in files):
+            return False
+        return await backend.write_in_place(
+            rec.handle, [(relative(f.path), f.content, f.mode) for f in files]
+        )
 
     async def _put_tar(self, handle: str, dest: str, data: bytes, user: str) -> None:
         async def one() -> AsyncIterator[bytes]:

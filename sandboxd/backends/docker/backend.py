@@ -44,6 +44,7 @@ from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.hostfs import HostWorkspace
+from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.session import SessionClosed, ShellSession
 from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote
 from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
@@ -266,6 +267,16 @@ class DockerBackend:
             host_view = pid and await self._runtime(handle) != GVISOR
             self._probes[handle] = ContainerProbe.open(pid) if host_view else None
         return self._probes[handle]
+
+    async def write_in_place(self, handle: str, files: builtins.list[tuple[str, bytes, int]]) -> bool:
+        uid, _, gid = self._options.user.partition(":")
+        if not (uid.isdigit() and gid.isdigit()):
+            return False
+        view = await self.host_workspace(handle)
+        if view is None:
+            return False
+        with view:
+            return await self._run(write_files, view.fd, files, int(uid), int(gid))
 
     async def host_workspace(self, handle: str) -> HostWorkspace | None:
         # Under another runtime (gVisor, Kata) the container's files are not
