@@ -15,9 +15,21 @@ import pytest
 
 from sandboxd.backends.docker.pipes import HostPipes
 from sandboxd.client import AsyncClient
-from tests.integration.conftest import make_settings, running_app
+from tests.integration.conftest import make_settings, poll, running_app
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+
+async def refilled(client: AsyncClient) -> None:
+    """Waits for the pool to be back at its floor: a new sandbox's shells
+    hold descriptors too, which a count of ours must not take for a leak."""
+
+    async def quiet() -> bool:
+        status = (await client.get_pool("pp")).status
+        return status.ready >= 1 and status.creating == 0 and status.releasing == 0
+
+    await poll(quiet, timeout=60, what="the pool to refill")
+
 
 # The shell's stdout and stderr (a command's stdin is its own).
 _STDIO = "for n in 1 2; do readlink /proc/$$/fd/$n; done"
@@ -101,6 +113,7 @@ async def test_sessions_that_end_leave_no_descriptor_behind(piped: tuple[AsyncCl
         def open_fds() -> int:
             return len(os.listdir("/proc/self/fd"))  # the server runs in this process
 
+        await refilled(client)
         before = open_fds()
         for i in range(20):
             # Each opens a shell on three fresh FIFOs; `exit` ends it, and the session with it.
@@ -133,6 +146,7 @@ async def test_a_sandbox_that_cannot_open_the_fifos_gets_the_engine_stream(
             "argv",
             lambda self, argv: [*real(self, argv)[:4], "/nowhere/0", "/nowhere/1", "/nowhere/2", *argv],
         )
+        await refilled(client)
         before = len(os.listdir("/proc/self/fd"))
         for name in ("a", "b", "c"):
             r = await sb.exec("echo $((6*7))", session=name)
