@@ -176,6 +176,10 @@ class WarmSandboxes:
         """Prepared sandboxes waiting for a request with this memory limit."""
         return len(self._idle.get(memory_bytes, []))
 
+    def idle_used(self, memory_bytes: int = 0) -> int:
+        """Of those, the ones that served a request before (cleaned and kept)."""
+        return sum(1 for slot in self._idle.get(memory_bytes, []) if slot.uses)
+
     def start(self) -> None:
         """Starts the heartbeats and the reserve (idempotent; needs a running loop)."""
         if self._started:
@@ -225,7 +229,9 @@ class WarmSandboxes:
         self.start()
         idle = self._idle.get(memory_bytes)
         if idle:
-            slot = self._hold(idle.pop())
+            # One that served before first (the latest of those): the fresh ones stay the reserve.
+            used = [i for i, s in enumerate(idle) if s.uses]
+            slot = self._hold(idle.pop(used[-1] if used else -1))
             if slot.uses:
                 self.stats.reused += 1
             else:

@@ -414,7 +414,8 @@ async def test_reused_sandboxes_share_nothing(endpoint: tuple[str, web.Applicati
     first = await _run("bash", "echo secret > mine.txt; (setsid sleep 300 >/dev/null 2>&1 &); echo started")
     assert first.status == "Success", first
     # Sequential clean requests are served by the same warm sandbox, once its clean-up is done...
-    await poll(lambda: warm.idle() >= 1, what="the sandbox to be cleaned and kept")
+    # The reserve may hold fresh ones too: this waits for the one that served.
+    await poll(lambda: warm.idle_used() >= 1, what="the sandbox to be cleaned and kept")
     second = await _run("bash", "ls -A; ps -eo args | grep -c '^sleep 300' || true")
     assert second.run_result.stdout == "main.sh\n0\n", second
     assert warm.reused >= 1
@@ -464,7 +465,8 @@ async def test_reused_sandbox_confines_each_request(endpoint: tuple[str, web.App
     first = await _run("bash", "export LEAKED_ENV=1; echo s > mine.txt; (setsid sleep 300 >/dev/null 2>&1 &)")
     assert first.status == "Success", first
     reused = warm.reused
-    await poll(lambda: warm.idle() >= 1, what="the sandbox to be cleaned and kept")
+    # The reserve may hold fresh ones too: this waits for the one that served.
+    await poll(lambda: warm.idle_used() >= 1, what="the sandbox to be cleaned and kept")
     second = await _run(
         "bash", "ls -A; ps -eo args | grep -c '^sleep 300' || true; echo ${LEAKED_ENV:-unset}"
     )

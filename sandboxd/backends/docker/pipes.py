@@ -168,22 +168,22 @@ class PipeChannel:
     async def next_frame(self, timeout: float) -> tuple[int, bytes] | TimeoutError | None:
         """The next frame; None once both streams ended; TimeoutError when
         none came within ``timeout``."""
-        if self._frames:
-            return self._take()
-        if not self._readers:
-            return None
-        waiter = self._loop.create_future()
-        self._waiter = waiter
-        timer = self._loop.call_later(max(timeout, 0), self._wake)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            if self._waiter is waiter:
-                self._waiter = None
-        if self._frames:
-            return self._take()
-        return None if not self._readers else TimeoutError()
+        deadline = self._loop.time() + max(timeout, 0)
+        # One stream's end wakes us too, with the other still open: wait on.
+        while not self._frames and self._readers:
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return TimeoutError()
+            waiter = self._loop.create_future()
+            self._waiter = waiter
+            timer = self._loop.call_later(remaining, self._wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                if self._waiter is waiter:
+                    self._waiter = None
+        return self._take() if self._frames else None
 
     async def read_frame(self) -> tuple[int, bytes] | None:
         """The next frame, however long it takes; None at the end."""
