@@ -130,13 +130,14 @@ class _Staged:
         try:
             for part in dirs:
                 nxt = self._enter(cur, part, uid, gid)
-                self._keep(cur)
+                os.close(cur)
                 cur = nxt
             temp = self._write(cur, data, mode, uid, gid)
-            self._files.append((cur, temp, name))
         except BaseException:
-            self._keep(cur)
+            os.close(cur)
             raise
+        # Kept open for commit() or undo().
+        self._files.append((cur, temp, name))
 
     def _enter(self, parent: int, part: str, uid: int, gid: int) -> int:
         try:
@@ -178,11 +179,6 @@ class _Staged:
         finally:
             os.close(fd)
         return temp
-
-    def _keep(self, fd: int) -> None:
-        """Closes ``fd`` unless a staged file needs it (then commit or undo does)."""
-        if not any(parent == fd for parent, _, _ in self._files):
-            os.close(fd)
 
     def commit(self) -> None:
         """Renames every staged file over its place (a link there is
