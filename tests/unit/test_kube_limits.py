@@ -10,6 +10,7 @@ from sandboxd.backends.kubernetes.limits import (
     Counters,
     explain_counters,
     explain_fs,
+    no_process_slot,
     parse_counters,
     parse_fs,
 )
@@ -45,3 +46,14 @@ def test_a_full_workspace() -> None:
     room = parse_fs("2000 10 4096 10 4096\n")
     assert room is not None and explain_fs(room) is None
     assert parse_fs("stat: cannot read file system information") is None
+
+
+def test_an_exec_refused_for_want_of_a_process_slot() -> None:
+    runc_init_killed = (
+        'failed to start exec "f5ef": OCI runtime exec failed: exec failed: unable to start '
+        "container process: read init-p: connection reset by peer: unknown"
+    )
+    assert no_process_slot(runc_init_killed)
+    assert no_process_slot("nsenter: failed to clone: Resource temporarily unavailable")
+    assert not no_process_slot('unable to upgrade connection: container not found ("sandbox")')
+    assert not no_process_slot("")

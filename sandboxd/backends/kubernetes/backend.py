@@ -54,6 +54,7 @@ from sandboxd.backends.kubernetes.limits import (
     Counters,
     explain_counters,
     explain_fs,
+    no_process_slot,
     parse_counters,
     parse_fs,
 )
@@ -308,7 +309,7 @@ class KubernetesBackend:
         after = parse_counters(probe[1]) if probe[0] is not None else None
         if after is not None:
             self._counters[handle] = after
-        if probe[0] is None and _NO_PROCESS_SLOT in probe[1].lower():
+        if probe[0] is None and no_process_slot(probe[1]):
             # Not even one more process can start in the sandbox.
             why: tuple[ExecOutcome, str] | None = (
                 ExecOutcome.PIDS_EXHAUSTED,
@@ -359,15 +360,15 @@ class KubernetesBackend:
         sandbox; (None, why) when it did not start ``attempts`` times in a row."""
         why = ""
         for attempt in range(attempts):
+            if attempt:
+                # A full process table frees a slot between forks.
+                await asyncio.sleep(min(0.05 * 2 ** (attempt - 1), 1.0))
             try:
                 stream = await ExecStream.open(self._client, self._ns, handle, CONTAINER, argv, stdin=False)
             except KubeError as e:
                 why = str(e)
                 if e.status == 0:
                     break  # the API server does not answer: no point in retrying now
-                if attempt + 1 < attempts:
-                    # A full process table frees a slot between forks.
-                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
             out = bytearray()
             try:
@@ -377,6 +378,11 @@ class KubernetesBackend:
             finally:
                 await stream.close()
             code = stream.exit_code
+            if code is None and stream.failure:
+                # The stream opened but the runtime could not start the
+                # process (runc's init died under a full process table).
+                why = stream.failure
+                continue
             return (-1 if code is None else code), out.decode(errors="replace")
         return None, why
 
@@ -430,8 +436,6 @@ class KubernetesBackend:
         return self._files.get_tar(handle, base, paths)
 
 
-# How the runtime answers an exec into a container whose process limit is full.
-_NO_PROCESS_SLOT = "resource temporarily unavailable"
 # Longest the watch may take to report why a gVisor Pod's container ended.
 _ENDED_TIMEOUT = 10.0
 

@@ -16,14 +16,13 @@ from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.execstream import RootPidLine
 from sandboxd.backends.kubernetes.cache import PodCache
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, unavailable, unreachable
+from sandboxd.backends.kubernetes.limits import no_process_slot
 from sandboxd.backends.kubernetes.wsexec import ExecStream, wrap_argv
 from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
 from sandboxd.backends.shell import Tree, reaper_argv, tree_kill_argv
 
 # How long a kill or a liveness probe may wait on its own exec's output.
 _PROBE_READ = 10.0
-# How the runtime answers an exec into a container whose process limit is full.
-_NO_PROCESS_SLOT = "resource temporarily unavailable"
 
 
 class PodExec:
@@ -110,7 +109,7 @@ class PodExec:
                 self._client, self._namespace, self._pod, self._container, argv, stdin=False
             )
         except KubeError as e:
-            return -1 if unreachable(e) or _NO_PROCESS_SLOT in str(e).lower() else 1
+            return -1 if unreachable(e) or no_process_slot(str(e)) else 1
         try:
             while isinstance(await stream.next_frame(_PROBE_READ), tuple):
                 pass
@@ -118,7 +117,7 @@ class PodExec:
             await stream.close()
         if stream.exit_code == 0:
             return 0
-        return -1 if _NO_PROCESS_SLOT in stream.failure.lower() else 1
+        return -1 if no_process_slot(stream.failure) else 1
 
     def watch_limits(self) -> Explain:
         """Nothing per command: the backend names limits after the fact."""

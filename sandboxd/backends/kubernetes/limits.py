@@ -39,11 +39,38 @@ _FILES = (
 )
 COUNTERS_ARGV = ["grep", "-s", "-H", "-e", "^oom_kill ", "-e", "^max ", *_FILES]
 FS_ARGV = ["stat", "-f", "-c", "%c %d %b %a %S", WORKSPACE]
-# Builtins only (no fork): ends every process in the sandbox but its init
-# and itself, which is all a fork bomb leaves room for. Swept 200 times (a
-# few milliseconds): what forks during one sweep dies in the next. Not "until
-# none is left": init's own ``sleep`` comes back at once.
-KILL_ALL_ARGV = ["sh", "-c", "i=0; while [ $i -lt 200 ]; do kill -9 -1 2>/dev/null; i=$((i+1)); done"]
+# Builtins only (no fork): stops, then kills, every process in the sandbox
+# but its init, itself and init's keep-alive ``sleep``, which is all a fork
+# bomb leaves room for. Stopping first (``kill -STOP -1``, swept 50 times, a
+# few milliseconds) freezes the bomb so the kills cannot be outrun; each kill
+# pass reads /proc to tell the keep-alive by its parent and name. The
+# keep-alive must live: were it killed, init would fork a new one while the
+# bomb's zombies still hold every slot, and the shell that is init exits on a
+# failed fork, ending the whole sandbox. Three rounds catch a process forked
+# while a sweep ran; the keep-alive is continued at the end.
+KILL_ALL_ARGV = [
+    "sh",
+    "-c",
+    "sweep() { n=0; while [ $n -lt 50 ]; do kill -STOP -1 2>/dev/null; n=$((n+1)); done; }; "
+    "each() { for d in /proc/[0-9]*; do p=${d#/proc/}; "
+    '{ [ "$p" -gt 1 ] && [ "$p" != $$ ]; } || continue; '
+    '2>/dev/null read -r s < "$d/stat" || continue; c=${s#* }; c=${c%%)*}; s=${s##*) }; set -- $s; '
+    '{ [ "$2" = 1 ] && [ "$c" = "(sleep" ]; } && continue; kill -KILL "$p" 2>/dev/null; done; }; '
+    "for r in 1 2 3; do sweep; each; done; kill -CONT -1 2>/dev/null; true",
+]
+
+
+# How an exec that could not start for want of a process slot fails: the
+# runtime's own fork refused, or runc's init child killed by the pids cgroup
+# before it reported back (runc then sees its pipe reset).
+_NO_PROCESS_SLOT = ("resource temporarily unavailable", "read init-p: connection reset by peer")
+
+
+def no_process_slot(failure: str) -> bool:
+    """Whether an exec's failure says the sandbox's process table was full
+    (which says nothing about whether the sandbox still runs)."""
+    failure = failure.lower()
+    return any(sign in failure for sign in _NO_PROCESS_SLOT)
 
 
 @dataclass(frozen=True)
