@@ -298,7 +298,7 @@ class WarmSandboxes:
         try:
             await self._prepare(slot)
         except BaseException:
-            await asyncio.shield(self._release(slot))
+            self._release_later(slot)
             raise
         finally:
             self._preparing[slot.memory_bytes] -= 1
@@ -367,8 +367,9 @@ class WarmSandboxes:
                 self._offer(slot)
             else:
                 self.stats.check_failed += not self._closed
-                # Shielded: a close() that cancels this still destroys the sandbox.
-                await asyncio.shield(self._release(slot))
+                # Tracked, not awaited: close() cancels this task and then waits
+                # for the releases (a shielded await would orphan this one).
+                self._release_later(slot)
 
     @staticmethod
     def passes(slot: Slot, after: dict[str, Any]) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from functools import partial
 from typing import Any
 
 from sandboxd.api.convert import lease_to, limits_from, sandbox_to
@@ -18,6 +20,7 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
     def __init__(self, control: ControlPlane) -> None:
         self._control = control
         self._pausing = Pausing(control)
+        self._abandoning: set[asyncio.Task[None]] = set()
 
     async def Acquire(
         self, request: sandboxes_pb2.AcquireRequest, context: Any
@@ -33,11 +36,20 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
                 timeout=request.timeout_seconds,
                 call_remaining=context.time_remaining(),
                 limits=limits_from(request.limits) if request.HasField("limits") else None,
+                request_id=request.request_id,
             )
         )
+        # A client that cancels the call from here on never learns of the lease.
+        context.add_done_callback(partial(self._abandon_if_cancelled, lease.lease_id))
         return sandboxes_pb2.AcquireResponse(
             lease=lease_to(lease), sandboxes=[sandbox_to(r, lease) for r in records]
         )
+
+    def _abandon_if_cancelled(self, lease_id: str, context: Any) -> None:
+        if context.cancelled():
+            task = asyncio.get_running_loop().create_task(self._control.abandon(lease_id))
+            self._abandoning.add(task)
+            task.add_done_callback(self._abandoning.discard)
 
     async def Heartbeat(
         self, request: sandboxes_pb2.HeartbeatRequest, context: Any
@@ -50,6 +62,13 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
         self, request: sandboxes_pb2.ReleaseRequest, context: Any
     ) -> sandboxes_pb2.ReleaseResponse:
         """Releases a lease's sandboxes, or some of them."""
+        if request.request_id and not request.lease_id:
+            if request.sandbox_ids:
+                raise InvalidArgument("sandbox_ids", "name a lease_id to release only some sandboxes")
+            released = await self._control.release_request(request.request_id)
+            return sandboxes_pb2.ReleaseResponse(released=released)
+        if request.request_id:
+            raise InvalidArgument("request_id", "give lease_id or request_id, not both")
         released = await self._control.release(request.lease_id, list(request.sandbox_ids))
         return sandboxes_pb2.ReleaseResponse(released=released)
 

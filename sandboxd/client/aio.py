@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +33,11 @@ from sandboxd.client.snapshots import SnapshotCalls
 from sandboxd.v1 import common_pb2, sandboxes_pb2, snapshots_pb2
 
 __all__ = ["AsyncClient", "ExecResult", "HeldLease", "Lease", "Sandbox"]
+
+# Acquire failures after which the server may have granted a lease all the same.
+_OUTCOME_UNKNOWN = frozenset(
+    {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
+)
 
 
 class Sandbox:
@@ -240,11 +246,36 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:
         # The RPC deadline leaves the server room to answer DEADLINE_EXCEEDED itself.
         deadline = None if timeout is None else timeout + 5.0
+        if not request.request_id:
+            # An id per attempt, so that a lease granted as the caller gave
+            # up can still be found and freed (see _give_up).
+            attempt = sandboxes_pb2.AcquireRequest()
+            attempt.CopyFrom(request)
+            attempt.request_id = "rq-" + secrets.token_hex(12)
+            request = attempt
         try:  # rpc_errors() inline: this is the hot path
             response = await self.sandboxes.Acquire(request, timeout=deadline, metadata=self.metadata)
+        except asyncio.CancelledError:
+            self._give_up(request.request_id)
+            raise
         except grpc.aio.AioRpcError as e:
+            if e.code() in _OUTCOME_UNKNOWN:
+                self._give_up(request.request_id)
             raise translate(e) from e
         return Lease(self, response)
+
+    def _give_up(self, request_id: str) -> None:
+        """Frees, in the background, whatever the server granted an Acquire
+        whose answer this client will not read: the server may have granted it
+        before it heard of the cancellation, and then only this client knows."""
+        self.in_background(self._release_request(request_id))
+
+    async def _release_request(self, request_id: str) -> None:
+        # Best effort: where the server cannot be reached, the lease's TTL ends it.
+        with contextlib.suppress(errors.SandboxdError), rpc_errors():
+            await self.sandboxes.Release(
+                sandboxes_pb2.ReleaseRequest(request_id=request_id), metadata=self.metadata, timeout=10.0
+            )
 
     async def heartbeat(self, lease_id: str, ttl: float = 0.0) -> sandboxes_pb2.Lease:
         """Extends a lease: ``ttl`` seconds from now (0 = its own TTL)."""

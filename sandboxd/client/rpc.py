@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import grpc
 import grpc.aio
@@ -23,6 +23,9 @@ from sandboxd.v1 import (
     sandboxes_pb2_grpc,
     snapshots_pb2_grpc,
 )
+
+# Seconds close() waits for clean-up calls started in the background.
+_BACKGROUND_GRACE = 5.0
 
 _ERROR_OF: dict[grpc.StatusCode, type[errors.SandboxdError]] = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
@@ -105,6 +108,7 @@ class Connection:
         self.demand = demand_pb2_grpc.DemandServiceStub(self._channel)
         self.snapshots = snapshots_pb2_grpc.SnapshotServiceStub(self._channel)
         self.preflight_stub = preflight_pb2_grpc.PreflightServiceStub(self._channel)
+        self._background: set[asyncio.Future[None]] = set()
 
     @property
     def channel(self) -> grpc.aio.Channel:
@@ -119,8 +123,18 @@ class Connection:
     ) -> None:
         await self.close()
 
+    def in_background(self, call: Coroutine[Any, Any, None]) -> None:
+        """Runs ``call`` (a clean-up RPC) without anyone waiting on it; close()
+        gives such calls a moment to finish before the channel goes."""
+        task = asyncio.ensure_future(call)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def close(self) -> None:
-        """Closes the channel; calls in flight are cancelled."""
+        """Closes the channel; calls in flight are cancelled (clean-ups started
+        in the background first get up to ``_BACKGROUND_GRACE`` seconds)."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=_BACKGROUND_GRACE)
         await self._channel.close()
 
     async def wait_ready(self, timeout: float = 10.0) -> None:

@@ -79,6 +79,8 @@ class ControlPlane:
         self.get_lease = leasing.get_lease
         self.heartbeat = leasing.heartbeat
         self.release = leasing.release
+        self.abandon = leasing.abandon
+        self.release_request = leasing.release_request
         self.usage = leasing.usage
         self.using = leasing.using
         self.reap_expired = leasing.reap_expired

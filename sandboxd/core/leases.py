@@ -36,6 +36,8 @@ class Lease:
     labels: dict[str, str] = field(default_factory=dict)
     hard_deadline: float = 0.0
     """Monotonic moment past which heartbeats cannot extend (sandbox lifetime); 0 = none."""
+    request_id: str = ""
+    """The client's id for the Acquire that granted it ("" = none); not persisted."""
 
 
 def new_lease_id() -> str:
@@ -52,6 +54,8 @@ class LeaseTable:
         self._released: OrderedDict[str, None] = OrderedDict()
         # Per tenant: memory limit of each sandbox held under a lease.
         self._held: dict[str, dict[str, int]] = {}
+        # (tenant, request id) -> lease id, for leases granted with one.
+        self._by_request: dict[tuple[str, str], str] = {}
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -59,6 +63,8 @@ class LeaseTable:
     def add(self, lease: Lease, memory_bytes: Mapping[str, int]) -> None:
         """Records ``lease``; ``memory_bytes`` gives each of its sandboxes' memory limit."""
         self._leases[lease.lease_id] = lease
+        if lease.request_id:
+            self._by_request[split_pool_key(lease.pool)[0], lease.request_id] = lease.lease_id
         held = self._held.setdefault(split_pool_key(lease.pool)[0], {})
         for sid in lease.sandbox_ids:
             held[sid] = memory_bytes.get(sid, 0)
@@ -73,6 +79,11 @@ class LeaseTable:
     def find(self, lease_id: str) -> Lease | None:
         """The lease, or None if it is not in force."""
         return self._leases.get(lease_id)
+
+    def find_request(self, tenant: str, request_id: str) -> Lease | None:
+        """The lease in force that ``tenant``'s Acquire with ``request_id`` was granted, if any."""
+        lease_id = self._by_request.get((tenant, request_id))
+        return None if lease_id is None else self._leases.get(lease_id)
 
     def was_released(self, lease_id: str) -> bool:
         """Whether the lease ended recently."""
@@ -104,6 +115,8 @@ class LeaseTable:
         """Ends the lease (remembered as released)."""
         lease = self._leases.pop(lease_id, None)
         if lease is not None:
+            if lease.request_id:
+                self._by_request.pop((split_pool_key(lease.pool)[0], lease.request_id), None)
             for sid in lease.sandbox_ids:
                 self._unhold(lease, sid)
             self._released[lease_id] = None

@@ -54,6 +54,9 @@ class AcquireRequest:
     limits: Limits | None = None
     """Lowers memory, CPU, pids, output or lifetime for these sandboxes only,
     within the pool's own limits."""
+    request_id: str = ""
+    """The client's id for this acquire ("" = none): a repeat answers the
+    lease it was granted, and release_request frees it."""
 
 
 class Leasing:
@@ -83,6 +86,9 @@ class Leasing:
         # Sandboxes each tenant's in-flight acquires were granted, not yet leased.
         self._reserved: dict[str, Usage] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # Acquires with a request id being served, per (tenant, request id):
+        # done when that acquire has answered.
+        self._acquiring: dict[tuple[str, str], asyncio.Future[None]] = {}
 
     @property
     def busy(self) -> Mapping[str, int]:
@@ -164,7 +170,34 @@ class Leasing:
     async def acquire(self, req: AcquireRequest) -> tuple[Lease, list[SandboxRecord]]:
         """Leases ``req.n`` sandboxes of the current tenant's pool ``req.pool``
         (or at least ``req.min_n`` at the deadline), never more than the
-        tenant's quotas leave."""
+        tenant's quotas leave. With a request id, an acquire already granted
+        answers its lease again, and one still being served is waited for."""
+        if not req.request_id:
+            return await self._acquire(req)
+        key = current_tenant(), v.request_id("request_id", req.request_id)
+        while (pending := self._acquiring.get(key)) is not None:
+            await asyncio.shield(pending)
+        granted = self.table.find_request(*key)
+        if granted is not None:
+            return self._granted_before(granted, req.pool)
+        done = asyncio.get_running_loop().create_future()
+        self._acquiring[key] = done
+        try:
+            return await self._acquire(req)
+        finally:
+            del self._acquiring[key]
+            done.set_result(None)
+
+    def _granted_before(self, lease: Lease, pool_name: str) -> tuple[Lease, list[SandboxRecord]]:
+        pool = self._registry.get_pool(pool_name, "pool")
+        if pool.config.name != lease.pool:
+            raise InvalidArgument(
+                "request_id", f"was the id of an acquire of another pool ({split_pool_key(lease.pool)[1]!r})"
+            )
+        records = self._registry.records
+        return lease, [records[sid] for sid in lease.sandbox_ids if sid in records]
+
+    async def _acquire(self, req: AcquireRequest) -> tuple[Lease, list[SandboxRecord]]:
         pool = self._registry.get_pool(req.pool, "pool")
         n = req.n or 1
         if n < 1:
@@ -214,7 +247,7 @@ class Leasing:
             self._quotas.refund(tenant, grant - len(records))
             if effective != pool.config.limits:
                 records = await self._apply_limits(pool, records, effective)
-            lease = self._hand_over(pool, records, labels, ttl, effective.lifetime_seconds)
+            lease = self._hand_over(pool, records, labels, ttl, effective.lifetime_seconds, req.request_id)
         finally:
             self._reserve(tenant, -grant, memory_each)
         try:
@@ -232,6 +265,7 @@ class Leasing:
         labels: dict[str, str],
         ttl: float,
         lifetime: float,
+        request_id: str,
     ) -> Lease:
         now, wall = self._clock.monotonic(), self._clock.time()
         lease = Lease(
@@ -243,6 +277,7 @@ class Leasing:
             expires_wall=wall + ttl,
             labels=labels,
             hard_deadline=now + lifetime if lifetime else 0.0,
+            request_id=request_id,
         )
         self.table.extend(lease, ttl, now, wall)
         pool.mark_leased(records, lease.lease_id)
@@ -354,6 +389,22 @@ class Leasing:
         else:
             await self._save(lease)
         return released
+
+    async def release_request(self, request_id: str) -> list[str]:
+        """Releases the lease the current tenant's Acquire with ``request_id``
+        was granted; [] when none is in force (it may never have been granted)."""
+        lease = self.table.find_request(current_tenant(), v.request_id("request_id", request_id))
+        if lease is None:
+            return []
+        return await self._release_lease(lease, "released")
+
+    async def abandon(self, lease_id: str) -> None:
+        """Releases a lease whose Acquire answer never reached its client (the
+        call ended cancelled): nobody would ever heartbeat or release it. A
+        no-op once the lease is gone."""
+        lease = self.table.find(lease_id)
+        if lease is not None:
+            await self._release_lease(lease, "acquire abandoned")
 
     async def _release_lease(self, lease: Lease, reason: str) -> list[str]:
         released = list(lease.sandbox_ids)

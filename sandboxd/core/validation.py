@@ -16,6 +16,7 @@ _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,126}[A-Za-z0-9])?$")
 _SESSION = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/:@]{0,254}$")
 _ID = re.compile(r"^[a-z]{2}-[0-9a-f]{6,64}$")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_PATH = 4096
 MAX_LABELS = 64
 
@@ -47,6 +48,13 @@ def object_id(field: str, value: str, kind: str) -> str:
     if not _ID.match(value):
         # Unknown ids are NOT_FOUND, malformed ones INVALID_ARGUMENT: say which.
         raise InvalidArgument(field, f"{value[:80]!r} is not a {kind} id")
+    return value
+
+
+def request_id(field: str, value: str) -> str:
+    """A client-chosen request id: empty, or 1-64 of [A-Za-z0-9_.-]."""
+    if value and not _REQUEST_ID.match(value):
+        raise InvalidArgument(field, f"{value[:80]!r} is not a request id (1-64 of [A-Za-z0-9_.-])")
     return value
 
 

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds", "limits")
+    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds", "limits", "request_id")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class AcquireRequest(_message.Message):
     LEASE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     pool: str
     n: int
     min_n: int
@@ -33,7 +34,8 @@ class AcquireRequest(_message.Message):
     lease_ttl_seconds: float
     timeout_seconds: float
     limits: _common_pb2.Limits
-    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("id", "sandbox_ids", "ttl_seconds", "expires_at")
@@ -70,12 +72,14 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_id", "sandbox_ids")
+    __slots__ = ("lease_id", "sandbox_ids", "request_id")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     sandbox_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, lease_id: _Optional[str] = ..., sandbox_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, lease_id: _Optional[str] = ..., sandbox_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released",)
