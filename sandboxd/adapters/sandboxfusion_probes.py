@@ -27,10 +27,13 @@ LAUNCH_FAILED = 125
 
 # hashlib and shutil load only where needed: OpenSSL alone costs milliseconds per step.
 _STEP = r"""
-import base64, ctypes, json, os, signal, stat, sys
-def ident(pid):
+import base64, ctypes, json, os, signal, stat, sys, time
+def fields(pid):
+    # /proc/<pid>/stat from the state on (the name before it may hold anything).
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+def ident(pid, fs=None):
     # pid and start time: a pid reused by a later process is another process.
-    return f"{pid}:{open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}"
+    return f"{pid}:{(fs or fields(pid))[19]}"
 def ancestors():
     pids, pid = set(), os.getpid()
     while pid > 1:
@@ -41,13 +44,16 @@ def ancestors():
             break
     return pids
 def others(infra=()):
-    # The user's processes but this step's own chain and the sandbox's own (infra).
+    # The user's live processes but this step's own chain and the sandbox's
+    # own (infra). A zombie is not one: nothing of it runs any more.
     keep, uid, found = ancestors(), os.getuid(), []
     for p in os.listdir("/proc"):
         if p.isdigit() and int(p) != 1 and int(p) not in keep:
             try:
-                if os.stat(f"/proc/{p}").st_uid == uid and ident(p) not in infra:
-                    found.append(int(p))
+                if os.stat(f"/proc/{p}").st_uid == uid:
+                    fs = fields(p)
+                    if fs[0] not in "ZX" and ident(p, fs) not in infra:
+                        found.append(int(p))
             except (OSError, IndexError):
                 pass
     return found
@@ -143,11 +149,15 @@ elif mode == "setup":
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
 else:
-    # Stop first so a forking process cannot outrun the kills, then kill.
+    # Stop first so a forking process cannot outrun the kills, then kill, in
+    # rounds until none is left alive. A killed process still shows as
+    # running until it is scheduled to exit, which on a busy host takes a
+    # while: so the rounds are bounded by time, not by count.
     infra = json.loads(sys.argv[4])
-    for _ in range(20 if infra is not None else 0):
+    found, deadline = [], time.monotonic() + 3.0
+    while infra is not None:
         found = others(set(infra))
-        if not found:
+        if not found or time.monotonic() > deadline:
             break
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for p in found:
@@ -155,7 +165,8 @@ else:
                     os.kill(p, sig)
                 except OSError:
                     pass
-    out["survivors"] = len(others(set(infra))) if infra is not None else -1
+        time.sleep(0.002)
+    out["survivors"] = len(found) if infra is not None else -1
     files = {}
     for name in json.loads(sys.argv[3]):
         path = os.path.join(top + "/w", name)
