@@ -43,6 +43,7 @@ from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
+from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc, runs_here
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.session import SessionClosed, ShellSession
@@ -125,6 +126,8 @@ class DockerBackend:
         self._paused: set[str] = set()
         # Sandboxes whose shells could not open their FIFOs: the engine stream for them.
         self._no_pipes: set[str] = set()
+        # gVisor sandboxes' `runsc exec` (None: not gVisor, or not from this host).
+        self._runsc: dict[str, RunscExec | None] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -217,6 +220,7 @@ class DockerBackend:
         self._probes.pop(handle, None)
         self._runtimes.pop(handle, None)
         self._no_pipes.discard(handle)
+        self._runsc.pop(handle, None)
         for session in sessions:
             await session.close()
         if handle in self._paused:
@@ -319,6 +323,9 @@ class DockerBackend:
         probe = await self._probe(handle)
         piped = probe is not None and self._options.session_pipes and handle not in self._no_pipes
         inbox = await self._containers.find_inbox(handle) if piped else None
+        runsc = None
+        if probe is None and self._options.session_pipes and handle not in self._no_pipes:
+            runsc = await self._runsc_of(handle)
         return EngineExec(
             self._raw,
             handle,
@@ -328,7 +335,21 @@ class DockerBackend:
             executor=self._pool,
             pipes=(inbox, INBOX) if inbox is not None else None,
             pipes_refused=functools.partial(self._no_pipes.add, handle),
+            runsc=runsc,
         )
+
+    async def _runsc_of(self, handle: str) -> RunscExec | None:
+        """How to start shells in a gVisor sandbox from the host (looked up
+        once per sandbox); None for other runtimes or where this host cannot."""
+        if handle not in self._runsc:
+            found = None
+            if await self._runtime(handle) == GVISOR:
+                pid = await self._containers.host_pid(handle)
+                found = await self._run(find_runsc, pid, handle)
+                if found is not None and not await self._run(runs_here, found):
+                    found = None
+            self._runsc[handle] = found
+        return self._runsc[handle]
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

@@ -29,6 +29,7 @@ from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.cgroups import Cell, ContainerProbe, Counters
 from sandboxd.backends.docker.pipes import READY, HostPipes
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
+from sandboxd.backends.docker.runsc_exec import RunscExec, RunscProcess
 from sandboxd.backends.execstream import FirstLine, RootPidLine
 from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
 from sandboxd.backends.shell import Tree, gate_argv, reaper_argv, tree_kill_argv
@@ -95,13 +96,16 @@ class EngineExec:
         kill_user: str = "",
         pipes: tuple[Path, str] | None = None,
         pipes_refused: Callable[[], None] = lambda: None,
+        runsc: RunscExec | None = None,
     ) -> None:
         """``executor`` runs the host-side freezes and kills, which block on
         /proc and /sys; ``kill_user`` is who TREE_KILL runs as without the
         host ("": the container's user); ``pipes`` is the sandbox's inbox (the
         host's directory, where the sandbox sees it), for a shell's stdio on
         FIFOs (sandboxd.backends.docker.pipes), and ``pipes_refused`` is
-        called when the sandbox could not open them."""
+        called when the sandbox could not open them (or, with ``runsc``, a
+        gVisor sandbox's way to start a shell on the host's pipes, when that
+        failed: sandboxd.backends.docker.runsc_exec)."""
         self._engine = engine
         self._container = container
         self._user = user
@@ -111,6 +115,8 @@ class EngineExec:
         self._kill_user = kill_user
         self._pipes = pipes
         self._pipes_refused = pipes_refused
+        self._runsc = runsc
+        self._runsc_proc: RunscProcess | None = None
         self._piped = False
         self._channel: Channel | None = None
         self._exec_id = ""
@@ -130,6 +136,13 @@ class EngineExec:
         """Creates and starts the exec as the sandbox user, contained (see
         the module docstring) before the command runs."""
         cell = self._probe.cell() if self._probe is not None else None
+        if (
+            cell is None
+            and stdin
+            and self._runsc is not None
+            and await self._open_runsc(argv, env=env, cwd=cwd)
+        ):
+            return
         if cell is not None and stdin and self._pipes is not None:
             if await self._open_piped(argv, env=env, cwd=cwd, cell=cell):
                 return
@@ -206,6 +219,47 @@ class EngineExec:
                 await engine.close()
         return True
 
+    async def _open_runsc(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> bool:
+        """open() by ``runsc exec`` on the host's pipes; False (nothing left
+        behind) where it could not start the process, so the caller uses the
+        engine stream instead. REAPER's pid line says it started."""
+        assert self._runsc is not None
+        try:
+            proc = await self._runsc.start(reaper_argv(list(argv)), env=env, cwd=cwd, user=self._user)
+        except OSError as e:
+            return await self._runsc_failed(None, str(e))
+        first, said = FirstLine(), b""
+        try:
+            async with asyncio.timeout(_GATE_TIMEOUT):
+                while first.value is None:
+                    frame = await proc.channel.read_frame()
+                    if frame is None:
+                        return await self._runsc_failed(proc, said.decode(errors="replace"))
+                    if frame[0] == 2:
+                        said = (said + frame[1])[-4096:]
+                    elif first.feed(frame[1]):
+                        # The shell printed before it read anything: not ours.
+                        return await self._runsc_failed(proc, "output before the pid line")
+        except BaseException:
+            await proc.close()
+            raise
+        if not first.value.isdigit():
+            return await self._runsc_failed(proc, first.value.decode(errors="replace"))
+        self._root = int(first.value)
+        self._runsc_proc, self._channel = proc, proc.channel
+        if said:
+            # REAPER says nothing on stderr; what did is the shell's, kept for its reader.
+            log.debug("runsc exec in %s wrote before its pid: %r", self._container, said[:200])
+        return True
+
+    async def _runsc_failed(self, proc: RunscProcess | None, why: str) -> bool:
+        log.warning("runsc exec unavailable in %s (%s): using the engine stream", self._container, why[:300])
+        self._runsc = None
+        self._pipes_refused()
+        if proc is not None:
+            await proc.close()
+        return False
+
     async def _redirected(self, engine: ExecChannel) -> bytes:
         """What the engine stream says after the gate: READY once the shell's
         stdio is on the FIFOs, else why it failed (to the stream's end). The
@@ -274,6 +328,8 @@ class EngineExec:
         """The exec's exit code as the engine reports it (None while it runs).
         A shell on FIFOs ends its stream the moment it dies, before the
         engine has heard of it: the engine gets a moment to catch up."""
+        if self._runsc_proc is not None:
+            return await self._runsc_proc.exit_code(), ""
         for delay in (*(_PIPE_EXIT_CATCH_UP if self._piped else ()), None):
             try:
                 info = await self._engine.exec_inspect(self._exec_id)
@@ -362,6 +418,8 @@ class EngineExec:
         if self._channel is not None:
             channel, self._channel = self._channel, None
             await channel.close()
+        if self._runsc_proc is not None:
+            await self._runsc_proc.close()
         if self._cell is not None and not self._released:
             self._released = True
             with contextlib.suppress(OSError):
