@@ -55,20 +55,16 @@ class RunscExec:
     async def start(
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str
     ) -> RunscProcess:
-        """Starts ``argv`` in the sandbox; its stdio are pipes held here."""
+        """Starts ``argv`` in the sandbox; its stdio are pipes held here.
+        OSError where ``runsc exec`` cannot be started or watched."""
+        loop = asyncio.get_running_loop()
         ends: list[int] = []
         try:
             for _ in range(3):
                 ends.extend(os.pipe())
             stdin_r, stdin_w, stdout_r, stdout_w, stderr_r, stderr_w = ends
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv(argv, env=env, cwd=cwd, user=user),
-                stdin=stdin_r,
-                stdout=stdout_w,
-                stderr=stderr_w,
-                # Its own session: a signal to the server's group is not one to the sandbox's shells.
-                start_new_session=True,
-            )
+            command = self.argv(argv, env=env, cwd=cwd, user=user)
+            proc = await loop.run_in_executor(None, _spawn, command, stdin_r, stdout_w, stderr_w)
         except BaseException:
             for fd in ends:
                 with contextlib.suppress(OSError):
@@ -76,34 +72,67 @@ class RunscExec:
             raise
         for fd in (stdin_r, stdout_w, stderr_w):
             os.close(fd)
-        return RunscProcess(proc, PipeChannel(stdin_w, stdout_r, stderr_r))
+        try:
+            exited = _watch(proc)
+        except OSError:
+            proc.kill()
+            await loop.run_in_executor(None, proc.wait)
+            for fd in (stdin_w, stdout_r, stderr_r):
+                os.close(fd)
+            raise
+        return RunscProcess(proc, exited, PipeChannel(stdin_w, stdout_r, stderr_r))
+
+
+def _spawn(argv: list[str], stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+    # Its own session: a signal to the server's group is not one to the sandbox's shells.
+    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
+
+
+def _watch(proc: subprocess.Popen[bytes]) -> asyncio.Future[int]:
+    """Its exit code, once it ends, reaped as it ends. A pidfd on the loop,
+    not a thread per process: a host may hold a shell per session for hours."""
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(proc.pid)
+    exited: asyncio.Future[int] = loop.create_future()
+
+    def ended() -> None:
+        code = proc.poll()
+        if code is None:
+            return
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        if not exited.done():
+            exited.set_result(code)
+
+    loop.add_reader(pidfd, ended)
+    return exited
 
 
 class RunscProcess:
     """A started ``runsc exec``: the channel to its process, and its exit code."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, channel: PipeChannel) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], exited: asyncio.Future[int], channel: PipeChannel
+    ) -> None:
         self.proc = proc
+        self.exited = exited
         self.channel = channel
 
     async def exit_code(self) -> int | None:
         """The process's exit code as ``docker exec`` reports it (128 + the
         signal that ended it); None if ``runsc exec`` has not ended in time."""
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(self.proc.wait()), _EXIT_WAIT)
+            return await asyncio.wait_for(asyncio.shield(self.exited), _EXIT_WAIT)
         return None
 
     async def close(self) -> None:
         """Closes the pipes; ``runsc exec`` ends with its process (killed if it
         outlives that, which leaves the process in the sandbox untouched)."""
         await self.channel.close()
-        if self.proc.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.proc.wait()), _EXIT_WAIT)
-        if self.proc.returncode is None:
+        if await self.exit_code() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-            await self.proc.wait()
+            await asyncio.shield(self.exited)
 
 
 def find_runsc(sandbox_pid: int, container_id: str) -> RunscExec | None:
