@@ -193,6 +193,9 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
             labels=labels or {},
             lease_ttl_seconds=lease_ttl,
             timeout_seconds=timeout or 0.0,
+            # An id per request, so that a lease granted as the caller gave
+            # up can still be found and freed (see _give_up).
+            request_id="rq-" + secrets.token_hex(12),
         )
         if limits:
             request.limits.CopyFrom(common_pb2.Limits(**limits))
@@ -246,13 +249,6 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:
         # The RPC deadline leaves the server room to answer DEADLINE_EXCEEDED itself.
         deadline = None if timeout is None else timeout + 5.0
-        if not request.request_id:
-            # An id per attempt, so that a lease granted as the caller gave
-            # up can still be found and freed (see _give_up).
-            attempt = sandboxes_pb2.AcquireRequest()
-            attempt.CopyFrom(request)
-            attempt.request_id = "rq-" + secrets.token_hex(12)
-            request = attempt
         try:  # rpc_errors() inline: this is the hot path
             response = await self.sandboxes.Acquire(request, timeout=deadline, metadata=self.metadata)
         except asyncio.CancelledError:

@@ -43,7 +43,7 @@ from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
-from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc, runs_here
+from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.session import SessionClosed, ShellSession
@@ -345,9 +345,9 @@ class DockerBackend:
             found = None
             if await self._runtime(handle) == GVISOR:
                 pid = await self._containers.host_pid(handle)
+                # A runsc that cannot serve it fails its first shell, which
+                # then falls back to the engine stream (EngineExec).
                 found = await self._run(find_runsc, pid, handle)
-                if found is not None and not await self._run(runs_here, found):
-                    found = None
             self._runsc[handle] = found
         return self._runsc[handle]
 

@@ -248,7 +248,7 @@ class EngineExec:
         self._root = int(first.value)
         self._runsc_proc, self._channel = proc, proc.channel
         if said:
-            # REAPER says nothing on stderr; what did is the shell's, kept for its reader.
+            # REAPER writes nothing before its pid: this is runsc's own say.
             log.debug("runsc exec in %s wrote before its pid: %r", self._container, said[:200])
         return True
 

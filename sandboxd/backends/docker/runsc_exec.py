@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sandboxd.backends.docker.pipes import PipeChannel
 
-__all__ = ["RunscExec", "RunscProcess", "find_runsc", "runs_here"]
+__all__ = ["RunscExec", "RunscProcess", "find_runsc"]
 
 # Longest `runsc exec` may take to end after its process did.
 _EXIT_WAIT = 5.0
@@ -152,18 +152,3 @@ def find_runsc(sandbox_pid: int, container_id: str) -> RunscExec | None:
     if not os.access(binary, os.X_OK) or not os.path.isdir(root):
         return None
     return RunscExec(binary, root, container_id)
-
-
-def runs_here(runsc: RunscExec) -> bool:
-    """Whether ``runsc`` answers for its container from here (a quick
-    ``runsc state``); blocks."""
-    try:
-        done = subprocess.run(
-            [runsc.binary, f"--root={runsc.root}", "state", runsc.container_id],
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
