@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sandboxd.backends.background import Background
 from sandboxd.backends.base import (
     GVISOR,
     ROOT_USER,
@@ -114,7 +115,7 @@ class DockerBackend:
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._spare: dict[str, ShellSession] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
-        self._cleanups: set[asyncio.Future[None]] = set()
+        self._background = Background()
         self._probes: dict[str, ContainerProbe | None] = {}
         # Idle shells per sandbox that fork one-shot commands.
         self._runners: dict[str, list[ShellSession]] = {}
@@ -157,9 +158,7 @@ class DockerBackend:
         except BaseException:
             # Failed or cancelled half-way: the container must not outlive us,
             # even one the engine is still creating in the worker thread.
-            cleanup = asyncio.ensure_future(self._cleanup_create(creating, spec.sandbox_id, session))
-            self._cleanups.add(cleanup)
-            cleanup.add_done_callback(self._cleanups.discard)
+            cleanup = self._background.spawn(self._cleanup_create(creating, spec.sandbox_id, session))
             # Bounded: on a wedged engine the cleanup itself hangs, and the
             # caller must hear of the failure now (it books the sandbox as in
             # doubt and settles it by listing once the engine answers).
@@ -228,6 +227,7 @@ class DockerBackend:
             with contextlib.suppress(BackendError):
                 await self._checkpoints.resume(handle)
         await self._containers.remove(handle)
+        await self._raw.cut(handle)
 
     async def list(self) -> list[BackendSandbox]:
         found = await self._containers.list()
@@ -245,7 +245,7 @@ class DockerBackend:
         return await self._containers.alive(handles)
 
     async def close(self) -> None:
-        await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self._background.close()
         for sessions in self._sessions.values():
             for session in sessions.values():
                 await session.close()
@@ -352,9 +352,7 @@ class DockerBackend:
         return self._runsc[handle]
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
+        self._background.spawn(coro)
 
     async def usage(self, handle: str) -> SandboxUsage:
         probe = await self._probe(handle)

@@ -57,6 +57,10 @@ class Channel(Protocol):
 
 # Longest a gated stream may take to print its pid (a process start).
 _GATE_TIMEOUT = 30.0
+# Longest an exec of the control plane's own (a kill, a liveness check) may
+# take: under gVisor the stream of one whose container is removed meanwhile
+# may never end.
+_QUIET_EXEC_TIMEOUT = 10.0
 # Pauses (seconds) before asking the engine again whether a container whose
 # exec would not start still runs: it reports a container's death late.
 _ENGINE_CATCH_UP = (0.05, 0.1, 0.2, 0.4, 0.8)
@@ -389,17 +393,18 @@ class EngineExec:
         """Runs ``argv`` by an exec of its own to its end: 0 if it exited 0,
         1 if it did not start or failed, -1 if the engine did not answer."""
         try:
-            exec_id = await self._engine.exec_create(
-                self._container, argv, stdin=False, env={}, workdir="/", user=user
-            )
-            channel = await self._engine.exec_start(exec_id)
-            try:
-                while await channel.read_frame() is not None:
-                    pass
-            finally:
-                await channel.close()
-            info = await self._engine.exec_inspect(exec_id)
-        except TransientBackendError:
+            async with asyncio.timeout(_QUIET_EXEC_TIMEOUT):
+                exec_id = await self._engine.exec_create(
+                    self._container, argv, stdin=False, env={}, workdir="/", user=user
+                )
+                channel = await self._engine.exec_start(exec_id)
+                try:
+                    while await channel.read_frame() is not None:
+                        pass
+                finally:
+                    await channel.close()
+                info = await self._engine.exec_inspect(exec_id)
+        except (TransientBackendError, TimeoutError):
             return -1
         except BackendError:
             # The container may be gone, which ends its processes anyway.

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlparse
@@ -45,10 +46,16 @@ class EngineAddress:
 class ExecChannel:
     """A started exec: demultiplexed output frames in, raw stdin out."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        on_close: Callable[[ExecChannel], None] = lambda _: None,
+    ) -> None:
         self._reader = reader
         self._writer = writer
         self._pending: asyncio.Task[tuple[int, bytes] | None] | None = None
+        self._on_close = on_close
 
     async def next_frame(self, timeout: float) -> tuple[int, bytes] | TimeoutError | None:
         """Like read_frame with a timeout, but a timeout never cuts a frame in
@@ -86,6 +93,7 @@ class ExecChannel:
         if self._pending is not None:
             self._pending.cancel()
             self._pending = None
+        self._on_close(self)
         self._writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self._writer.wait_closed()
@@ -96,6 +104,18 @@ class RawEngine:
 
     def __init__(self, address: EngineAddress) -> None:
         self._address = address
+        # The open exec streams of each container, for cut(): under gVisor
+        # the engine never ends those of a container it has removed.
+        self._container_of: dict[str, str] = {}
+        self._streams: dict[str, set[ExecChannel]] = {}
+
+    async def cut(self, container: str) -> None:
+        """Closes every exec stream still open in ``container`` (removed):
+        their readers see the end of the stream."""
+        for exec_id in [e for e, c in self._container_of.items() if c == container]:
+            del self._container_of[exec_id]
+        for channel in self._streams.pop(container, set()):
+            await channel.close()
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
@@ -170,10 +190,13 @@ class RawEngine:
             "User": user,
         }
         result = await self._call("POST", f"/containers/{quote(container)}/exec", body)
-        return str(result["Id"])
+        exec_id = str(result["Id"])
+        self._container_of[exec_id] = container
+        return exec_id
 
     async def exec_start(self, exec_id: str) -> ExecChannel:
         """Starts the exec on a hijacked connection; SandboxLost when the container is not running."""
+        container = self._container_of.pop(exec_id, "")
         status, _, reader, writer = await self._send(
             "POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}, upgrade=True
         )
@@ -182,7 +205,12 @@ class RawEngine:
             if status == 409:
                 raise SandboxLost("the sandbox's container is not running")
             raise TransientBackendError(f"exec start answered {status}")
-        return ExecChannel(reader, writer)
+        if not container:
+            return ExecChannel(reader, writer)
+        streams = self._streams.setdefault(container, set())
+        channel = ExecChannel(reader, writer, streams.discard)
+        streams.add(channel)
+        return channel
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         """The engine's JSON state of the exec (Running, ExitCode, Pid, ...)."""

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Coroutine
 from dataclasses import replace
 from typing import Any
 
+from sandboxd.backends.background import Background
 from sandboxd.backends.base import (
     GVISOR,
     RUNC,
@@ -97,7 +98,7 @@ class KubernetesBackend:
         self._files = PodFiles(self._client, self.cache, self._ns)
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
-        self._cleanups: set[asyncio.Future[None]] = set()
+        self._background = Background()
         # Limit counters (limits.py) last read per sandbox; None = unreadable.
         self._counters: dict[str, Counters | None] = {}
 
@@ -206,7 +207,7 @@ class KubernetesBackend:
         await self._pods.update_limits(handle, limits)
 
     async def close(self) -> None:
-        await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self._background.close()
         for sessions in self._sessions.values():
             for session in sessions.values():
                 await session.close()
@@ -222,9 +223,7 @@ class KubernetesBackend:
         return PodExec(self._client, self.cache, self._ns, handle, CONTAINER)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
+        self._background.spawn(coro)
 
     async def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]:
         gvisor = self._gvisor(handle)
