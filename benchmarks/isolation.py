@@ -12,6 +12,9 @@ samples, in milliseconds):
 - ``warm_acquire``: Acquire of a READY sandbox from a warm pool;
 - ``session_exec``: ``true`` in a session, as the client sees it, once the
   pool has finished starting the acquired sandbox's replacement;
+- ``session_exec_backend``: the same through the backend alone, in the
+  server's process (no RPC): what the runtime costs a round trip, apart
+  from the gRPC path sharing the host's cores with it;
 - ``file_creates``: 2,000 empty files created and removed by one shell
   (syscall-heavy: each create is several syscalls that gVisor serves itself);
 - ``python_tests``: a 40-test unittest module run by ``python3 -m unittest``
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.app import build_app
-from sandboxd.backends.base import GVISOR, RUNC, RUNTIMES, Limits, SandboxSpec
+from sandboxd.backends.base import GVISOR, RUNC, RUNTIMES, ExecSpec, Limits, SandboxSpec
 from sandboxd.client import AsyncClient
 from sandboxd.core.runtimes import fit_limits
 from sandboxd.settings import load_settings
@@ -69,7 +72,7 @@ async def _median_ms(fn: Callable[[], Awaitable[Any]], repeat: int) -> float:
         t0 = time.perf_counter()
         await fn()
         samples.append((time.perf_counter() - t0) * 1000)
-    return round(statistics.median(samples), 1)
+    return round(statistics.median(samples), 2)
 
 
 async def _ready(client: AsyncClient, pool: str, n: int, timeout: float = 120.0) -> None:
@@ -132,6 +135,14 @@ async def measure(runtime: str, client: AsyncClient, app: Any, image: str, repea
         # round trip measured beside it would be the start's, not the exec's.
         await _settled(client, pool)
         out["session_exec"] = await _median_ms(session_exec, max(repeat, 20))
+        (handle,) = app.control.registry.handles([sb.id])
+
+        async def session_exec_backend() -> None:
+            async for _ in backend.exec(handle, ExecSpec(shell="true", session="bench-backend")):
+                pass
+
+        await session_exec_backend()
+        out["session_exec_backend"] = await _median_ms(session_exec_backend, max(repeat, 20))
 
         async def file_creates() -> None:
             r = await sb.exec(FILE_CREATES, timeout=120)
