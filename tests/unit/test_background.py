@@ -89,3 +89,30 @@ async def test_a_kill_exec_whose_stream_never_ends_gives_up(monkeypatch: pytest.
         )
         await transport.kill(Tree("TAG", "t"))
     assert engine.channel.closed
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def wait_closed(self) -> None:
+        return None
+
+
+async def test_cut_closes_every_stream_of_the_removed_container_only() -> None:
+    from sandboxd.backends.docker.rawapi import EngineAddress, ExecChannel
+
+    raw = RawEngine(EngineAddress.parse(None))
+    writers = [_Writer() for _ in range(3)]
+    channels = []
+    for container, writer in zip(("gone", "gone", "kept"), writers, strict=True):
+        streams = raw._streams.setdefault(container, set())
+        channel = ExecChannel(cast(Any, asyncio.StreamReader()), cast(Any, writer), streams.discard)
+        streams.add(channel)
+        channels.append(channel)
+    await raw.cut("gone")
+    assert [w.closed for w in writers] == [True, True, False]
+    assert raw._streams == {"kept": {channels[2]}}

@@ -114,7 +114,8 @@ class RawEngine:
         their readers see the end of the stream."""
         for exec_id in [e for e, c in self._container_of.items() if c == container]:
             del self._container_of[exec_id]
-        for channel in self._streams.pop(container, set()):
+        # A copy: each close takes its channel out of the set.
+        for channel in list(self._streams.pop(container, ())):
             await channel.close()
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
