@@ -69,7 +69,7 @@ class _Engine:
     async def exec_create(self, container: str, argv: list[str], **_: Any) -> str:
         return "exec-1"
 
-    async def exec_start(self, exec_id: str) -> _NeverEnds:
+    async def exec_start(self, exec_id: str, container: str) -> _NeverEnds:
         return self.channel
 
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:

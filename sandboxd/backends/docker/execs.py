@@ -69,6 +69,27 @@ _ENGINE_CATCH_UP = (0.05, 0.1, 0.2, 0.4, 0.8)
 _PIPE_EXIT_CATCH_UP = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8)
 
 
+class _PrintedEarly(Exception):
+    """Output came after the pid line before the process was let go: not a
+    stream GATE or REAPER started."""
+
+
+async def _pid_line(channel: Channel) -> tuple[bytes | None, bytes]:
+    """The first stdout line GATE or REAPER prints (None if the stream ended
+    before it), and the tail of what stderr said until then."""
+    first, said = FirstLine(), b""
+    async with asyncio.timeout(_GATE_TIMEOUT):
+        while first.value is None:
+            frame = await channel.read_frame()
+            if frame is None:
+                return None, said
+            if frame[0] == 2:
+                said = (said + frame[1])[-4096:]
+            elif first.feed(frame[1]):
+                raise _PrintedEarly
+    return first.value, said
+
+
 def _explain(probe: ContainerProbe, before: Counters, result: ExecResult) -> ExecResult:
     """Names the limit behind a failed or timed-out command, if one was hit."""
     timed_out = result.outcome is ExecOutcome.TIMED_OUT
@@ -161,7 +182,7 @@ class EngineExec:
                 self._container, list(argv), stdin=stdin or cell is not None, env=dict(env), workdir=cwd,
                 user=self._user,
             )  # fmt: skip
-            self._channel = await self._engine.exec_start(self._exec_id)
+            self._channel = await self._engine.exec_start(self._exec_id, self._container)
             if cell is not None:
                 await self._enter(cell, stdin)
         except BaseException:
@@ -189,7 +210,7 @@ class EngineExec:
                 self._container, gate_argv(pipes.argv(list(argv))), stdin=True, env=dict(env), workdir=cwd,
                 user=self._user,
             )  # fmt: skip
-            engine = await self._engine.exec_start(self._exec_id)
+            engine = await self._engine.exec_start(self._exec_id, self._container)
             self._channel = engine
             await self._enter(cell, stdin=False)
             said = await self._redirected(engine)
@@ -232,24 +253,18 @@ class EngineExec:
             proc = await self._runsc.start(reaper_argv(list(argv)), env=env, cwd=cwd, user=self._user)
         except OSError as e:
             return await self._runsc_failed(None, str(e))
-        first, said = FirstLine(), b""
         try:
-            async with asyncio.timeout(_GATE_TIMEOUT):
-                while first.value is None:
-                    frame = await proc.channel.read_frame()
-                    if frame is None:
-                        return await self._runsc_failed(proc, said.decode(errors="replace"))
-                    if frame[0] == 2:
-                        said = (said + frame[1])[-4096:]
-                    elif first.feed(frame[1]):
-                        # The shell printed before it read anything: not ours.
-                        return await self._runsc_failed(proc, "output before the pid line")
+            value, said = await _pid_line(proc.channel)
+        except _PrintedEarly:
+            return await self._runsc_failed(proc, "output before the pid line")
         except BaseException:
             await proc.close()
             raise
-        if not first.value.isdigit():
-            return await self._runsc_failed(proc, first.value.decode(errors="replace"))
-        self._root = int(first.value)
+        if value is None:
+            return await self._runsc_failed(proc, said.decode(errors="replace"))
+        if not value.isdigit():
+            return await self._runsc_failed(proc, value.decode(errors="replace"))
+        self._root = int(value)
         self._runsc_proc, self._channel = proc, proc.channel
         if said:
             # REAPER writes nothing before its pid: this is runsc's own say.
@@ -286,18 +301,16 @@ class EngineExec:
     async def _enter(self, cell: Cell, stdin: bool) -> None:
         """Reads GATE's pid, moves the process into ``cell``, lets it go on."""
         assert self._channel is not None and self._probe is not None
-        first = FirstLine()
-        async with asyncio.timeout(_GATE_TIMEOUT):
-            while first.value is None:
-                frame = await self._channel.read_frame()
-                if frame is None:
-                    raise TransientBackendError("the exec ended before it started")
-                if frame[0] == 1 and first.feed(frame[1]):
-                    raise TransientBackendError("the exec printed before it started")
-        if not first.value.isdigit():
+        try:
+            value, _ = await _pid_line(self._channel)
+        except _PrintedEarly:
+            raise TransientBackendError("the exec printed before it started") from None
+        if value is None:
+            raise TransientBackendError("the exec ended before it started")
+        if not value.isdigit():
             # The engine's own complaint (the runtime could not start it).
-            raise TransientBackendError(f"the exec did not start: {first.value.decode(errors='replace')}")
-        self._root = int(first.value)
+            raise TransientBackendError(f"the exec did not start: {value.decode(errors='replace')}")
+        self._root = int(value)
         pid = self._probe.host_pid(self._root)
         if pid is not None and cell.enter(pid):
             self._cell, self._root_host = cell, pid
@@ -397,7 +410,7 @@ class EngineExec:
                 exec_id = await self._engine.exec_create(
                     self._container, argv, stdin=False, env={}, workdir="/", user=user
                 )
-                channel = await self._engine.exec_start(exec_id)
+                channel = await self._engine.exec_start(exec_id, self._container)
                 try:
                     while await channel.read_frame() is not None:
                         pass

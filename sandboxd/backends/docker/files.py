@@ -123,7 +123,7 @@ class ContainerFiles:
             workdir=WORKSPACE,
             user=engine_user or self._user,
         )
-        channel = await self._raw.exec_start(exec_id)
+        channel = await self._raw.exec_start(exec_id, handle)
         stderr = bytearray()
 
         async def drain() -> None:
@@ -160,7 +160,7 @@ class ContainerFiles:
             workdir=WORKSPACE,
             user=engine_user or self._user,
         )
-        channel = await self._raw.exec_start(exec_id)
+        channel = await self._raw.exec_start(exec_id, handle)
         stderr = bytearray()
         try:
             while (frame := await channel.read_frame()) is not None:

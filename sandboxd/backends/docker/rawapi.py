@@ -106,14 +106,11 @@ class RawEngine:
         self._address = address
         # The open exec streams of each container, for cut(): under gVisor
         # the engine never ends those of a container it has removed.
-        self._container_of: dict[str, str] = {}
         self._streams: dict[str, set[ExecChannel]] = {}
 
     async def cut(self, container: str) -> None:
         """Closes every exec stream still open in ``container`` (removed):
         their readers see the end of the stream."""
-        for exec_id in [e for e, c in self._container_of.items() if c == container]:
-            del self._container_of[exec_id]
         # A copy: each close takes its channel out of the set.
         for channel in list(self._streams.pop(container, ())):
             await channel.close()
@@ -191,13 +188,11 @@ class RawEngine:
             "User": user,
         }
         result = await self._call("POST", f"/containers/{quote(container)}/exec", body)
-        exec_id = str(result["Id"])
-        self._container_of[exec_id] = container
-        return exec_id
+        return str(result["Id"])
 
-    async def exec_start(self, exec_id: str) -> ExecChannel:
-        """Starts the exec on a hijacked connection; SandboxLost when the container is not running."""
-        container = self._container_of.pop(exec_id, "")
+    async def exec_start(self, exec_id: str, container: str) -> ExecChannel:
+        """Starts the exec (made in ``container``) on a hijacked connection;
+        SandboxLost when the container is not running."""
         status, _, reader, writer = await self._send(
             "POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}, upgrade=True
         )
@@ -206,8 +201,6 @@ class RawEngine:
             if status == 409:
                 raise SandboxLost("the sandbox's container is not running")
             raise TransientBackendError(f"exec start answered {status}")
-        if not container:
-            return ExecChannel(reader, writer)
         streams = self._streams.setdefault(container, set())
         channel = ExecChannel(reader, writer, streams.discard)
         streams.add(channel)
