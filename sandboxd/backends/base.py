@@ -440,19 +440,22 @@ class LiveCheckpoints(Protocol):
 
     async def not_carried(self, handle: str) -> list[str]:
         """The sandbox's processes a checkpoint taken now would not carry
-        (started by engine execs, not through its keeper), each as "args
-        (pid N)"; the backend's own shells are left out."""
+        (started by engine execs of their own, not in a shell its keeper
+        started), each as "args (pid N)"; the backend's own plumbing is left
+        out."""
         ...
 
     async def checkpoint(self, handle: str, dest: Path) -> None:
         """Writes the running sandbox's checkpoint image (its files) into the
-        new directory ``dest`` on the control plane's host; the sandbox keeps
+        new directory ``dest`` on the control plane's host, between commands
+        (FailedPrecondition when one runs on too long); the sandbox keeps
         running."""
         ...
 
     async def restore_checkpoint(self, handle: str, image: Path) -> None:
         """Replaces what runs in the sandbox by the checkpoint image in
-        directory ``image``: its processes continue there; its engine execs
-        (sessions, idle shells) are gone and are opened anew. The sandbox
-        keeps its own container (limits, mounts, name)."""
+        directory ``image``: its processes continue there, its sessions'
+        shells among them (each attached to again by its session's next
+        command); its engine execs are gone. The sandbox keeps its own
+        container (limits, mounts, name)."""
         ...

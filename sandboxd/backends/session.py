@@ -303,6 +303,13 @@ class ShellSession:
         except _STREAM_ERRORS:
             self.dead = True
 
+    @contextlib.asynccontextmanager
+    async def between_commands(self) -> AsyncIterator[None]:
+        """Holds the shell idle: no command runs in it (nor an abandoned
+        one's recovery) until the block ends."""
+        async with self._lock:
+            yield
+
     async def close(self) -> None:
         """Closes the shell's stream; the session cannot run commands after."""
         self.dead = True

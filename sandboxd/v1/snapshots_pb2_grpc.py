@@ -78,8 +78,9 @@ class SnapshotServiceServicer:
         """Snapshots a leased sandbox. A sandbox restored from snapshot P (or
         snapshotted before as P) records P as parent and stores only what changed.
         With live = true (gVisor sandboxes only) the whole sandbox is
-        checkpointed instead: memory, the processes of its init tree (those
-        started through $SANDBOXD_KEEP) and the workspace; it keeps running.
+        checkpointed instead: memory, its processes (its sessions' shells and
+        what they started included) and the workspace; it keeps running. It is
+        taken between commands: it waits up to 60 s for running ones to end.
         INVALID_ARGUMENT: bad sandbox id, session name, labels or TTL.
         NOT_FOUND: unknown sandbox.
         FAILED_PRECONDITION: the sandbox is not leased, or its workspace holds
@@ -90,7 +91,8 @@ class SnapshotServiceServicer:
         or all of them above its disk limit); the message names the file.
         Nothing is stored then.
         FAILED_PRECONDITION (live): the sandbox's runtime or backend cannot
-        checkpoint (runc, Kubernetes: the message names which), or it is paused.
+        checkpoint (runc, Kubernetes: the message names which), or it is paused,
+        or a command in it ran on for 60 s.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

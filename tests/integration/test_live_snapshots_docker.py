@@ -5,6 +5,7 @@ state only in its memory; corrupt images, quota and TTL; runc refused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from sandboxd import errors
 from sandboxd.app import App, build_app
 from sandboxd.backends.base import GVISOR
+from sandboxd.backends.docker import backend as docker_backend
 from sandboxd.client import AsyncClient
 from sandboxd.client.aio import Lease, Sandbox
 from sandboxd.core.snapshots.packs import blob_key, tenant_namespace
@@ -159,14 +161,19 @@ async def test_pause_resume_snapshot_restore_and_fork_continue_the_process(
                 await sb.snapshot(live=True)
             assert not (await sb.resume()).paused
             assert (await ticking_past(sb, before))[0] == token
-        assert (await sb.exec("mkdir -p work && cd work && export AGENT_STEP=7", session="agent")).ok
-        # Started by execs, not kept: the snapshot says it does not carry them.
+        agent_state = "mkdir -p work && cd work && export AGENT_STEP=7 && LOCAL=5 && greet() { echo hi $1; }"
+        assert (await sb.exec(agent_state, session="agent")).ok
+        # Started from a session, and by a one-shot command (in a shell the
+        # keeper started): carried.
         assert (await sb.exec("sleep 1000 >/dev/null 2>&1 &", session="agent")).ok
         assert (await sb.exec("setsid sleep 1001 >/dev/null 2>&1 &")).ok
+        # Started by an engine exec of its own (root's commands are): the
+        # snapshot says it does not carry it.
+        assert (await sb.exec("setsid sleep 1002 >/dev/null 2>&1 &", user="root")).ok
         snap = await sb.snapshot(live=True, session="agent", policy_version=3, turn=2)
         assert snap.live and snap.size_bytes > 0 and snap.entry_count == 0
         stray = sorted(p.split(" (pid ")[0] for p in snap.not_carried)
-        assert stray == ["sleep 1000", "sleep 1001"], list(snap.not_carried)
+        assert stray == ["sleep 1002"], list(snap.not_carried)
         assert list((await client.get_snapshot(snap.id)).not_carried) == list(snap.not_carried)
         assert snap.digest.startswith("sha256:") and snap.cwd == "/workspace/work"
         _, at_snapshot, _ = await holder_state(sb)
@@ -177,16 +184,24 @@ async def test_pause_resume_snapshot_restore_and_fork_continue_the_process(
     released.append(one)
     (restored,) = one.sandboxes
     await assert_continues(restored, token, at_snapshot, digest)
-    state = await restored.exec('printf "%s %s" "$PWD" "$AGENT_STEP"', session="agent")
-    assert state.stdout == b"/workspace/work 7"
-    gone = await restored.exec("pgrep -c -f '^sleep 100[01]$' || true")
-    assert gone.text.strip() == "0", "what the snapshot said it did not carry is not running"
+    # The session's own shell went on: its unexported variable and function too.
+    shown = 'printf "%s %s %s " "$PWD" "$AGENT_STEP" "$LOCAL"; greet you'
+    state = await restored.exec(shown, session="agent")
+    assert state.stdout == b"/workspace/work 7 5 hi you\n"
+    running = await restored.exec("pgrep -f '^sleep 100[012]$' -a | cut -d' ' -f2- | sort")
+    assert running.stdout == b"sleep 1000\nsleep 1001\n", "carried, and what it said it did not carry"
+    # The session's job is the session's still: a command's kill spares it.
+    timed = await restored.exec("sleep 60", session="agent", timeout=1)
+    assert timed.outcome == "TIMED_OUT"
+    assert (await restored.exec("pgrep -c -f '^sleep 1000$'", session="agent")).text.strip() == "1"
     assert restored.info.labels["sandboxd.snapshot"] == snap.id
 
     fork = await client.restore(snap.id, n=4, timeout=240)
     released.append(fork)
     assert len(fork) == 4
     await asyncio.gather(*(assert_continues(s, token, at_snapshot, digest) for s in fork))
+    greeted = await asyncio.gather(*(s.exec("greet $LOCAL", session="agent") for s in fork))
+    assert [g.stdout for g in greeted] == [b"hi 5\n"] * 4
     # Forks share the process's memory, its PRNG state included; what the
     # kernel hands out (getrandom, /dev/urandom) is fresh in each.
     drawn = await asyncio.gather(*(draws(s) for s in fork))
@@ -201,6 +216,34 @@ async def test_pause_resume_snapshot_restore_and_fork_continue_the_process(
     second = await client.restore(again.id, timeout=120)
     released.append(second)
     await assert_continues(second[0], token, at_again, digest)
+    assert (await second[0].exec("greet $LOCAL", session="agent")).stdout == b"hi 5\n"
+
+
+async def test_a_live_snapshot_is_taken_between_commands(
+    client: AsyncClient, live_pool: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with client.acquire(live_pool, timeout=120) as sb:
+
+        async def sleeping(seconds: int) -> bool:
+            return (await sb.exec(f"pgrep -f '^sleep {seconds}$'")).ok
+
+        running = asyncio.create_task(sb.exec("sleep 2; echo done", session="agent"))
+        await poll(lambda: sleeping(2), timeout=30, what="the session's command to start")
+        snap = await sb.snapshot(live=True)
+        assert running.done(), "the snapshot waited for the command to end"
+        assert (await running).stdout == b"done\n" and snap.live
+
+        monkeypatch.setattr(docker_backend, "_QUIET_WAIT_SECONDS", 0.5)
+        endless = asyncio.create_task(sb.exec("sleep 30", session="agent", timeout=60))
+        await poll(lambda: sleeping(30), timeout=30, what="the session's command to start")
+        with pytest.raises(errors.FailedPrecondition, match="between commands"):
+            await sb.snapshot(live=True)
+        assert not endless.done(), "the command runs on, untouched"
+        endless.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await endless
+        # The abandoned command is killed; the session goes on.
+        assert (await sb.exec("echo $0", session="agent")).ok
 
 
 async def test_corrupt_live_image_is_refused_with_nothing_leased(

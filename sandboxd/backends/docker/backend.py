@@ -15,7 +15,9 @@ import asyncio
 import builtins
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine
+import secrets
+import weakref
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,13 +45,14 @@ from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
+from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys, session_key
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.session import SessionClosed, ShellSession
 from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote
-from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
+from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
 
@@ -59,6 +62,9 @@ _IDLE_RUNNERS = 4
 # How long a failed or cancelled create waits for its cleanup before it
 # reports; the cleanup goes on in the background.
 _CLEANUP_WAIT_SECONDS = 5.0
+# How long a live checkpoint waits for the commands running in the sandbox's
+# shells to end (it is taken between commands).
+_QUIET_WAIT_SECONDS = 60.0
 
 
 def _in_subshell(spec: ExecSpec) -> ExecSpec:
@@ -129,6 +135,12 @@ class DockerBackend:
         self._no_pipes: set[str] = set()
         # gVisor sandboxes' `runsc exec` (None: not gVisor, or not from this host).
         self._runsc: dict[str, RunscExec | None] = {}
+        # Every shell held per gVisor sandbox (sessions, idle and busy
+        # runners, the spare): a checkpoint waits for them to be idle.
+        self._shells: dict[str, weakref.WeakSet[ShellSession]] = {}
+        # Named sessions whose kept shells came with a restored image, not
+        # yet attached to.
+        self._attachable: dict[str, set[str]] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -152,7 +164,7 @@ class DockerBackend:
             # pids, /proc/<pid>/root) is gVisor's own, not the sandbox's.
             host_view = pid and spec.runtime != GVISOR
             self._probes[handle] = ContainerProbe.open(pid) if host_view else None
-            session = ShellSession(await self._transport(handle), self._spawn, spec.env)
+            session = await self._new_shell(handle, env=spec.env)
             await self._check_spare(handle, session)
             return handle
         except BaseException:
@@ -220,6 +232,8 @@ class DockerBackend:
         self._runtimes.pop(handle, None)
         self._no_pipes.discard(handle)
         self._runsc.pop(handle, None)
+        self._shells.pop(handle, None)
+        self._attachable.pop(handle, None)
         for session in sessions:
             await session.close()
         if handle in self._paused:
@@ -257,6 +271,8 @@ class DockerBackend:
         self._runners.clear()
         self._sessions.clear()
         self._spare.clear()
+        self._shells.clear()
+        self._attachable.clear()
         await self._containers.close()
 
     async def _is_running(self, handle: str) -> bool:
@@ -316,10 +332,11 @@ class DockerBackend:
         engine_user = _ROOT_ENGINE_USER if user == ROOT_USER else ""
         return self._files.get_tar(handle, base, paths, engine_user=engine_user)
 
-    async def _transport(self, handle: str) -> EngineExec:
+    async def _transport(self, handle: str, kept: tuple[str, bool] | None = None) -> EngineExec:
         """A fresh exec stream into the sandbox, for one session or command;
         a shell's stdio goes over FIFOs in the inbox where the host sees the
-        sandbox's processes (sandboxd.backends.docker.pipes)."""
+        sandbox's processes (sandboxd.backends.docker.pipes); ``kept``: see
+        EngineExec."""
         probe = await self._probe(handle)
         piped = probe is not None and self._options.session_pipes and handle not in self._no_pipes
         inbox = await self._containers.find_inbox(handle) if piped else None
@@ -336,7 +353,24 @@ class DockerBackend:
             pipes=(inbox, INBOX) if inbox is not None else None,
             pipes_refused=functools.partial(self._no_pipes.add, handle),
             runsc=runsc,
+            kept=kept,
         )
+
+    async def _new_shell(
+        self, handle: str, name: str = "", env: Mapping[str, str] | None = None
+    ) -> ShellSession:
+        """A shell for session ``name`` ("": an idle shell or the spare),
+        not started. In a gVisor sandbox it is kept by the sandbox's keeper
+        (sandboxd.backends.docker.keeper): a named one under its name, which
+        a restored image's shell of that name is attached to."""
+        if await self._runtime(handle) != GVISOR:
+            return ShellSession(await self._transport(handle), self._spawn, env)
+        attach = name in self._attachable.get(handle, ())
+        self._attachable.get(handle, set()).discard(name)
+        key = session_key(name) if name else "r-" + secrets.token_hex(8)
+        shell = ShellSession(await self._transport(handle, (key, attach)), self._spawn, env)
+        self._shells.setdefault(handle, weakref.WeakSet()).add(shell)
+        return shell
 
     async def _runsc_of(self, handle: str) -> RunscExec | None:
         """How to start shells in a gVisor sandbox from the host (looked up
@@ -408,7 +442,7 @@ class DockerBackend:
         spare = self._spare.pop(handle, None)
         if spare is not None and not spare.dead:
             return spare
-        runner = ShellSession(await self._transport(handle), self._spawn)
+        runner = await self._new_shell(handle)
         await runner.start()
         return runner
 
@@ -426,14 +460,29 @@ class DockerBackend:
             session = sessions.get(name)
             if session is not None and not session.dead:
                 return session
-            spare = self._spare.pop(handle, None)
+            # A kept shell is found after a restore by its session's name:
+            # the spare has none.
+            spare = self._spare.pop(handle, None) if await self._runtime(handle) != GVISOR else None
             if spare is not None and not spare.dead:
                 session = spare
             else:
-                session = ShellSession(await self._transport(handle), self._spawn)
+                attach = name in self._attachable.get(handle, ())
+                session = await self._new_shell(handle, name)
                 await session.start()
+                if attach:
+                    await self._attached(session)
             sessions[name] = session
             return session
+
+    async def _attached(self, session: ShellSession) -> None:
+        """Takes in what a restored shell wrote while no stream read it (its
+        jobs' output) and where its last command ended (a command's kill
+        spares the jobs started before it)."""
+        async for event in session.run(ExecSpec(shell="true", timeout=30)):
+            if isinstance(event, ExecResult) and not (
+                event.outcome is ExecOutcome.EXITED and event.exit_code == 0
+            ):
+                raise TransientBackendError(f"the restored session did not answer: {event.detail}")
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
         await self._files.put_tar(handle, dest, chunks)
@@ -484,7 +533,21 @@ class DockerBackend:
         return parse_not_carried(out.decode(errors="replace"))
 
     async def checkpoint(self, handle: str, dest: Path) -> None:
-        await self._checkpoints.checkpoint(handle, dest)
+        # Between commands: a command's input or output in flight would be
+        # half in the image, and its caller would be answered by the
+        # original only. No shell starts meanwhile.
+        async with contextlib.AsyncExitStack() as quiet:
+            try:
+                async with asyncio.timeout(_QUIET_WAIT_SECONDS):
+                    await quiet.enter_async_context(self._session_locks.setdefault(handle, asyncio.Lock()))
+                    for shell in list(self._shells.get(handle, ())):
+                        await quiet.enter_async_context(shell.between_commands())
+            except TimeoutError:
+                raise FailedPrecondition(
+                    f"a command has run in the sandbox for over {_QUIET_WAIT_SECONDS:.0f} s: a live snapshot "
+                    "is taken between commands; try again when it has ended"
+                ) from None
+            await self._checkpoints.checkpoint(handle, dest)
 
     async def restore_checkpoint(self, handle: str, image: Path) -> None:
         # The restore replaces every process the engine's execs started:
@@ -496,4 +559,19 @@ class DockerBackend:
         for shell in shells:
             await shell.close()
         await self._checkpoints.restore(handle, image)
-        await self._check_spare(handle, ShellSession(await self._transport(handle), self._spawn))
+        self._attachable[handle] = await self._after_restore(handle)
+        await self._check_spare(handle, await self._new_shell(handle))
+
+    async def _after_restore(self, handle: str) -> set[str]:
+        """Ends the image's idle shells; the names of its sessions' shells."""
+        out, result = b"", None
+        async for event in run_oneshot(
+            await self._transport(handle), ExecSpec(shell=AFTER_RESTORE, timeout=30), self._spawn
+        ):
+            if isinstance(event, OutputChunk) and event.stream == 1:
+                out += event.data
+            elif isinstance(event, ExecResult):
+                result = event
+        if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
+            raise TransientBackendError(f"the restored sandbox did not answer: {result and result.detail}")
+        return parse_session_keys(out.decode(errors="replace"))

@@ -32,6 +32,7 @@ import requests.exceptions
 
 from sandboxd.backends.base import GVISOR
 from sandboxd.backends.docker.containers import Containers
+from sandboxd.backends.docker.keeper import KEPT_VAR, RELAY_VAR
 from sandboxd.backends.shell import EXEC_TAG_VAR, SESSION_TAG_VAR
 from sandboxd.errors import FailedPrecondition, SandboxLost, TransientBackendError
 
@@ -51,13 +52,17 @@ _STAMPS = 1 << 30
 # not carry. gVisor's restore kills every process whose lineage began with an
 # engine exec (a task's origin is inherited by fork, whoever its parent is
 # later): only the container's init (pid 1) and what the keeper started
-# survive. That origin is not visible from inside, so a process counts as an
-# exec's when its parent chain ends at a root other than pid 1 (an exec's
-# first process has parent 0) or, re-parented to pid 1, when its environment
-# carries an exec's tag (EXEC_TAG_VAR, SESSION_TAG_VAR: the keeper has
-# neither). Left out: the backend's own shells (roots with SESSION_TAG_VAR)
-# and this listing with the shells it runs in ($BASHPID and up). One line
-# each, "pid args", the args cut at 200 bytes; at most _LISTED.
+# (kept shells among them) survive. That origin is not visible from inside,
+# so a process counts as an exec's when its parent chain ends at a root
+# other than pid 1 (an exec's first process has parent 0) or, re-parented to
+# pid 1, when its environment carries an exec's tag (EXEC_TAG_VAR,
+# SESSION_TAG_VAR) but not a kept shell's key (KEPT_VAR: the keeper started
+# it), or whose environment it cannot read (another user's: root's, started
+# by a root exec, as kept processes run as the container's user and none
+# can change its uid). Left out: the backend's own shells (roots with SESSION_TAG_VAR),
+# relays to kept shells with their pumps (RELAY_VAR), and this listing with
+# the shells it runs in ($BASHPID and up). One line each, "pid args", the
+# args cut at 200 bytes; at most _LISTED.
 _LISTED = 50
 NOT_CARRIED_SCRIPT = f"""
 declare -A up mine
@@ -70,9 +75,17 @@ done
 q=$BASHPID
 while [ -n "$q" ] && [ "$q" != 0 ]; do mine[$q]=1; q=${{up[$q]}}; done
 tagged() {{
+  local e t=1
+  {{ : < "/proc/$1/environ"; }} 2>/dev/null || {{ [ -e "/proc/$1/stat" ] && return 0; }}
+  while IFS= read -r -d '' e; do
+    case $e in {KEPT_VAR}=*) return 1 ;; {EXEC_TAG_VAR}=* | {SESSION_TAG_VAR}=*) t=0 ;; esac
+  done 2>/dev/null < "/proc/$1/environ"
+  return $t
+}}
+relay() {{
   local e
   while IFS= read -r -d '' e; do
-    case $e in {EXEC_TAG_VAR}=* | {SESSION_TAG_VAR}=*) return 0 ;; esac
+    case $e in {RELAY_VAR}=*) return 0 ;; esac
   done 2>/dev/null < "/proc/$1/environ"
   return 1
 }}
@@ -90,6 +103,7 @@ for p in $(printf '%s\n' "${{!up[@]}}" | sort -n); do
   while [ "${{up[$q]:-0}}" != 0 ] && [ $hops -lt 4096 ]; do q=${{up[$q]}}; hops=$((hops + 1)); done
   if [ "$q" = "$p" ]; then session_shell "$p" && continue
   elif [ "$q" = 1 ]; then tagged "$p" || continue
+  else relay "$q" && continue
   fi
   a=
   while IFS= read -r -d '' w; do a+="${{a:+ }}$w"; done 2>/dev/null < "/proc/$p/cmdline"

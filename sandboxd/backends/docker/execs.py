@@ -27,6 +27,7 @@ from typing import Protocol
 
 from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.cgroups import Cell, ContainerProbe, Counters
+from sandboxd.backends.docker.keeper import RELAY_VAR, relay_argv
 from sandboxd.backends.docker.pipes import READY, HostPipes
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
 from sandboxd.backends.docker.runsc_exec import RunscExec, RunscProcess
@@ -122,6 +123,7 @@ class EngineExec:
         pipes: tuple[Path, str] | None = None,
         pipes_refused: Callable[[], None] = lambda: None,
         runsc: RunscExec | None = None,
+        kept: tuple[str, bool] | None = None,
     ) -> None:
         """``executor`` runs the host-side freezes and kills, which block on
         /proc and /sys; ``kill_user`` is who TREE_KILL runs as without the
@@ -130,7 +132,11 @@ class EngineExec:
         FIFOs (sandboxd.backends.docker.pipes), and ``pipes_refused`` is
         called when the sandbox could not open them (or, with ``runsc``, a
         gVisor sandbox's way to start a shell on the host's pipes, when that
-        failed: sandboxd.backends.docker.runsc_exec)."""
+        failed: sandboxd.backends.docker.runsc_exec); ``kept`` (a key, and
+        whether to attach to the shell that runs under it already) has a
+        sandbox without the host's view start the stream's process through
+        its keeper, where a live snapshot carries it
+        (sandboxd.backends.docker.keeper)."""
         self._engine = engine
         self._container = container
         self._user = user
@@ -142,6 +148,7 @@ class EngineExec:
         self._pipes_refused = pipes_refused
         self._runsc = runsc
         self._runsc_proc: RunscProcess | None = None
+        self._kept = kept
         self._piped = False
         self._channel: Channel | None = None
         self._exec_id = ""
@@ -175,7 +182,7 @@ class EngineExec:
         if cell is not None:
             argv = gate_argv(list(argv))
         else:
-            argv = reaper_argv(list(argv))
+            argv, env = self._rooted(argv, env, cwd)
             self._pid_line = RootPidLine()
         try:
             self._exec_id = await self._engine.exec_create(
@@ -249,8 +256,9 @@ class EngineExec:
         behind) where it could not start the process, so the caller uses the
         engine stream instead. REAPER's pid line says it started."""
         assert self._runsc is not None
+        argv, env = self._rooted(argv, env, cwd)
         try:
-            proc = await self._runsc.start(reaper_argv(list(argv)), env=env, cwd=cwd, user=self._user)
+            proc = await self._runsc.start(argv, env=env, cwd=cwd, user=self._user)
         except OSError as e:
             return await self._runsc_failed(None, str(e))
         try:
@@ -270,6 +278,17 @@ class EngineExec:
             # REAPER writes nothing before its pid: this is runsc's own say.
             log.debug("runsc exec in %s wrote before its pid: %r", self._container, said[:200])
         return True
+
+    def _rooted(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str
+    ) -> tuple[list[str], Mapping[str, str]]:
+        """The stream's command line where its root prints its pid: REAPER,
+        or a relay to a kept shell (which prints the shell's)."""
+        if self._kept is None:
+            return reaper_argv(list(argv)), env
+        key, attach = self._kept
+        relay = relay_argv(key, argv, in_place=reaper_argv(list(argv)), env=env, cwd=cwd, attach=attach)
+        return relay, {**env, RELAY_VAR: "1"}
 
     async def _runsc_failed(self, proc: RunscProcess | None, why: str) -> bool:
         log.warning("runsc exec unavailable in %s (%s): using the engine stream", self._container, why[:300])

@@ -12,10 +12,12 @@ snapshots'. A restore streams the blob back, unpacking it while it checks
 the digest and that it is an image (regular files with plain names,
 checkpoint.img among them), before anything is leased; then it leases n
 warm sandboxes of a gVisor pool and starts each from the image: they keep
-their own container (limits, mounts, name, user) and continue every kept
-process. Engine execs do not survive a
-checkpoint (sandboxd.backends.docker.keeper), so the snapshot's session, if
-named, gets a fresh shell with the captured cwd and exported environment.
+their own container (limits, mounts, name, user) and continue every
+process of the sandbox's: its shells are kept by its keeper, and only their
+relays, engine execs, are lost (sandboxd.backends.docker.keeper). The
+snapshot's session, if named, also gets its captured cwd and exported
+environment set again (a no-op in its own shell; what a backend without kept
+shells has).
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ class LiveSnapshots:
         started = time.monotonic()
         tenant = current_tenant()
         ns = tenant_namespace(tenant)
-        # The session's shell is not carried by the checkpoint: its state is.
+        # Recorded like a file snapshot's (Get and List show it).
         cwd, env = await self._workspaces.session_state(rec, session)
         work = await asyncio.to_thread(self._workdir)
         pinned: list[str] = []
