@@ -29,14 +29,26 @@ builtins without forking."""
 # Stops, then kills, every process of the sandbox that the runtime did not
 # start itself (those have parent 0: the roots of sessions and one-shot
 # runners, kept so they go on serving) but for the container's own init and
-# keep-alive (pids 1 and 2), with shell builtins only: while a fork bomb holds
-# the process limit nothing can be started, and gVisor sandboxes have no
-# per-exec cgroup to freeze from the host. Stopping first, in rounds, keeps
-# the bomb from refilling the slots each kill frees.
+# keep-alive (pids 1 and 2), the shells its keeper keeps with their wrappers
+# (sandboxd.backends.docker.keeper: each pid in a .pid file beside its FIFO)
+# and the pumps of their relays (children of a root whose $0 is
+# sandboxd-relay), with shell builtins only: while a fork bomb holds the
+# process limit nothing can be started, and gVisor sandboxes have no per-exec
+# cgroup to freeze from the host. Stopping first, in rounds, keeps the bomb
+# from refilling the slots each kill frees.
 KILL_ALL = (
+    "declare -A spare relays; "
+    'for f in "${SANDBOXD_KEEP%/*}"/.sandboxd-shells/*.pid; do [ -e "$f" ] || continue; '
+    'p=; { read -r p < "$f"; read -r s < "/proc/$p/stat"; } 2>/dev/null || continue; '
+    "s=${s##*) }; set -- $s; spare[$p]=1; spare[$2]=1; done; "
+    'for d in /proc/[0-9]*; do { read -r s < "$d/stat"; } 2>/dev/null || continue; s=${s##*) }; set -- $s; '
+    "(($2 == 0)) || continue; a=; "
+    "{ for i in 1 2 3 4; do IFS= read -r -d '' a || break; done; } 2>/dev/null < \"$d/cmdline\"; "
+    '[ "$a" = sandboxd-relay ] && relays[${d#/proc/}]=1; done; '
     "each() { local sig=$1 d p s; for d in /proc/[0-9]*; do p=${d#/proc/}; ((p > 2 && p != $$)) || continue; "
+    '[ -n "${spare[$p]}" ] && continue; '
     'read -r s < "$d/stat" || continue; s=${s##*) }; set -- $s; '
-    '(($2 != 0)) && kill "$sig" "$p" 2>/dev/null; done; }; '
+    '(($2 != 0)) && [ -z "${relays[$2]}" ] && kill "$sig" "$p" 2>/dev/null; done; }; '
     "for r in 1 2 3 4 5; do each -STOP; done; each -KILL; true"
 )
 

@@ -60,6 +60,7 @@ async def pair(client: AsyncClient, hostile_pool: str) -> AsyncIterator[tuple[Sa
 
 async def test_fork_bomb_is_contained(pair: tuple[Sandbox, Sandbox]) -> None:
     victim, bystander = pair
+    assert (await victim.exec("cd /tmp && STEP=7", session="agent")).ok
     before = await victim.exec("ps -e -o pid=")
     attack = victim.exec("bomb() { bomb | bomb & }; bomb; sleep 30", timeout=5)
     result, latencies = await while_probing(bystander, attack)
@@ -72,6 +73,8 @@ async def test_fork_bomb_is_contained(pair: tuple[Sandbox, Sandbox]) -> None:
     # shells a fresh session needs).
     bombs = [line for line in new if "bomb" in line]
     assert len(new) < 8 and not bombs, f"the bomb's processes remain: {new}"
+    # A session's shell outlives a command's kill, with its state.
+    assert (await victim.exec('echo "$PWD $STEP"', session="agent")).stdout == b"/tmp 7\n"
 
 
 async def test_memory_hog_is_oom_killed(pair: tuple[Sandbox, Sandbox], runtime: str) -> None:

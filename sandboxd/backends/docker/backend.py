@@ -15,6 +15,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
+import logging
 import secrets
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -55,6 +56,10 @@ from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote
 from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+# What starting a shell or a command in it raises when the sandbox will not have it.
+_SHELL_ERRORS = (BackendError, ConnectionError, OSError)
 
 # Larger stdin goes through a real engine exec rather than the shell's command line.
 _RUNNER_STDIN_MAX = 64 << 10
@@ -234,8 +239,8 @@ class DockerBackend:
         self._runsc.pop(handle, None)
         self._shells.pop(handle, None)
         self._attachable.pop(handle, None)
-        for session in sessions:
-            await session.close()
+        # At once: a kept shell's relay waits for its shell to exit.
+        await asyncio.gather(*(session.close() for session in sessions))
         if handle in self._paused:
             self._paused.discard(handle)
             with contextlib.suppress(BackendError):
@@ -357,16 +362,14 @@ class DockerBackend:
         )
 
     async def _new_shell(
-        self, handle: str, name: str = "", env: Mapping[str, str] | None = None
+        self, handle: str, name: str = "", env: Mapping[str, str] | None = None, attach: bool = False
     ) -> ShellSession:
         """A shell for session ``name`` ("": an idle shell or the spare),
         not started. In a gVisor sandbox it is kept by the sandbox's keeper
-        (sandboxd.backends.docker.keeper): a named one under its name, which
-        a restored image's shell of that name is attached to."""
+        (sandboxd.backends.docker.keeper): a named one under its name, by
+        which ``attach`` finds the one a restored image holds."""
         if await self._runtime(handle) != GVISOR:
             return ShellSession(await self._transport(handle), self._spawn, env)
-        attach = name in self._attachable.get(handle, ())
-        self._attachable.get(handle, set()).discard(name)
         key = session_key(name) if name else "r-" + secrets.token_hex(8)
         shell = ShellSession(await self._transport(handle, (key, attach)), self._spawn, env)
         self._shells.setdefault(handle, weakref.WeakSet()).add(shell)
@@ -466,23 +469,39 @@ class DockerBackend:
             if spare is not None and not spare.dead:
                 session = spare
             else:
-                attach = name in self._attachable.get(handle, ())
-                session = await self._new_shell(handle, name)
-                await session.start()
-                if attach:
-                    await self._attached(session)
+                restored = self._attachable.get(handle, set())
+                session = None
+                if name in restored:
+                    restored.discard(name)
+                    session = await self._attached(handle, name)
+                if session is None:
+                    session = await self._new_shell(handle, name)
+                    await session.start()
             sessions[name] = session
             return session
 
-    async def _attached(self, session: ShellSession) -> None:
-        """Takes in what a restored shell wrote while no stream read it (its
-        jobs' output) and where its last command ended (a command's kill
-        spares the jobs started before it)."""
-        async for event in session.run(ExecSpec(shell="true", timeout=30)):
-            if isinstance(event, ExecResult) and not (
-                event.outcome is ExecOutcome.EXITED and event.exit_code == 0
-            ):
-                raise TransientBackendError(f"the restored session did not answer: {event.detail}")
+    async def _attached(self, handle: str, name: str) -> ShellSession | None:
+        """Session ``name``'s own shell in a restored sandbox, once it has
+        answered: what it wrote while no stream read it (its jobs' output)
+        is taken in, and where its last command ended (a command's kill
+        spares the jobs started before it). None if it did not answer (a
+        new shell replaces it)."""
+        session = await self._new_shell(handle, name, attach=True)
+        failed = "it did not start"
+        with contextlib.suppress(*_SHELL_ERRORS):
+            await session.start()
+            async for event in session.run(ExecSpec(shell="true", timeout=30)):
+                if isinstance(event, ExecResult):
+                    failed = f"{event.outcome.name} {event.exit_code} {event.detail}"
+                    if event.outcome is ExecOutcome.EXITED and event.exit_code == 0:
+                        failed = ""
+        if not failed:
+            return session
+        log.warning(
+            "restored session %s in %s did not answer (%s): a new shell replaces it", name, handle, failed
+        )
+        await session.close()
+        return None
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
         await self._files.put_tar(handle, dest, chunks)
@@ -556,8 +575,8 @@ class DockerBackend:
         spare = self._spare.pop(handle, None)
         if spare is not None:
             shells.append(spare)
-        for shell in shells:
-            await shell.close()
+        await asyncio.gather(*(shell.close() for shell in shells))
+        self._shells.pop(handle, None)
         await self._checkpoints.restore(handle, image)
         self._attachable[handle] = await self._after_restore(handle)
         await self._check_spare(handle, await self._new_shell(handle))
