@@ -46,7 +46,7 @@ from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
-from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys, session_key
+from sandboxd.backends.docker.keeper import AFTER_RESTORE, FIRST_KEY, parse_session_keys, session_key
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
 from sandboxd.backends.hostfs import HostWorkspace
@@ -169,7 +169,8 @@ class DockerBackend:
             # pids, /proc/<pid>/root) is gVisor's own, not the sandbox's.
             host_view = pid and spec.runtime != GVISOR
             self._probes[handle] = ContainerProbe.open(pid) if host_view else None
-            session = await self._new_shell(handle, env=spec.env)
+            # The keeper has started the spare's shell with the sandbox.
+            session = await self._new_shell(handle, env=spec.env, first=True)
             await self._check_spare(handle, session)
             return handle
         except BaseException:
@@ -234,19 +235,23 @@ class DockerBackend:
             sessions.append(spare)
         self._session_locks.pop(handle, None)
         self._probes.pop(handle, None)
-        self._runtimes.pop(handle, None)
         self._no_pipes.discard(handle)
         self._runsc.pop(handle, None)
-        self._shells.pop(handle, None)
+        kept = self._shells.pop(handle, None) is not None
         self._attachable.pop(handle, None)
-        # At once: a kept shell's relay waits for its shell to exit.
-        await asyncio.gather(*(session.close() for session in sessions))
+        if not kept:
+            await asyncio.gather(*(session.close() for session in sessions))
         if handle in self._paused:
             self._paused.discard(handle)
             with contextlib.suppress(BackendError):
                 await self._checkpoints.resume(handle)
+        self._runtimes.pop(handle, None)
         await self._containers.remove(handle)
         await self._raw.cut(handle)
+        if kept:
+            # Closed once the sandbox is gone: a kept shell's relay would
+            # first wait for its shell to exit, to no purpose here.
+            await asyncio.gather(*(session.close() for session in sessions))
 
     async def list(self) -> list[BackendSandbox]:
         found = await self._containers.list()
@@ -362,15 +367,22 @@ class DockerBackend:
         )
 
     async def _new_shell(
-        self, handle: str, name: str = "", env: Mapping[str, str] | None = None, attach: bool = False
+        self,
+        handle: str,
+        name: str = "",
+        env: Mapping[str, str] | None = None,
+        attach: bool = False,
+        first: bool = False,
     ) -> ShellSession:
         """A shell for session ``name`` ("": an idle shell or the spare),
         not started. In a gVisor sandbox it is kept by the sandbox's keeper
         (sandboxd.backends.docker.keeper): a named one under its name, by
-        which ``attach`` finds the one a restored image holds."""
+        which ``attach`` finds the one a restored image holds; ``first``
+        attaches to the one the keeper started with the sandbox."""
         if await self._runtime(handle) != GVISOR:
             return ShellSession(await self._transport(handle), self._spawn, env)
-        key = session_key(name) if name else "r-" + secrets.token_hex(8)
+        key = session_key(name) if name else FIRST_KEY if first else "r-" + secrets.token_hex(8)
+        attach = attach or first
         shell = ShellSession(await self._transport(handle, (key, attach)), self._spawn, env)
         self._shells.setdefault(handle, weakref.WeakSet()).add(shell)
         return shell
@@ -569,15 +581,17 @@ class DockerBackend:
             await self._checkpoints.checkpoint(handle, dest)
 
     async def restore_checkpoint(self, handle: str, image: Path) -> None:
-        # The restore replaces every process the engine's execs started:
-        # the shells held for this sandbox end with them.
+        # The restore replaces every process the sandbox runs: the shells
+        # held for it end with them (closed after, see destroy).
         shells = list(self._sessions.pop(handle, {}).values()) + self._runners.pop(handle, [])
         spare = self._spare.pop(handle, None)
         if spare is not None:
             shells.append(spare)
-        await asyncio.gather(*(shell.close() for shell in shells))
         self._shells.pop(handle, None)
-        await self._checkpoints.restore(handle, image)
+        try:
+            await self._checkpoints.restore(handle, image)
+        finally:
+            await asyncio.gather(*(shell.close() for shell in shells))
         self._attachable[handle] = await self._after_restore(handle)
         await self._check_spare(handle, await self._new_shell(handle))
 

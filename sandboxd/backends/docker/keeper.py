@@ -47,17 +47,27 @@ def keeper_command(fifo: str = KEEP_FIFO, workspace: str = WORKSPACE) -> list[st
     shells' directory is made first. Without a FIFO (a full /tmp) the
     sandbox still idles like any other (/tmp is a fresh tmpfs: nothing is
     in the way)."""
+    first = _start(FIRST_KEY, SHELL, workspace, {KEPT_VAR: FIRST_KEY}, announce=False)
     return [
         "bash",
         "-c",
-        f'f={fifo}; mkdir -m 700 "${{f%/*}}/.sandboxd-shells"; mkfifo -m 600 "$f" || exec sleep infinity; '
-        'exec 3<>"$f" 2>/dev/null; set -m; '
+        f's=${{0%/*}}/.sandboxd-shells; d=$s/{FIRST_KEY}; mkdir -m 700 "$s"; '
+        'mkfifo -m 600 "$0" "$d.in" "$d.out" "$d.err" "$d.rc" || exec sleep infinity; '
+        'exec 3<>"$0" 2>/dev/null; set -m; '
+        f'(exec 3<&-; cd {workspace} && eval "$1") </dev/null >/dev/null 2>&1 & '
         f'while IFS= read -r line <&3; do (exec 3<&-; cd {workspace} && eval "$line") '
         "</dev/null >/dev/null 2>&1 & done",
+        fifo,
+        first,
     ]
 
 
-KEEPER_COMMAND = keeper_command()
+SHELL = ["bash", "--noprofile", "--norc"]
+"""What a kept shell runs (a session's shell, as sandboxd.backends.session starts it)."""
+
+FIRST_KEY = "r-0"
+"""The idle shell the keeper starts with the sandbox, before any exec could:
+the spare's (its health check) attaches to it."""
 
 
 # Each kept shell has files .sandboxd-shells/<key>.* beside the keeper's
@@ -98,6 +108,10 @@ n=0
 while [ -n "$k" ] && [ ! -p "$k" ] && [ $n -lt 100 ]; do sleep 0.02; n=$((n + 1)); done
 p= new=
 { read -r p < "$d.pid"; } 2>/dev/null
+# A shell the keeper is still starting (FIRST_KEY) records its pid soon.
+while [ "$mode" = attach ] && [ -p "$d.out" ] && ! mine "$p" && [ $n -lt 100 ]; do
+  sleep 0.02; n=$((n + 1)); { read -r p < "$d.pid"; } 2>/dev/null
+done
 if [ "$mode" = attach ] && [ -p "$d.out" ] && mine "$p"; then
   echo "$p"
 elif [ -n "$k" ] && [ -p "$k" ] && [ -w "$k" ] && [ -d "${d%/*}" ] && [ "${BASH_VERSINFO[0]}" -ge 5 ] \
@@ -150,7 +164,7 @@ exec 5<>"$d.rc"
 exec 0<>"$d.in" 1<>"$d.out" 2<>"$d.err" 5<&-
 cd {cwd} || exit 1
 {exports}
-echo $BASHPID
+{announce}
 exec {argv}
 ) &
 echo $! > "$d.pid"
@@ -168,13 +182,26 @@ def relay_argv(
     where it cannot be kept."""
     exports = {name: value for name, value in env.items() if is_env_name(name)}
     exports[KEPT_VAR] = key
-    start = _START.format(
+    return [
+        "bash",
+        "-c",
+        RELAY,
+        "sandboxd-relay",
+        "attach" if attach else "new",
+        key,
+        _start(key, argv, cwd, exports),
+        *in_place,
+    ]
+
+
+def _start(key: str, argv: Sequence[str], cwd: str, exports: Mapping[str, str], announce: bool = True) -> str:
+    return _START.format(
         key=key,
         cwd=ansi_c_quote(cwd),
         exports="export " + " ".join(f"{name}={ansi_c_quote(value)}" for name, value in exports.items()),
+        announce="echo $BASHPID" if announce else ":",
         argv=" ".join(ansi_c_quote(a) for a in argv),
     )
-    return ["bash", "-c", RELAY, "sandboxd-relay", "attach" if attach else "new", key, start, *in_place]
 
 
 def session_key(name: str) -> str:
@@ -211,3 +238,6 @@ def parse_session_keys(text: str) -> set[str]:
             except ValueError:
                 continue
     return names
+
+
+KEEPER_COMMAND = keeper_command()
