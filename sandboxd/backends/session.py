@@ -28,6 +28,7 @@ from sandboxd.backends.execstream import MarkerSplitter, OutputBudget, stop_deta
 from sandboxd.backends.shell import (
     EXEC_TAG_VAR,
     SESSION_PRELUDE,
+    SESSION_SHELL,
     SESSION_TAG_VAR,
     Tree,
     ansi_c_quote,
@@ -291,7 +292,7 @@ class ShellSession:
     async def start(self) -> None:
         """Opens the shell in the workspace (the transport's errors pass through)."""
         await self._transport.open(
-            ["bash", "--noprofile", "--norc"],
+            SESSION_SHELL,
             env={**self._env, SESSION_TAG_VAR: self._tag},
             cwd=WORKSPACE,
             stdin=True,

@@ -226,6 +226,9 @@ def gate_argv(argv: list[str]) -> list[str]:
 # shell takes the line itself with one ``read -N`` (counting bytes: LC_ALL=C),
 # then evaluates it at the top level, as if it had read it as a line: cd,
 # export, declare and functions persist as before.
+SESSION_SHELL = ("bash", "--noprofile", "--norc")
+"""What a session's shell (and an idle one that forks one-shot commands) runs."""
+
 SESSION_PRELUDE = b"trap '' KILL\n__sbx_next() { LC_ALL=C IFS= read -r -N \"$1\" __sbx_line; }\n"
 
 # Signals whose death bash reports for a background job (SIGINT never is):

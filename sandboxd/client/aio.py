@@ -104,7 +104,8 @@ class Sandbox:
     async def keep(self, command: str) -> None:
         """Starts the one-line shell ``command`` as a process of the
         sandbox's init tree (gVisor pools), in the workspace with its output
-        discarded: what a live snapshot carries and its restores continue."""
+        discarded, tied to no session. A live snapshot carries it, as it
+        does what sessions and one-shot commands started."""
         await self.client.keep(self.id, command)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sandboxd.backends.layout import WORKSPACE
-from sandboxd.backends.shell import ansi_c_quote, is_env_name
+from sandboxd.backends.shell import SESSION_SHELL, ansi_c_quote, is_env_name
 
 KEEP_FIFO = "/tmp/.sandboxd-keep"
 """The keeper's FIFO inside a gVisor sandbox."""
@@ -44,10 +44,11 @@ def keeper_command(fifo: str = KEEP_FIFO, workspace: str = WORKSPACE) -> list[st
     writes its own files), its own process group (job control: a ``kill 0``
     in it reaches neither the keeper nor the other kept processes). No
     program is started for it: each costs 15-20 ms under gVisor. The kept
-    shells' directory is made first. Without a FIFO (a full /tmp) the
-    sandbox still idles like any other (/tmp is a fresh tmpfs: nothing is
-    in the way)."""
-    first = _start(FIRST_KEY, SHELL, workspace, {KEPT_VAR: FIRST_KEY}, announce=False)
+    shells' directory is made first, with the FIFOs of the first one
+    (FIRST_KEY), which starts before any line is read. Without a FIFO (a
+    full /tmp) the sandbox still idles like any other (/tmp is a fresh
+    tmpfs: nothing is in the way)."""
+    first = _start(FIRST_KEY, SESSION_SHELL, workspace, {KEPT_VAR: FIRST_KEY}, announce=False)
     return [
         "bash",
         "-c",
@@ -61,9 +62,6 @@ def keeper_command(fifo: str = KEEP_FIFO, workspace: str = WORKSPACE) -> list[st
         first,
     ]
 
-
-SHELL = ["bash", "--noprofile", "--norc"]
-"""What a kept shell runs (a session's shell, as sandboxd.backends.session starts it)."""
 
 FIRST_KEY = "r-0"
 """The idle shell the keeper starts with the sandbox, before any exec could:
