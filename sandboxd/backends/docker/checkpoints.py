@@ -59,10 +59,10 @@ _STAMPS = 1 << 30
 # SESSION_TAG_VAR) but not a kept shell's key (KEPT_VAR: the keeper started
 # it), or whose environment it cannot read (another user's: root's, started
 # by a root exec, as kept processes run as the container's user and none
-# can change its uid). Left out: the backend's own shells (roots with SESSION_TAG_VAR),
-# relays to kept shells with their pumps (RELAY_VAR), and this listing with
-# the shells it runs in ($BASHPID and up). One line each, "pid args", the
-# args cut at 200 bytes; at most _LISTED.
+# can change its uid). Left out: the backend's own shells (roots with
+# SESSION_TAG_VAR), relays to kept shells with their pumps (RELAY_VAR), and
+# this listing with the shells it runs in ($BASHPID and up). One line each,
+# "pid args", the args cut at 200 bytes; at most _LISTED.
 _LISTED = 50
 NOT_CARRIED_SCRIPT = f"""
 declare -A up mine
