@@ -15,7 +15,7 @@ import pytest
 from sandboxd import errors
 from sandboxd.app import App, build_app
 from sandboxd.backends.base import GVISOR
-from sandboxd.backends.docker import backend as docker_backend
+from sandboxd.backends.docker import shells as docker_shells
 from sandboxd.client import AsyncClient
 from sandboxd.client.aio import Lease, Sandbox
 from sandboxd.core.snapshots.packs import blob_key, tenant_namespace
@@ -233,7 +233,7 @@ async def test_a_live_snapshot_is_taken_between_commands(
         assert running.done(), "the snapshot waited for the command to end"
         assert (await running).stdout == b"done\n" and snap.live
 
-        monkeypatch.setattr(docker_backend, "_QUIET_WAIT_SECONDS", 0.5)
+        monkeypatch.setattr(docker_shells, "_QUIET_WAIT_SECONDS", 0.5)
         endless = asyncio.create_task(sb.exec("sleep 30", session="agent", timeout=60))
         await poll(lambda: sleeping(30), timeout=30, what="the session's command to start")
         with pytest.raises(errors.FailedPrecondition, match="between commands"):

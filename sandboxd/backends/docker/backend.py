@@ -3,10 +3,11 @@
 Where a sandbox runs (its container: spec, create, remove, list, adoption by
 labels, capacity, limits, its inbox) is containers.py; files in and out (tar
 streams, archives staged in the inbox) are files.py. This module composes
-them with what runs inside: the spare shell that is a new sandbox's health
-check, named sessions, idle shells that fork one-shot commands, and engine
-execs of their own (execs.py, over the async raw client, rawapi), plus the
-host's view of a container (usage, its workspace in place).
+them with what runs inside: the shells held in each sandbox (shells.py: the
+spare that is its health check, named sessions, idle shells that fork
+one-shot commands), engine execs of their own (execs.py, over the async raw
+client, rawapi), live checkpoints (checkpoints.py), and the host's view of a
+container (usage, its workspace in place).
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
-import logging
-import secrets
-import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,30 +44,23 @@ from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
-from sandboxd.backends.docker.keeper import AFTER_RESTORE, FIRST_KEY, parse_session_keys, session_key
+from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
+from sandboxd.backends.docker.shells import Shells
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.session import SessionClosed, ShellSession
 from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote
-from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxLost, TransientBackendError
+from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
-# What starting a shell or a command in it raises when the sandbox will not have it.
-_SHELL_ERRORS = (BackendError, ConnectionError, OSError)
-
 # Larger stdin goes through a real engine exec rather than the shell's command line.
 _RUNNER_STDIN_MAX = 64 << 10
-_IDLE_RUNNERS = 4
 # How long a failed or cancelled create waits for its cleanup before it
 # reports; the cleanup goes on in the background.
 _CLEANUP_WAIT_SECONDS = 5.0
-# How long a live checkpoint waits for the commands running in the sandbox's
-# shells to end (it is taken between commands).
-_QUIET_WAIT_SECONDS = 60.0
 
 
 def _in_subshell(spec: ExecSpec) -> ExecSpec:
@@ -123,13 +114,9 @@ class DockerBackend:
             exec_in=self.exec,
             shell_stdin_max=_RUNNER_STDIN_MAX,
         )
-        self._sessions: dict[str, dict[str, ShellSession]] = {}
-        self._spare: dict[str, ShellSession] = {}
-        self._session_locks: dict[str, asyncio.Lock] = {}
         self._background = Background()
+        self._shells = Shells(self._transport, self._runtime, self._spawn)
         self._probes: dict[str, ContainerProbe | None] = {}
-        # Idle shells per sandbox that fork one-shot commands.
-        self._runners: dict[str, list[ShellSession]] = {}
         # Each sandbox's isolation runtime, looked up once for adopted ones.
         self._runtimes: dict[str, str] = {}
         address = options.base_url or ""
@@ -140,12 +127,6 @@ class DockerBackend:
         self._no_pipes: set[str] = set()
         # gVisor sandboxes' `runsc exec` (None: not gVisor, or not from this host).
         self._runsc: dict[str, RunscExec | None] = {}
-        # Every shell held per gVisor sandbox (sessions, idle and busy
-        # runners, the spare): a checkpoint waits for them to be idle.
-        self._shells: dict[str, weakref.WeakSet[ShellSession]] = {}
-        # Named sessions whose kept shells came with a restored image, not
-        # yet attached to.
-        self._attachable: dict[str, set[str]] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -170,8 +151,8 @@ class DockerBackend:
             host_view = pid and spec.runtime != GVISOR
             self._probes[handle] = ContainerProbe.open(pid) if host_view else None
             # The keeper has started the spare's shell with the sandbox.
-            session = await self._new_shell(handle, env=spec.env, first=True)
-            await self._check_spare(handle, session)
+            session = await self._shells.new(handle, env=spec.env, first=True)
+            await self._shells.ready_spare(handle, session)
             return handle
         except BaseException:
             # Failed or cancelled half-way: the container must not outlive us,
@@ -182,17 +163,6 @@ class DockerBackend:
             # doubt and settles it by listing once the engine answers).
             await asyncio.wait({cleanup}, timeout=_CLEANUP_WAIT_SECONDS)
             raise
-
-    async def _check_spare(self, handle: str, session: ShellSession) -> None:
-        """Starts the spare shell, which doubles as the health check: a
-        sandbox is READY only once a command has run in it."""
-        await session.start()
-        async for event in session.run(ExecSpec(shell="true", timeout=30)):
-            if isinstance(event, ExecResult) and (
-                event.outcome is not ExecOutcome.EXITED or event.exit_code != 0
-            ):
-                raise TransientBackendError(f"health check failed: {event.detail or event.outcome.name}")
-        self._spare[handle] = session
 
     async def _cleanup_create(
         self, creating: asyncio.Future[tuple[str, int]], sandbox_id: str, session: ShellSession | None
@@ -229,16 +199,10 @@ class DockerBackend:
         return self._runtimes[handle]
 
     async def destroy(self, handle: str) -> None:
-        sessions = list(self._sessions.pop(handle, {}).values()) + self._runners.pop(handle, [])
-        spare = self._spare.pop(handle, None)
-        if spare is not None:
-            sessions.append(spare)
-        self._session_locks.pop(handle, None)
+        sessions, kept = self._shells.release(handle)
         self._probes.pop(handle, None)
         self._no_pipes.discard(handle)
         self._runsc.pop(handle, None)
-        kept = self._shells.pop(handle, None) is not None
-        self._attachable.pop(handle, None)
         if not kept:
             await asyncio.gather(*(session.close() for session in sessions))
         if handle in self._paused:
@@ -249,8 +213,6 @@ class DockerBackend:
         await self._containers.remove(handle)
         await self._raw.cut(handle)
         if kept:
-            # Closed once the sandbox is gone: a kept shell's relay would
-            # first wait for its shell to exit, to no purpose here.
             await asyncio.gather(*(session.close() for session in sessions))
 
     async def list(self) -> list[BackendSandbox]:
@@ -270,19 +232,7 @@ class DockerBackend:
 
     async def close(self) -> None:
         await self._background.close()
-        for sessions in self._sessions.values():
-            for session in sessions.values():
-                await session.close()
-        for session in self._spare.values():
-            await session.close()
-        for runners in self._runners.values():
-            for runner in runners:
-                await runner.close()
-        self._runners.clear()
-        self._sessions.clear()
-        self._spare.clear()
-        self._shells.clear()
-        self._attachable.clear()
+        await self._shells.close()
         await self._containers.close()
 
     async def _is_running(self, handle: str) -> bool:
@@ -366,27 +316,6 @@ class DockerBackend:
             kept=kept,
         )
 
-    async def _new_shell(
-        self,
-        handle: str,
-        name: str = "",
-        env: Mapping[str, str] | None = None,
-        attach: bool = False,
-        first: bool = False,
-    ) -> ShellSession:
-        """A shell for session ``name`` ("": an idle shell or the spare),
-        not started. In a gVisor sandbox it is kept by the sandbox's keeper
-        (sandboxd.backends.docker.keeper): a named one under its name, by
-        which ``attach`` finds the one a restored image holds; ``first``
-        attaches to the one the keeper started with the sandbox."""
-        if await self._runtime(handle) != GVISOR:
-            return ShellSession(await self._transport(handle), self._spawn, env)
-        key = session_key(name) if name else FIRST_KEY if first else "r-" + secrets.token_hex(8)
-        attach = attach or first
-        shell = ShellSession(await self._transport(handle, (key, attach)), self._spawn, env)
-        self._shells.setdefault(handle, weakref.WeakSet()).add(shell)
-        return shell
-
     async def _runsc_of(self, handle: str) -> RunscExec | None:
         """How to start shells in a gVisor sandbox from the host (looked up
         once per sandbox); None for other runtimes or where this host cannot."""
@@ -427,14 +356,14 @@ class DockerBackend:
                     if not spec.session:
                         # A fresh process without an engine exec: a subshell forked by
                         # an idle shell of this sandbox (about 1 ms instead of ~40).
-                        runner = await self._take_runner(handle)
+                        runner = await self._shells.take_runner(handle)
                         try:
                             async for event in runner.run(_in_subshell(spec)):
                                 yield event
                         finally:
-                            await self._give_runner(handle, runner)
+                            await self._shells.give_runner(handle, runner)
                         return
-                    session = await self._session(handle, spec.session)
+                    session = await self._shells.session(handle, spec.session)
                     async for event in session.run(spec):
                         yield event
                     return
@@ -447,73 +376,6 @@ class DockerBackend:
             yield ExecResult(
                 ExecOutcome.SANDBOX_LOST, -1, 0.0, detail="the sandbox is not running", sandbox_gone=True
             )
-
-    async def _take_runner(self, handle: str) -> ShellSession:
-        idle = self._runners.setdefault(handle, [])
-        while idle:
-            runner = idle.pop()
-            if not runner.dead:
-                return runner
-        spare = self._spare.pop(handle, None)
-        if spare is not None and not spare.dead:
-            return spare
-        runner = await self._new_shell(handle)
-        await runner.start()
-        return runner
-
-    async def _give_runner(self, handle: str, runner: ShellSession) -> None:
-        idle = self._runners.get(handle)
-        if idle is not None and not runner.dead and len(idle) < _IDLE_RUNNERS:
-            idle.append(runner)
-        else:
-            await runner.close()
-
-    async def _session(self, handle: str, name: str) -> ShellSession:
-        lock = self._session_locks.setdefault(handle, asyncio.Lock())
-        async with lock:
-            sessions = self._sessions.setdefault(handle, {})
-            session = sessions.get(name)
-            if session is not None and not session.dead:
-                return session
-            # A kept shell is found after a restore by its session's name:
-            # the spare has none.
-            spare = self._spare.pop(handle, None) if await self._runtime(handle) != GVISOR else None
-            if spare is not None and not spare.dead:
-                session = spare
-            else:
-                restored = self._attachable.get(handle, set())
-                session = None
-                if name in restored:
-                    restored.discard(name)
-                    session = await self._attached(handle, name)
-                if session is None:
-                    session = await self._new_shell(handle, name)
-                    await session.start()
-            sessions[name] = session
-            return session
-
-    async def _attached(self, handle: str, name: str) -> ShellSession | None:
-        """Session ``name``'s own shell in a restored sandbox, once it has
-        answered: what it wrote while no stream read it (its jobs' output)
-        is taken in, and where its last command ended (a command's kill
-        spares the jobs started before it). None if it did not answer (a
-        new shell replaces it)."""
-        session = await self._new_shell(handle, name, attach=True)
-        failed = "it did not start"
-        with contextlib.suppress(*_SHELL_ERRORS):
-            await session.start()
-            async for event in session.run(ExecSpec(shell="true", timeout=30)):
-                if isinstance(event, ExecResult):
-                    failed = f"{event.outcome.name} {event.exit_code} {event.detail}"
-                    if event.outcome is ExecOutcome.EXITED and event.exit_code == 0:
-                        failed = ""
-        if not failed:
-            return session
-        log.warning(
-            "restored session %s in %s did not answer (%s): a new shell replaces it", name, handle, failed
-        )
-        await session.close()
-        return None
 
     async def put_tar(self, handle: str, dest: str, chunks: AsyncIterator[bytes]) -> None:
         await self._files.put_tar(handle, dest, chunks)
@@ -552,59 +414,48 @@ class DockerBackend:
         self._paused.discard(handle)
 
     async def not_carried(self, handle: str) -> builtins.list[str]:
-        out = b""
-        async for event in self.exec(handle, ExecSpec(shell=NOT_CARRIED_SCRIPT, timeout=30)):
-            if isinstance(event, OutputChunk) and event.stream == 1:
-                out += event.data
-            elif isinstance(event, ExecResult) and not (
-                event.outcome is ExecOutcome.EXITED and event.exit_code == 0
-            ):
-                what = f"{event.outcome.name} {event.detail}"
-                raise BackendError(f"listing the sandbox's processes failed: {what}")
-        return parse_not_carried(out.decode(errors="replace"))
+        events = self.exec(handle, ExecSpec(shell=NOT_CARRIED_SCRIPT, timeout=30))
+        out = await _stdout_of(events, "listing the sandbox's processes failed", BackendError)
+        return parse_not_carried(out)
 
     async def checkpoint(self, handle: str, dest: Path) -> None:
         # Between commands: a command's input or output in flight would be
         # half in the image, and its caller would be answered by the
-        # original only. No shell starts meanwhile.
-        async with contextlib.AsyncExitStack() as quiet:
-            try:
-                async with asyncio.timeout(_QUIET_WAIT_SECONDS):
-                    await quiet.enter_async_context(self._session_locks.setdefault(handle, asyncio.Lock()))
-                    for shell in list(self._shells.get(handle, ())):
-                        await quiet.enter_async_context(shell.between_commands())
-            except TimeoutError:
-                raise FailedPrecondition(
-                    f"a command has run in the sandbox for over {_QUIET_WAIT_SECONDS:.0f} s: a live snapshot "
-                    "is taken between commands; try again when it has ended"
-                ) from None
+        # original only.
+        async with self._shells.between_commands(handle):
             await self._checkpoints.checkpoint(handle, dest)
 
     async def restore_checkpoint(self, handle: str, image: Path) -> None:
         # The restore replaces every process the sandbox runs: the shells
         # held for it end with them (closed after, see destroy).
-        shells = list(self._sessions.pop(handle, {}).values()) + self._runners.pop(handle, [])
-        spare = self._spare.pop(handle, None)
-        if spare is not None:
-            shells.append(spare)
-        self._shells.pop(handle, None)
+        shells, _ = self._shells.release(handle)
         try:
             await self._checkpoints.restore(handle, image)
         finally:
             await asyncio.gather(*(shell.close() for shell in shells))
-        self._attachable[handle] = await self._after_restore(handle)
-        await self._check_spare(handle, await self._new_shell(handle))
+        self._shells.restored(handle, await self._after_restore(handle))
+        await self._shells.ready_spare(handle, await self._shells.new(handle))
 
     async def _after_restore(self, handle: str) -> set[str]:
         """Ends the image's idle shells; the names of its sessions' shells."""
-        out, result = b"", None
-        async for event in run_oneshot(
+        events = run_oneshot(
             await self._transport(handle), ExecSpec(shell=AFTER_RESTORE, timeout=30), self._spawn
-        ):
-            if isinstance(event, OutputChunk) and event.stream == 1:
-                out += event.data
-            elif isinstance(event, ExecResult):
-                result = event
-        if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
-            raise TransientBackendError(f"the restored sandbox did not answer: {result and result.detail}")
-        return parse_session_keys(out.decode(errors="replace"))
+        )
+        return parse_session_keys(
+            await _stdout_of(events, "the restored sandbox did not answer", TransientBackendError)
+        )
+
+
+async def _stdout_of(events: AsyncIterator[ExecEvent], failed: str, error: type[BackendError]) -> str:
+    """A command's stdout, once it has exited 0; ``error`` saying ``failed``
+    and why otherwise."""
+    out, result = b"", None
+    async for event in events:
+        if isinstance(event, OutputChunk) and event.stream == 1:
+            out += event.data
+        elif isinstance(event, ExecResult):
+            result = event
+    if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
+        why = "no result" if result is None else f"{result.outcome.name} {result.exit_code} {result.detail}"
+        raise error(f"{failed}: {why}")
+    return out.decode(errors="replace")
