@@ -359,6 +359,7 @@ def build_app(
     state = make_state_store(settings, backend, persist)
     telemetry = telemetry or Telemetry(settings.telemetry)
     control = ControlPlane(settings, backend, state, clock or SystemClock(), meter=telemetry.meter)
+    telemetry.health_detail = control.reconciler.health.describe
     limit = settings.server.max_message_bytes
     server = grpc.aio.server(
         # Outermost first: errors from authentication are mapped like any other.

@@ -57,7 +57,11 @@ class PoolSettings:
     """The ``[pools]`` section: server-wide bounds and pacing of sandbox creation and scaling."""
 
     max_starting: int = 8
-    """Sandboxes a pool may have in CREATING at once (bounds start-up storms)."""
+    """Sandboxes a pool may have in CREATING at once to begin with; the engine's
+    start window grows past it while creates stay fast, up to ``max_starting_limit``,
+    and halves when they slow (bounds start-up storms)."""
+    max_starting_limit: int = 64
+    """The most starts in flight the window may grow to across pools (0 = never past ``max_starting``)."""
     create_timeout_seconds: float = 60.0
     """A create slower than this counts as failed and is cleaned up."""
     max_acquire_wait_seconds: float = 600.0

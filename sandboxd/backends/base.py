@@ -302,6 +302,8 @@ class HostFacts:
     threads_max: int = 0
     """Processes and threads the kernel allows at once (threads-max, pid_max)."""
     threads_in_use: int = 0
+    sandboxes_present: int = 0
+    """This control plane's sandboxes on the host now, whose threads ``threads_in_use`` counts."""
     overhead_memory_bytes: int = 0
     """Memory one sandbox costs beyond what runs inside (engine shim, init), measured or assumed."""
     overhead_threads: int = 0
@@ -314,6 +316,15 @@ class HostFacts:
     """Starts per second the engine sustains (0 = unknown)."""
     nodes: int = 1
     """Hosts the figures add up over (Kubernetes: schedulable nodes)."""
+    memory_share: float = 0.0
+    """Share of a sandbox's memory limit its host reserves for it (Kubernetes:
+    the Pod's request, ``memory_request_ratio`` of the limit); 0 = the host
+    reserves nothing, and the server's ``memory_overcommit`` applies."""
+    quota_max: int = 0
+    """Sandboxes the backend's quotas allow in all (Kubernetes: the namespace's
+    ResourceQuotas on pods and memory), whatever the nodes hold; 0 = none."""
+    quota_detail: str = ""
+    """Which quota gives ``quota_max``, for pre-flight and logs."""
 
 
 @runtime_checkable
@@ -335,6 +346,20 @@ class IsolationRuntimes(Protocol):
     async def runtimes(self) -> frozenset[str]:
         """The RUNTIMES the backend can start sandboxes under now. Raises
         BackendError when it cannot tell."""
+        ...
+
+
+@runtime_checkable
+class SchedulingPressure(Protocol):
+    """Optional for a backend whose sandboxes wait to be placed (Kubernetes:
+    Pods the scheduler could not fit yet): while some do, more creates only
+    queue up behind them, so the reconciler starts none and says why."""
+
+    def unschedulable(self) -> tuple[int, str]:
+        """(sandboxes of this control plane waiting for a place now, the
+        placer's reason for the oldest, e.g. "0/3 nodes are available: 3
+        Insufficient memory."); (0, "") when none. Cheap: read from a cache,
+        no call to the cluster."""
         ...
 
 

@@ -47,18 +47,22 @@ def estimate(facts: HostFacts, limits: Limits, overcommit: float = 1.0) -> Capac
     bounds: dict[str, int] = {}
     notes: list[str] = []
     if facts.memory_bytes:
-        each = facts.overhead_memory_bytes + limits.memory_bytes / overcommit
+        # A host that reserves a share of each limit (a scheduler placing by
+        # requests) shares memory exactly that many ways, whatever is assumed.
+        shared = 1 / facts.memory_share if facts.memory_share > 0 else overcommit
+        each = facts.overhead_memory_bytes + limits.memory_bytes / shared
         if each > 0:
             bounds["memory"] = int(facts.memory_bytes * (1 - HOST_RESERVE) // each)
             notes.append(
                 f"memory {facts.memory_bytes >> 20} MiB / ({limits.memory_bytes >> 20} MiB limit"
-                f" / {overcommit:g} + {facts.overhead_memory_bytes >> 20} MiB overhead)"
+                f" / {shared:g} + {facts.overhead_memory_bytes >> 20} MiB overhead)"
             )
     if facts.threads_max:
         each_threads = facts.overhead_threads + limits.pids / overcommit
         room = facts.threads_max * (1 - HOST_RESERVE) - facts.threads_in_use
         if each_threads > 0:
-            bounds["threads"] = max(0, int(room // each_threads))
+            # The sandboxes already there hold their threads in threads_in_use.
+            bounds["threads"] = facts.sandboxes_present + max(0, int(room // each_threads))
             notes.append(
                 f"threads {int(room)} free / ({limits.pids} pids / {overcommit:g}"
                 f" + {facts.overhead_threads} overhead)"
@@ -66,26 +70,48 @@ def estimate(facts: HostFacts, limits: Limits, overcommit: float = 1.0) -> Capac
     if facts.engine_max:
         bounds["engine"] = facts.engine_max
         notes.append(f"engine ~{facts.engine_max} containers")
+    nodes = max(1, facts.nodes)
     if not bounds:
-        return Capacity(starts_per_second=facts.engine_starts_per_second * facts.nodes)
+        if facts.quota_max:
+            return Capacity(
+                sandboxes=facts.quota_max,
+                starts_per_second=facts.engine_starts_per_second * nodes,
+                bound_by="quota",
+                nodes=nodes,
+                detail=facts.quota_detail or f"quota {facts.quota_max} sandboxes",
+            )
+        return Capacity(starts_per_second=facts.engine_starts_per_second * nodes)
     bound_by = min(bounds, key=lambda k: bounds[k])
     per_node = bounds[bound_by]
-    nodes = max(1, facts.nodes)
+    total = per_node * nodes
+    detail = ", ".join(notes) + ("" if facts.measured else " (overheads assumed, not measured)")
+    if facts.quota_max and facts.quota_max < total:
+        # A namespace quota caps the whole cluster, not each node.
+        bound_by, total = "quota", facts.quota_max
+        detail = facts.quota_detail or f"quota {facts.quota_max} sandboxes"
     return Capacity(
-        sandboxes=per_node * nodes,
+        sandboxes=total,
         starts_per_second=facts.engine_starts_per_second * nodes,
         bound_by=bound_by,
         per_node=per_node,
         nodes=nodes,
-        detail=", ".join(notes) + ("" if facts.measured else " (overheads assumed, not measured)"),
+        detail=detail,
     )
 
 
 def refusal(asked: int, capacity: Capacity) -> str:
     """Why ``asked`` sandboxes do not fit, with what would hold them."""
+    if capacity.bound_by == "quota":
+        return (
+            f"{asked} asked, the quotas allow ~{capacity.sandboxes} ({capacity.detail}); "
+            "raise the quota or ask for fewer"
+        )
     need = capacity.nodes_for(asked)
-    where = "this host holds" if capacity.nodes == 1 else f"these {capacity.nodes} nodes hold"
+    if capacity.nodes == 1:
+        where, like = "this host holds", "on Kubernetes you need {} nodes like this one"
+    else:
+        where, like = f"these {capacity.nodes} nodes hold", "you need {} nodes like these"
     return (
         f"{asked} asked, {where} ~{capacity.sandboxes} (bound by {capacity.bound_by}: {capacity.detail}); "
-        f"on Kubernetes you need {need} nodes like this one"
+        + like.format(need)
     )

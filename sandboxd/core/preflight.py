@@ -242,6 +242,6 @@ async def preflight(
     start = statistics.median(starts) if starts else 0.0
     report.measured_start_seconds = start
     missing = max(0, concurrent - ready)
-    per_wave = max(1, control.settings.pools.max_starting)
+    per_wave = max(1, control.reconciler.start_window())
     report.predicted_warm_seconds = math.ceil(missing / per_wave) * (start or DEFAULT_START_SECONDS)
     return report

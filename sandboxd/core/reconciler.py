@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from opentelemetry.metrics import Meter
 
-from sandboxd.backends.base import Backend, HostCapacity, HostFacts, LivenessProbe
+from sandboxd.backends.base import Backend, HostCapacity, HostFacts, LivenessProbe, SchedulingPressure
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.capacity import Capacity
 from sandboxd.core.lifecycle import State
@@ -117,6 +117,8 @@ class Pacer:
             await self._clock.sleep(delay)
 
 
+CAPACITY_EVERY_SECONDS = 60.0
+"""How often the host's capacity is estimated again while sandboxes exist."""
 PASS_GAP_SECONDS = 0.005
 """Least loop time between two passes woken by pokes; CPU use, not a clock
 the scaling logic reads (which is the injected one)."""
@@ -169,10 +171,15 @@ class Reconciler:
         """What the backend's host holds (sandboxd.core.capacity); zeros until estimated."""
         self._settling: asyncio.Task[int] | None = None
         self._next_probe = 0.0
+        self._estimate: Callable[[HostFacts], Capacity] | None = None
+        self._ceiling_estimated = False
+        """``budget.max_total`` is the host's estimate, not an operator's: it follows re-estimates."""
+        self._next_estimate = math.inf
+        self._estimating: asyncio.Task[Capacity] | None = None
         if meter is not None:
             engine_gauges(
                 meter,
-                degraded=lambda: float(self.health.degraded),
+                self.health,
                 window=lambda: float(self.engine_view("")[1]),
                 in_doubt=lambda: float(len(self.in_doubt)),
                 capacity=lambda: float(self.capacity.sandboxes),
@@ -189,30 +196,40 @@ class Reconciler:
             budget_from(settings),
             tuning=tuning_from(settings),
             meter=meter,
-            congestion=CongestionConfig(slow_seconds=settings.engine_slow_seconds),
+            congestion=CongestionConfig(
+                slow_seconds=settings.engine_slow_seconds, most=settings.max_starting_limit
+            ),
         )
 
     async def estimate_capacity(self, estimate: Callable[[HostFacts], Capacity]) -> Capacity:
         """Asks the backend for its host's facts (when it reports them) and
         keeps ``estimate(facts)``; a budget without ``max_total`` takes the
-        estimate as its ceiling. Never raises: unknown capacity is zeros."""
+        estimate as its ceiling. The loop asks again every
+        ``CAPACITY_EVERY_SECONDS`` while sandboxes exist, so overheads are
+        measured on them rather than assumed, and the host's load counts.
+        Never raises: unknown capacity is zeros."""
+        self._estimate = estimate
         if not isinstance(self._backend, HostCapacity):
             return self.capacity
+        self._next_estimate = self._clock.monotonic() + CAPACITY_EVERY_SECONDS
         try:
             async with self._clock.timeout(self.budget.call_timeout):
                 facts = await self._backend.host_facts()
         except (TimeoutError, BackendError) as e:
             log.warning("host capacity unknown: %s", e or "the engine did not answer")
             return self.capacity
+        before = self.capacity
         self.capacity = estimate(facts)
-        if not self.budget.max_total and self.capacity.sandboxes:
+        if self.capacity.sandboxes and (not self.budget.max_total or self._ceiling_estimated):
+            self._ceiling_estimated = True
             self.budget = replace(self.budget, max_total=self.capacity.sandboxes)
-            log.info(
-                "at most %d sandboxes on this host (bound by %s: %s)",
-                self.capacity.sandboxes,
-                self.capacity.bound_by,
-                self.capacity.detail,
-            )
+            if (before.sandboxes, before.bound_by) != (self.capacity.sandboxes, self.capacity.bound_by):
+                log.info(
+                    "at most %d sandboxes on this host (bound by %s: %s)",
+                    self.capacity.sandboxes,
+                    self.capacity.bound_by,
+                    self.capacity.detail,
+                )
         return self.capacity
 
     # -- PoolHost -------------------------------------------------------------
@@ -291,10 +308,12 @@ class Reconciler:
 
     def engine_view(self, pool: str) -> tuple[str, int, int]:
         """(why the engine is degraded, start window, sandboxes of ``pool`` in doubt)."""
-        window = self.health.limit(
-            self.budget.max_starting or sum(p.max_starting for p in self.pools.values())
-        )
-        return self.health.describe(), window or 0, self.in_doubt.count(pool)
+        return self.health.describe(), self.start_window(), self.in_doubt.count(pool)
+
+    def start_window(self) -> int:
+        """Starts allowed in flight across pools now (see PoolHost.start_window)."""
+        pools = self.pools.values()
+        return self.health.limit(sum(p.max_starting for p in pools) or 1, self.budget.max_starting)
 
     def ceiling(self) -> int:
         """Sandboxes all pools may hold together (0 = no limit)."""
@@ -302,7 +321,7 @@ class Reconciler:
 
     def refusal_cause(self) -> str:
         """Why acquirers are not being served, if the host knows: the engine
-        degraded, or the host full; "" otherwise."""
+        degraded, the host full, or sandboxes waiting for a node; "" otherwise."""
         if self.health.degraded:
             return self.health.describe()
         if self.budget.max_total:
@@ -314,6 +333,9 @@ class Reconciler:
                         f" (the host holds ~{self.capacity.sandboxes}, bound by {self.capacity.bound_by})"
                     )
                 return cause
+        waiting, why = self._unplaced()
+        if waiting:
+            return f"cluster full: {waiting} sandboxes wait for a node" + (f" ({why})" if why else "")
         return ""
 
     # -- running ----------------------------------------------------------------
@@ -331,6 +353,11 @@ class Reconciler:
 
     async def stop(self) -> None:
         """Stops the background loop."""
+        if self._estimating is not None:
+            self._estimating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._estimating
+            self._estimating = None
         if self._settling is not None:
             self._settling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -364,11 +391,22 @@ class Reconciler:
             try:
                 self.reconcile()
                 self._settle()
+                self._reestimate()
                 if self.budget.liveness_interval > 0 and clock.monotonic() >= self._next_sweep:
                     self._next_sweep = clock.monotonic() + self.budget.liveness_interval
                     await self.sweep()
             except Exception:  # one bad pass must not stop scaling for good
                 log.exception("reconciler pass failed")
+
+    def _reestimate(self) -> None:
+        """Starts a new capacity estimate when one is due and sandboxes exist to measure."""
+        if self._estimate is None or self._clock.monotonic() < self._next_estimate:
+            return
+        if self._estimating is not None and not self._estimating.done():
+            return
+        if not any(p.records for p in self.pools.values()):
+            return
+        self._estimating = asyncio.create_task(self.estimate_capacity(self._estimate), name="capacity")
 
     def _sleep_for(self) -> float:
         now = self._clock.monotonic()
@@ -421,13 +459,16 @@ class Reconciler:
         if self.budget.max_total:
             held = sum(len(p.records) for p in pools) + len(self.in_doubt)
             room = min(room, self.budget.max_total - held)
-        starting = self.budget.max_starting
-        window = self.health.limit(starting or sum(p.max_starting for p in pools))
-        if window is not None:
-            starting = min(starting, window) if starting else window
-        if starting:
-            room = min(room, starting - sum(p.creating for p in pools))
+        room = min(room, self.start_window() - sum(p.creating for p in pools))
+        if self._unplaced()[0]:
+            # Sandboxes already wait for a node: more would only queue behind them.
+            room = 0
         return int(max(0, min(room, 1 << 30)))
+
+    def _unplaced(self) -> tuple[int, str]:
+        if isinstance(self._backend, SchedulingPressure):
+            return self._backend.unschedulable()
+        return 0, ""
 
     # -- the engine's answers -------------------------------------------------------
 

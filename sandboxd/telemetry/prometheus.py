@@ -88,10 +88,15 @@ def render(data: MetricsData | None) -> str:
 
 class MetricsServer:
     """Serves ``GET /metrics`` (and ``/healthz``) with aiohttp. Port 0 binds
-    a free port (read it from ``port`` after ``start``)."""
+    a free port (read it from ``port`` after ``start``). ``detail`` gives the
+    lines ``/healthz`` adds after "ok" (why the engine is degraded); the
+    answer stays 200 since the server itself still answers, with typed refusals."""
 
-    def __init__(self, collect: Callable[[], str], host: str, port: int) -> None:
+    def __init__(
+        self, collect: Callable[[], str], host: str, port: int, detail: Callable[[], str] = lambda: ""
+    ) -> None:
         self._collect = collect
+        self._detail = detail
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
@@ -115,7 +120,8 @@ class MetricsServer:
         return web.Response(body=self._collect().encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+        detail = self._detail()
+        return web.Response(text="ok\n" + (detail + "\n" if detail else ""))
 
     async def stop(self) -> None:
         """Stops serving and frees the port; a second call, or one before ``start``, does nothing."""

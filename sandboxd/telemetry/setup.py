@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.metrics import Meter
@@ -71,6 +72,8 @@ class Telemetry:
         # microseconds per exec): without an exporter the tracer is a no-op.
         self.tracer: Tracer = self.tracer_provider.get_tracer("sandboxd") if processors else NoOpTracer()
         self.server: MetricsServer | None = None
+        self.health_detail: Callable[[], str] = lambda: ""
+        """What ``/healthz`` says beside "ok" (the server sets it: why the engine is degraded)."""
 
     def prometheus_text(self) -> str:
         """The current metrics in the Prometheus text format."""
@@ -80,7 +83,10 @@ class Telemetry:
         """Opens the Prometheus scrape endpoint when a metrics port is configured; else does nothing."""
         if self.settings.metrics_port:
             self.server = MetricsServer(
-                self.prometheus_text, self.settings.metrics_host, self.settings.metrics_port
+                self.prometheus_text,
+                self.settings.metrics_host,
+                self.settings.metrics_port,
+                detail=lambda: self.health_detail(),
             )
             await self.server.start()
             log.info("metrics on http://%s:%d/metrics", self.server.host, self.server.port)

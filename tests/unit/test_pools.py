@@ -101,8 +101,10 @@ async def test_acquire_unknown_pool_is_not_found(h: Harness) -> None:
 
 
 async def test_waiters_are_served_first_come_first_served(make_control: MakeControl) -> None:
-    # One create at a time, so sandboxes arrive one by one.
-    h = await make_control(backend=FakeBackend(start_delay=0.02), pools__max_starting=1)
+    # One create at a time (a fixed window), so sandboxes arrive one by one.
+    h = await make_control(
+        backend=FakeBackend(start_delay=0.02), pools__max_starting=1, pools__max_starting_limit=0
+    )
     pool = await h.pool(min_ready=0, max_size=8)
     finished: list[str] = []
 
@@ -127,7 +129,9 @@ async def test_waiters_are_served_first_come_first_served(make_control: MakeCont
 
 
 async def test_a_newcomer_queues_behind_waiters(make_control: MakeControl) -> None:
-    h = await make_control(backend=FakeBackend(start_delay=0.02), pools__max_starting=1)
+    h = await make_control(
+        backend=FakeBackend(start_delay=0.02), pools__max_starting=1, pools__max_starting_limit=0
+    )
     pool = await h.pool(min_ready=0, max_size=8)
     waiter = asyncio.create_task(h.acquire(n=2, timeout=10.0))
     await wait_for(lambda: pool.waiting == 1, what="waiter queued")
@@ -139,7 +143,10 @@ async def test_a_newcomer_queues_behind_waiters(make_control: MakeControl) -> No
 
 
 async def test_max_starting_bounds_concurrent_creates(make_control: MakeControl) -> None:
-    h = await make_control(backend=FakeBackend(start_delay=0.05), pools__max_starting=2)
+    # max_starting_limit 0: the window never grows past max_starting.
+    h = await make_control(
+        backend=FakeBackend(start_delay=0.05), pools__max_starting=2, pools__max_starting_limit=0
+    )
     pool = await h.pool(min_ready=6, max_size=8)
     await wait_for(lambda: pool.ready == 6, what="6 ready")
     assert h.backend.max_concurrent_creates == 2

@@ -170,7 +170,7 @@ async def test_unannounced_acquires_raise_the_rate_and_the_warm_target(make_cont
 
 async def test_slow_backend_and_many_pokes_do_not_over_create(make_control: MakeControl) -> None:
     backend = Counting(start_delay=0.05)
-    h = await make_control(backend=backend, pools__max_starting=4)
+    h = await make_control(backend=backend, pools__max_starting=4, pools__max_starting_limit=0)
     pool = await h.pool(min_ready=0, max_size=32)
     await h.control.update_pool("p", None, None, max_ready=20)
     pool.announce("gen", 20, 0.0, 60.0)

@@ -79,11 +79,12 @@ def _shim_cost(pid: int) -> tuple[int, int] | None:
 def host_facts(info: Mapping[str, Any], local: bool, init_pids: Iterable[int]) -> HostFacts:
     """The facts for an engine whose ``info`` is given; ``local``: this
     process sees the engine's host (its /proc), and ``init_pids`` are the
-    host pids of some live sandboxes' init processes, to measure."""
+    host pids of the live sandboxes' init processes (up to 8 are measured)."""
+    pids = list(init_pids)
     memory = int(info.get("MemTotal") or 0)
     cpus = int(info.get("NCPU") or 0)
     threads_max, in_use = _kernel_threads() if local else (0, 0)
-    costs = [c for c in (_shim_cost(p) for p in list(init_pids)[:8]) if c is not None] if local else []
+    costs = [c for c in (_shim_cost(p) for p in pids[:8]) if c is not None] if local else []
     if costs:
         overhead_bytes = sum(b for b, _ in costs) // len(costs) + _INSIDE_BYTES
         overhead_threads = sum(t for _, t in costs) // len(costs) + _INSIDE_THREADS
@@ -97,6 +98,7 @@ def host_facts(info: Mapping[str, Any], local: bool, init_pids: Iterable[int]) -
         overhead_memory_bytes=overhead_bytes,
         overhead_threads=overhead_threads,
         measured=bool(costs),
+        sandboxes_present=len(pids) if local else 0,
         engine_max=cpus * ENGINE_CONTAINERS_PER_CPU,
         engine_starts_per_second=cpus * ENGINE_STARTS_PER_CPU,
     )

@@ -1,11 +1,13 @@
 """Sandboxes as Pods through the Kubernetes API server: the backend port.
 
 Where a sandbox runs (its Pod: create, delete, list for adoption, resize, the
-nodes' capacity) is pods.py; files in and out are files.py; usage is
-usage.py. This module composes them with what runs inside: one-shot commands
-and named sessions over the API server's exec stream (execs, wsexec), and
-the limit a failed command hit (limits.py). The pool and lease ledger
-(ledger.py) and tenant ResourceQuotas (quotas.py) ride along.
+nodes' capacity and host facts, hostcap.py) is pods.py; files in and out are
+files.py; usage is usage.py. Pods the scheduler could not place are counted
+by the watch cache (cache.py: SchedulingPressure). This module composes them
+with what runs inside: one-shot commands and named sessions over the API
+server's exec stream (execs, wsexec), and the limit a failed command hit
+(limits.py). The pool and lease ledger (ledger.py) and tenant
+ResourceQuotas (quotas.py) ride along.
 
 The handle of a sandbox is its Pod's name.
 """
@@ -29,6 +31,7 @@ from sandboxd.backends.base import (
     ExecOutcome,
     ExecResult,
     ExecSpec,
+    HostFacts,
     LeaseMark,
     Limits,
     OutputChunk,
@@ -202,6 +205,15 @@ class KubernetesBackend:
 
     async def capacity(self) -> tuple[int, int]:
         return await self._pods.capacity()
+
+    # -- HostCapacity and SchedulingPressure (hostcap.py, cache.py) --------
+
+    async def host_facts(self) -> HostFacts:
+        return await self._pods.host_facts()
+
+    def unschedulable(self) -> tuple[int, str]:
+        """This instance's Pods the scheduler could not place yet, from the watch cache."""
+        return self.cache.unschedulable()
 
     async def update_limits(self, handle: str, limits: Limits) -> None:
         await self._pods.update_limits(handle, limits)

@@ -5,6 +5,9 @@ resourceVersion; a 410 Gone or a cut stream relists). It keeps a small summary
 per Pod, not the Pod itself, so 10,000 tracked Pods cost a few MB. Callers
 wait for a Pod to reach a condition (Running and Ready, gone) through
 futures the watch resolves: no per-Pod polling, no per-Pod task.
+
+It also indexes the Pods the scheduler could not place (PodScheduled False,
+reason Unschedulable), so SchedulingPressure is a dict lookup, not a scan.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.backends.kubernetes.client import Json, KubeClient, KubeError
+from sandboxd.backends.kubernetes.podspec import parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,17 @@ class PodInfo:
     terminated_reason: str = ""
     last_terminated_reason: str = ""
     """Why the container's previous run ended (e.g. OOMKilled), or ''."""
+    unschedulable: bool = False
+    """The scheduler found no node for it (PodScheduled False, reason Unschedulable)."""
+    schedule_message: str = ""
+    """The scheduler's message when ``unschedulable`` ("0/4 nodes are available: ...")."""
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339, UTC: sorts as time)."""
+    memory_limit: int = 0
+    memory_request: int = 0
+    cpu_limit_millis: int = 0
+    cpu_request_millis: int = 0
+    """The containers' resources summed, as a ResourceQuota counts them."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -65,6 +81,38 @@ class PodInfo:
     def serving(self) -> bool:
         """Whether it is running and Ready."""
         return self.running and self.ready
+
+    @property
+    def waiting_for_node(self) -> bool:
+        """Pending, not being deleted, and the scheduler could not place it."""
+        return self.unschedulable and self.phase == "Pending" and not self.deleting
+
+    @property
+    def counted_by_quota(self) -> bool:
+        """Whether a ResourceQuota counts it (every Pod not yet Failed or Succeeded)."""
+        return self.phase not in ("Failed", "Succeeded")
+
+
+def _quantity(value: Any) -> float:
+    try:
+        return parse_quantity(str(value))
+    except ValueError:
+        return 0.0
+
+
+def _resources(spec: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(memory limit, memory request, CPU limit, CPU request in millicores)
+    of a Pod's containers, summed; a request left out defaults to the limit,
+    as the API server's defaulting does."""
+    mem_l = mem_r = cpu_l = cpu_r = 0.0
+    for c in spec.get("containers") or []:
+        res = c.get("resources") or {}
+        lim, req = res.get("limits") or {}, res.get("requests") or {}
+        mem_l += _quantity(lim.get("memory", 0))
+        mem_r += _quantity(req.get("memory", lim.get("memory", 0)))
+        cpu_l += _quantity(lim.get("cpu", 0))
+        cpu_r += _quantity(req.get("cpu", lim.get("cpu", 0)))
+    return int(mem_l), int(mem_r), int(cpu_l * 1000), int(cpu_r * 1000)
 
 
 def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
@@ -87,11 +135,16 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
         if last:
             last_terminated = str(last.get("reason") or f"exit {last.get('exitCode')}")
     sched = conditions.get("PodScheduled") or {}
-    if not problem and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
-        problem = f"Unschedulable: {sched.get('message', '')}"
+    unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
+    # Many Pods carry the same message: keep one copy of it.
+    schedule_message = sys.intern(str(sched.get("message") or "")) if unschedulable else ""
+    if not problem and unschedulable:
+        problem = f"Unschedulable: {schedule_message}"
     if status.get("phase") == "Failed" and not problem:
         problem, permanent = f"Pod failed: {status.get('reason') or terminated or 'unknown'}", True
     annotations = meta.get("annotations") or {}
+    spec = pod.get("spec") or {}
+    mem_l, mem_r, cpu_l, cpu_r = _resources(spec)
     return PodInfo(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
@@ -100,11 +153,18 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
         deleting=bool(meta.get("deletionTimestamp")),
         labels=dict(meta.get("labels") or {}),
         annotations={k: annotations[k] for k in keep_annotations if k in annotations},
-        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        node=str(spec.get("nodeName") or ""),
         problem=problem,
         permanent=permanent,
         terminated_reason=terminated,
         last_terminated_reason=last_terminated,
+        unschedulable=unschedulable,
+        schedule_message=schedule_message,
+        created=str(meta.get("creationTimestamp") or ""),
+        memory_limit=mem_l,
+        memory_request=mem_r,
+        cpu_limit_millis=cpu_l,
+        cpu_request_millis=cpu_r,
     )
 
 
@@ -126,6 +186,7 @@ class PodCache:
         self._selector = label_selector
         self._keep = keep_annotations
         self.pods: dict[str, PodInfo] = {}
+        self._unplaced: dict[str, PodInfo] = {}
         self._waiters: dict[str, list[tuple[Predicate, asyncio.Future[PodInfo | None]]]] = {}
         self._rv = ""
         self._task: asyncio.Task[None] | None = None
@@ -150,6 +211,14 @@ class PodCache:
                 if not fut.done():
                     fut.cancel()
         self._waiters.clear()
+
+    def unschedulable(self) -> tuple[int, str]:
+        """(Pods the scheduler could not place, its message for the oldest);
+        (0, "") when none. From the cache alone."""
+        if not self._unplaced:
+            return 0, ""
+        oldest = min(self._unplaced.values(), key=lambda p: (p.created, p.name))
+        return len(self._unplaced), oldest.schedule_message
 
     def get(self, name: str) -> PodInfo | None:
         """The Pod as last seen, or None when the cache holds no such Pod; never asks the API server."""
@@ -179,6 +248,10 @@ class PodCache:
             self.pods.pop(name, None)
         else:
             self.pods[name] = info
+        if info is not None and info.waiting_for_node:
+            self._unplaced[name] = info
+        else:
+            self._unplaced.pop(name, None)
         for predicate, fut in list(self._waiters.get(name, ())):
             if not fut.done() and predicate(info):
                 fut.set_result(info)

@@ -5,7 +5,8 @@ managed/instance/pool/sandbox/tenant), created with a POST and waited on
 through the watch cache until Running and Ready; deleted with a grace of 0;
 listed by labels for adoption. The namespace gets one deny-all NetworkPolicy
 for sandbox Pods. Also what the cluster can hold for them: the nodes they may
-land on (capacity, images) and in-place resizes.
+land on (capacity, host facts with the namespace's quotas: hostcap.py,
+images) and in-place resizes.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sandboxd.backends.base import LABEL_SANDBOX, BackendSandbox, Limits, SandboxSpec
+from sandboxd.backends.base import LABEL_SANDBOX, BackendSandbox, HostFacts, Limits, SandboxSpec
+from sandboxd.backends.kubernetes import hostcap
 from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
-from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
+from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, unreachable, wrap
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
     ANNOTATION_POOL,
@@ -259,31 +261,46 @@ class Pods:
             raise wrap(e, "cannot list nodes") from e
         return list(body.get("items") or [])
 
-    async def capacity(self) -> tuple[int, int]:
-        """Allocatable memory and CPUs of the schedulable, Ready nodes the
-        sandboxes may land on, capped by the namespace's ResourceQuotas.
-        Without permission to list nodes, the quota alone (0 = unknown)."""
-        memory, cpus = 0.0, 0.0
+    async def _schedulable_nodes(self) -> builtins.list[dict[str, Any]] | None:
+        """The schedulable, Ready nodes sandbox Pods may land on (their node
+        selector, their tolerations); None when this account may not list
+        nodes. Raises BackendError when the API server cannot be reached."""
         try:
             nodes = await self._nodes()
         except PermanentBackendError:
-            nodes = []
+            return None
+        out = []
         for node in nodes:
             if (node.get("spec") or {}).get("unschedulable") or not self._tolerates(node):
                 continue
             conditions = {
                 c.get("type"): c.get("status") for c in (node.get("status") or {}).get("conditions") or []
             }
-            if conditions.get("Ready") != "True":
-                continue
+            if conditions.get("Ready") == "True":
+                out.append(node)
+        return out
+
+    async def _resource_quotas(self) -> builtins.list[dict[str, Any]]:
+        """The namespace's ResourceQuotas; none when this account may not read
+        them. Raises BackendError when the API server cannot be reached."""
+        try:
+            body = await self._client.request("GET", f"/api/v1/namespaces/{self._ns}/resourcequotas")
+        except KubeError as e:
+            if unreachable(e) or e.status >= 500:
+                raise wrap(e, "cannot read ResourceQuotas") from e
+            return []
+        return list(body.get("items") or [])
+
+    async def capacity(self) -> tuple[int, int]:
+        """Allocatable memory and CPUs of the schedulable, Ready nodes the
+        sandboxes may land on, capped by the namespace's ResourceQuotas.
+        Without permission to list nodes, the quota alone (0 = unknown)."""
+        memory, cpus = 0.0, 0.0
+        for node in await self._schedulable_nodes() or []:
             alloc = (node.get("status") or {}).get("allocatable") or {}
             memory += parse_quantity(alloc.get("memory", "0"))
             cpus += parse_quantity(alloc.get("cpu", "0"))
-        try:
-            quotas = await self._client.request("GET", f"/api/v1/namespaces/{self._ns}/resourcequotas")
-        except KubeError:
-            quotas = {}
-        for quota in quotas.get("items") or []:
+        for quota in await self._resource_quotas():
             hard = (quota.get("status") or {}).get("hard") or (quota.get("spec") or {}).get("hard") or {}
             for key in ("limits.memory", "requests.memory", "memory"):
                 if key in hard:
@@ -294,6 +311,30 @@ class Pods:
                     q = parse_quantity(hard[key])
                     cpus = min(cpus, q) if cpus else q
         return int(memory), int(cpus)
+
+    async def host_facts(self) -> HostFacts:
+        """Per-node allocatable of the nodes sandboxes may land on, and the
+        namespace's quotas as what they leave this control plane (see
+        hostcap.py for what each figure means). Never raises for a missing
+        permission (nodes: the quotas alone; quotas: none); BackendError
+        when the API server cannot be reached."""
+        nodes = await self._schedulable_nodes()
+        quotas = await self._resource_quotas()
+        return hostcap.host_facts(nodes, quotas, self._own_use(), self._pod_opts.memory_request_ratio)
+
+    def _own_use(self) -> hostcap.OwnUse:
+        """What this control plane's Pods count in quotas, from the watch
+        cache (nothing before it has synced: the quota's room then errs low)."""
+        if not self._cache.synced.is_set():
+            return hostcap.OwnUse()
+        counted = [p for p in self._cache.pods.values() if p.counted_by_quota]
+        return hostcap.OwnUse(
+            pods=len(counted),
+            memory_limit=sum(p.memory_limit for p in counted),
+            memory_request=sum(p.memory_request for p in counted),
+            cpu_limit_millis=sum(p.cpu_limit_millis for p in counted),
+            cpu_request_millis=sum(p.cpu_request_millis for p in counted),
+        )
 
     def _tolerates(self, node: dict[str, Any]) -> bool:
         """Whether sandbox Pods (their tolerations) may be scheduled on ``node``."""

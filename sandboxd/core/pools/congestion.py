@@ -1,24 +1,33 @@
-"""How hard the engine may be pushed: an AIMD start window and the engine's
+"""How hard the engine may be pushed: a start window and the engine's
 health, both fed by the latency of every create, destroy and list call.
 
-Like TCP congestion control: while calls stay fast the window of starts in
-flight grows by about one per window's worth of successes (additive
-increase); a slow or timed-out call halves it (multiplicative decrease), at
-most once per round trip, so one slow burst costs one cut. The engine
-measured in ENGINE-LIMITS accepts far more than it can serve and, pushed past
-that, wedges for good; backing off early is what keeps it answering.
+Like TCP congestion control, the window of starts in flight moves with what
+the engine answers rather than sitting at a fixed ``max_starting``:
+
+- it starts at ``initial`` (the pools' ``max_starting``) and, while starts
+  queue up behind it (it binds) and creates answer within ``grow_factor``
+  times the fastest create seen lately, grows: one per success up to the last
+  cut's threshold (slow start), then one per window's worth of successes
+  (additive increase), up to ``most``;
+- between that and slow it holds: the engine is busy, and more starts at once
+  would only make each one slower (a CPU-bound engine's create time grows with
+  the starts it runs);
+- a slow or timed-out call halves it (multiplicative decrease), at most once
+  per round trip, so one slow burst costs one cut.
+
+The engine measured in ENGINE-LIMITS accepts far more than it can serve and,
+pushed past that, wedges for good; growing only while creates stay fast, and
+backing off early, is what keeps it answering.
 
 A call that times out marks the engine *degraded* (with the reason) and pins
-the window to one start at a time; a run of fast calls recovers it. The
-window only binds once the engine has shown strain: until then, and once it
-has grown back to the static bounds, ``limit`` is None and the static
-``max_starting`` bounds alone apply.
+the window to one start at a time; a run of fast calls recovers it.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -47,6 +56,33 @@ class CongestionConfig:
     """Calls faster than this are never slow (the baseline of an idle engine is tiny)."""
     recover_after: int = 3
     """Fast calls in a row that end a degraded spell."""
+    initial: int = 0
+    """Starts in flight before anything is known; 0 = the static bound the
+    first ``limit`` call names (the pools' ``max_starting``)."""
+    most: int = 64
+    """The window never grows past this (0 = ``initial``: a fixed window unless cut)."""
+    grow_factor: float = 1.5
+    """The window grows only while a create answers within this many times
+    the fastest create of the last ``fastest_seconds``."""
+    fastest_seconds: float = 120.0
+
+
+class _RecentMinimum:
+    """The smallest sample of the last ``span`` seconds (a monotone deque)."""
+
+    def __init__(self, span: float) -> None:
+        self._span = span
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def add(self, now: float, value: float) -> None:
+        while self._samples and self._samples[-1][1] >= value:
+            self._samples.pop()
+        self._samples.append((now, value))
+
+    def value(self, now: float) -> float | None:
+        while self._samples and now - self._samples[0][0] > self._span:
+            self._samples.popleft()
+        return self._samples[0][1] if self._samples else None
 
 
 class EngineHealth:
@@ -62,36 +98,45 @@ class EngineHealth:
         self._now = clock_now
         self._in_flight = in_flight
         self.config = config or CongestionConfig()
-        self.window: float | None = None
-        """Starts allowed in flight; None = only the static bounds apply."""
+        self.window = float(self.config.initial)
+        """Starts allowed in flight across pools (0 until the first ``limit``)."""
+        self._initial = max(1, self.config.initial)
         self._threshold = math.inf
         self._last_cut = -math.inf
         self._baseline = Ewma(0.2, 0.0)
+        self._fastest = _RecentMinimum(self.config.fastest_seconds)
         self._fast_run = 0
         self.degraded = False
         self.reason = ""
         """Why the engine is degraded (or was last slow); "" once healthy."""
+        self.degraded_by: Call | None = None
+        """The call whose time-out degraded the engine last."""
         self.degraded_since = 0.0
         self.degraded_seconds_total = 0.0
         """Seconds spent degraded, over finished spells."""
         self.cuts = 0
+        self.grows = 0
         self.timeouts = 0
         self.on_change: Callable[[bool], None] = lambda degraded: None
         """Hears each change between degraded (True) and healthy (False)."""
 
     # -- what the pools may do -------------------------------------------------
 
-    def limit(self, ceiling: int) -> int | None:
-        """Starts allowed in flight across pools, given the static
-        ``ceiling`` (0 = none); None = no limit beyond it."""
-        if self.window is None:
-            return None
-        if ceiling and self.window >= ceiling and not self.degraded:
-            # Grown back to the static bound: the engine copes with it again.
-            self.window = None
-            self._threshold = math.inf
-            return None
-        return max(1, int(self.window))
+    @property
+    def most(self) -> int:
+        """The largest window the engine may reach."""
+        return max(self.config.most, self._initial, 1)
+
+    def limit(self, initial: int, ceiling: int = 0) -> int:
+        """Starts allowed in flight across pools, within the hard ``ceiling``
+        (0 = none); ``initial``: the window before anything is known."""
+        if not self.cuts and self.window < initial:
+            # Until the engine has shown strain, every pool's max_starting
+            # counts (a pool added later brings its own).
+            self._initial = max(1, initial)
+            self.window = float(self._initial)
+        allowed = max(1, int(self.window))
+        return min(allowed, ceiling) if ceiling else allowed
 
     def degraded_for(self) -> float:
         """Seconds of the current degraded spell (0 when healthy)."""
@@ -102,6 +147,10 @@ class EngineHealth:
         if not self.degraded:
             return ""
         return f"engine degraded for {self.degraded_for():.0f}s: {self.reason}"
+
+    def fastest_create(self) -> float | None:
+        """The fastest create of the last ``fastest_seconds`` (None: none seen)."""
+        return self._fastest.value(self._now())
 
     # -- what the calls say ------------------------------------------------------
 
@@ -119,17 +168,21 @@ class EngineHealth:
             self.degraded = False
             self.reason = ""
             self.on_change(False)
-        if call is Call.CREATE and self.window is not None and not self.degraded:
-            if self.window < self._threshold:
-                self.window += 1.0  # slow start: doubles per round trip up to the threshold
-            else:
-                self.window += 1.0 / self.window
+        if call is Call.CREATE:
+            # In flight now excludes this create; the window bound if the
+            # others and this one filled it.
+            binding = bool(self.window) and self._in_flight() + 1 >= int(self.window)
+            self._fastest.add(self._now(), seconds)
+            fastest = self._fastest.value(self._now()) or seconds
+            if not self.degraded and binding and seconds <= self.config.grow_factor * fastest:
+                self._grow()
 
     def timed_out(self, call: Call, after: float) -> None:
         """A call that did not answer within ``after`` seconds: the engine is degraded."""
         self.timeouts += 1
         self._fast_run = 0
         self.reason = f"{call.value} calls time out (no answer in {after:g}s)"
+        self.degraded_by = call
         if not self.degraded:
             self.degraded = True
             self.degraded_since = self._now()
@@ -142,6 +195,16 @@ class EngineHealth:
         self._fast_run = 0
 
     # -- internals ---------------------------------------------------------------
+
+    def _grow(self) -> None:
+        if self.window >= self.most:
+            return
+        if self.window < self._threshold:
+            self.window += 1.0  # slow start: doubles per round trip up to the threshold
+        else:
+            self.window += 1.0 / self.window
+        self.window = min(self.window, float(self.most))
+        self.grows += 1
 
     def _is_slow(self, seconds: float) -> bool:
         c = self.config
@@ -157,21 +220,23 @@ class EngineHealth:
         # together, and halving once per answer would collapse the window.
         if not force and now - self._last_cut < max(1.0, self._baseline.value):
             return
-        current = self.window if self.window is not None else float(max(1, self._in_flight()))
+        # The window only grows while it binds, so it is what was in flight
+        # (before the first limit() there is no window: what is in flight).
+        current = self.window or float(max(1, self._in_flight()))
         self.window = max(1.0, current / 2)
         self._threshold = self.window
         self._last_cut = now
         self.cuts += 1
 
 
-def engine_gauges(meter: Meter, **values: Callable[[], float]) -> None:
-    """Exports the engine's state: ``degraded``, start ``window``, sandboxes
-    ``in_doubt`` and host ``capacity``, each read when scraped."""
+def engine_gauges(meter: Meter, health: EngineHealth, **values: Callable[[], float]) -> None:
+    """Exports the engine's state: ``degraded`` (labelled with the call that
+    timed out), start ``window``, sandboxes ``in_doubt`` and host
+    ``capacity``, each read when scraped."""
     described = {
-        "degraded": ("sandboxd_engine_degraded", "1 while engine calls time out."),
         "window": (
             "sandboxd_engine_start_window",
-            "Starts allowed in flight (AIMD; 0 = static bounds only).",
+            "Starts allowed in flight across pools (grows while creates stay fast, halves when slow).",
         ),
         "in_doubt": ("sandboxd_sandboxes_in_doubt", "Sandboxes whose create or destroy got no answer."),
         "capacity": ("sandboxd_host_capacity_sandboxes", "Sandboxes the host is estimated to hold."),
@@ -180,6 +245,17 @@ def engine_gauges(meter: Meter, **values: Callable[[], float]) -> None:
     def observe(read: Callable[[], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         return lambda options: [Observation(read())]
 
+    def degraded(options: CallbackOptions) -> Iterable[Observation]:
+        if health.degraded and health.degraded_by is not None:
+            # The call, not the reason's text: a label must have few values.
+            return [Observation(1.0, {"call": health.degraded_by.value})]
+        return [Observation(0.0)]
+
+    meter.create_observable_gauge(
+        "sandboxd_engine_degraded",
+        callbacks=[degraded],
+        description="1 while engine calls time out, labelled with the call (create, destroy, list).",
+    )
     for key, read in values.items():
         name, description = described[key]
         meter.create_observable_gauge(name, callbacks=[observe(read)], description=description)

@@ -54,6 +54,11 @@ class PoolHost(Protocol[PoolT]):
         books until the engine answers for it."""
         ...
 
+    def start_window(self) -> int:
+        """Starts allowed in flight across pools now: the engine's window,
+        which grows past a pool's ``max_starting`` while creates stay fast."""
+        ...
+
     def ceiling(self) -> int:
         """Sandboxes all pools may hold together (0 = no limit)."""
         ...

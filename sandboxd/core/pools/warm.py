@@ -149,7 +149,8 @@ class WarmPool:
         return max(0, self._occupied() - self._handout.ready - self.creating)
 
     def _room(self) -> int:
-        return max(0, min(self.config.max_size - self._occupied(), self._max_starting - self.creating))
+        starting = max(self._max_starting, self._host.start_window())
+        return max(0, min(self.config.max_size - self._occupied(), starting - self.creating))
 
     def creates_needed(self) -> int:
         """Creates this pool wants now: its warm target plus what waiters are
@@ -437,13 +438,28 @@ class WarmPool:
         try:
             records = await self._handout.acquire(n, min_n, timeout)
         except Shortfall as e:
-            cause = self._host.refusal_cause() or self.last_error
+            cause = self._host.refusal_cause() or self.last_error or self._start_rate_cause(n - e.got)
             raise DeadlineExceeded(
                 f"pool {self.name}: got {e.got} of {n} sandboxes before the deadline (ready "
                 f"{self._handout.ready}, creating {self.creating}{'; ' + cause if cause else ''})"
             ) from None
         self._meters.acquire_latency.record(max(0.0, self._clock.monotonic() - began), {"pool": self.name})
         return records
+
+    def _start_rate_cause(self, short: int) -> str:
+        """Why waiters are not served when nothing failed and nothing is full:
+        sandboxes are being started as fast as the engine's window lets them.
+        ``short``: what the acquirer that gave up still lacked."""
+        owed = self._handout.outstanding() + short
+        if not owed:
+            return ""
+        window = self._host.start_window()
+        startup = self._host.startup_estimate()
+        rate = f", ~{window / startup:.1f}/s" if startup else ""
+        return (
+            f"start-up: the engine starts {window} at a time{rate}, and waiters are owed {owed} more; "
+            "give the acquire a longer deadline or announce the burst ahead (Prewarm/SetDemand)"
+        )
 
     def mark_leased(self, records: list[SandboxRecord], lease_id: str) -> None:
         """Moves records handed over by ``acquire`` to LEASED under ``lease_id``."""
