@@ -41,6 +41,7 @@ import aiohttp
 import docker
 
 from benchmarks.acquire_exec import ServerProcess, free_port, percentile, sweep
+from sandboxd.adapters.sandboxfusion import POOL_MEMORY_MB, ensure_pool
 from sandboxd.adapters.sandboxfusion_langs import LANGUAGES
 from sandboxd.client import AsyncClient
 
@@ -88,7 +89,12 @@ def _docker_script(p: Program) -> str:
 
 
 async def _one_http(http: aiohttp.ClientSession, url: str, p: Program) -> tuple[float, str]:
-    body = {"code": p.code, "language": p.language, "run_timeout": p.run_timeout, "memory_limit_MB": 1024}
+    body = {
+        "code": p.code,
+        "language": p.language,
+        "run_timeout": p.run_timeout,
+        "memory_limit_MB": POOL_MEMORY_MB,
+    }
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(CALL_LIMIT), http.post(url, json=body) as r:
@@ -218,7 +224,11 @@ async def bench(args: argparse.Namespace, server: ServerProcess, image: str, lab
     """Runs every concurrency through /run_code and through docker run; returns the report."""
     await server.wait_healthy(60)
     async with AsyncClient(server.address) as client:
-        await client.create_pool(POOL, image, min_ready=args.warm, max_size=args.max_size)
+        # As `sandboxd run-code --image` makes its pool: memory for verl's default
+        # memory_limit_MB (1024), which every request of the mix asks for.
+        await ensure_pool(
+            client, POOL, image, memory_mb=POOL_MEMORY_MB, min_ready=args.warm, max_size=args.max_size
+        )
     port = free_port()
     rc_cmd = [
         sys.executable,

@@ -192,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     rc.add_argument(
         "--reserve", type=int, default=4, help="sandboxes prepared ahead of requests, at least (demand adds)"
     )
+    rc.add_argument("--image", default="", help="create --pool of this image if it does not exist")
+    rc.add_argument(
+        "--memory-mb", type=int, default=1024, help="memory per sandbox of a pool it creates (verl's default)"
+    )
+    rc.add_argument("--max-size", type=int, default=64, help="sandboxes of a pool it creates, at most")
     pa = sub.add_parser("prime-api", help="serve the Prime sandbox API (prime-sandboxes SDK) over pools")
     pa.add_argument("--target", default="127.0.0.1:50051")
     pa.add_argument("--token", help="tenant bearer token")
@@ -256,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
                     acquire_timeout=args.acquire_timeout,
                     max_uses=args.max_uses,
                     reserve=args.reserve,
+                    image=args.image,
+                    memory_mb=args.memory_mb,
+                    max_size=args.max_size,
                 )
             )
         return 0

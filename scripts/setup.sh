@@ -111,11 +111,13 @@ tag=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.bu
 if [[ $mode == test ]]; then
     # The image behind `sandboxd run-code` and its tests: the toolchains of
     # SandboxFusion's languages (first run: ~3 min and ~3 GB; then cached).
+    # A failed build fails the set-up: the run-code tests need the image and
+    # fail without it (they never fall back or skip).
     say "ensuring the code-judge image"
-    if judge=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.codejudge); then
-        say "code-judge image: $judge"
-    else
-        say "the code-judge image did not build; run-code tests skip the languages it would add"
+    if ! judge=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.codejudge); then
+        echo "[setup] the code-judge image did not build (see the log above)" >&2
+        exit 1
     fi
+    say "code-judge image: $judge"
 fi
 say "ready ($mode): $tag"

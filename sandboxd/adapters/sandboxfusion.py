@@ -4,10 +4,13 @@ runs unchanged against sandboxd.
 
 Statuses mean what SandboxFusion's ``parse_run_status`` makes them mean:
 ``SandboxError`` only for the service's own failures (a sandbox lost under a
-command, an acquire that cannot be served), ``Failed`` for a compile error, a
-non-zero exit or a time-out, ``Success`` otherwise. A wait for a sandbox past
-``acquire_timeout`` answers HTTP 504, the one status verl retries. Sandboxes
-are prepared ahead of requests and reused between them under the rules of
+command, an acquire that cannot be served, a language whose toolchain the
+image lacks, a memory limit above the pool's), ``Failed`` for a compile
+error, a non-zero exit or a time-out, ``Success`` otherwise. A wait for a
+sandbox past ``acquire_timeout`` answers HTTP 504, the one status verl
+retries. Output is kept as SandboxFusion keeps it: the first MiB of each
+stream, the program running on to its own end and status. Sandboxes are
+prepared ahead of requests and reused between them under the rules of
 sandboxd.adapters.sandboxfusion_warm.
 
     sandboxd run-code --target 127.0.0.1:50051 --pool code-judge --port 8080
@@ -27,14 +30,58 @@ from typing import Any
 from aiohttp import web
 
 from sandboxd import errors
-from sandboxd.adapters.sandboxfusion_langs import LANGUAGE_NAMES, Runner, prepare_source, runner_for
+from sandboxd.adapters.sandboxfusion_langs import (
+    LANGUAGE_NAMES,
+    LANGUAGES,
+    UNPACKAGED,
+    Runner,
+    prepare_source,
+    runner_for,
+)
 from sandboxd.adapters.sandboxfusion_probes import LAUNCH_FAILED, clean_command, launch, setup_command
-from sandboxd.adapters.sandboxfusion_warm import CLEAN_OUTCOMES, Slot, StepFailed, WarmSandboxes, run_step
+from sandboxd.adapters.sandboxfusion_warm import (
+    CLEAN_OUTCOMES,
+    STEP_TIMEOUT,
+    Slot,
+    StepFailed,
+    WarmSandboxes,
+    run_step,
+)
 from sandboxd.client import AsyncClient, ExecResult
 
-__all__ = ["WARM", "RunCodeArgs", "command_result", "make_app", "parse_request", "run_status", "serve"]
+__all__ = [
+    "CAPTURE_BYTES",
+    "POOL_MEMORY_MB",
+    "WARM",
+    "RunCodeArgs",
+    "command_result",
+    "ensure_pool",
+    "make_app",
+    "parse_request",
+    "run_status",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
+
+CAPTURE_BYTES = 1 << 20
+"""Bytes of each of a command's streams kept: SandboxFusion's (its
+get_output_non_blocking reads ``fd.read(1024 * 1024)`` of each once the
+process ended). The rest is dropped and the program runs on."""
+POOL_MEMORY_MB = 1024
+"""Memory limit of the pool ``sandboxd run-code --image`` creates: verl's default
+``memory_limit_MB``, which a smaller pool would refuse."""
+# What an exec may write past the launcher's two capped streams before
+# sandboxd itself stops it: only a program that writes around the launcher
+# (to its stdout by /proc) gets there.
+_OUTPUT_SLACK = 1 << 20
+# The smallest memory limit an acquire may set (sandboxd's own floor).
+_MIN_MEMORY = 16 << 20
+# Exit statuses above this are deaths by a signal (128 + n), as a sandbox's
+# death gives its processes: only those are checked against the sandbox.
+_SIGNALLED = 128
+# Ends that cannot come from a lost sandbox, or already say it was lost.
+_NOT_CHECKED = frozenset({"SANDBOX_LOST", "KILLED", "TIMED_OUT"})
 
 
 @dataclass
@@ -125,8 +172,12 @@ def command_result(result: ExecResult) -> dict[str, Any]:
         "stdout": result.stdout.decode(errors="replace"),
         "stderr": result.stderr.decode(errors="replace"),
     }
-    if result.outcome == "TIMED_OUT":
-        # SandboxFusion kills the command and reports no return code.
+    if result.outcome in ("TIMED_OUT", "OUTPUT_TRUNCATED"):
+        # SandboxFusion kills the command and reports no return code. A program
+        # that writes past sandboxd's own output bound (around the launcher, which
+        # drops what is past the capture cap) is stopped there and answered the
+        # way SandboxFusion answers a program that never stops writing: its pipe
+        # fills, it blocks, and its time runs out.
         return {"status": "TimeLimitExceeded", "execution_time": result.duration, "return_code": None, **text}
     if result.outcome in ("SANDBOX_LOST", "KILLED"):
         return {
@@ -180,24 +231,57 @@ WARM = web.AppKey("warm", WarmSandboxes)
 class RunCode:
     """Serves one ``/run_code`` request at a time per sandbox, over ``WarmSandboxes``."""
 
-    def __init__(self, warm: WarmSandboxes, *, acquire_timeout: float, output_limit: int = 0) -> None:
+    def __init__(self, warm: WarmSandboxes, *, acquire_timeout: float, capture: int = CAPTURE_BYTES) -> None:
         self.warm = warm
         self.acquire_timeout = acquire_timeout
-        self.output_limit = output_limit
+        self.capture = capture
 
     async def _user(
         self, slot: Slot, command: str, top: str, timeout: float, stdin: str | None
     ) -> ExecResult:
-        return await slot.sandbox.exec(
+        result = await slot.sandbox.exec(
             # Confined where the sandbox is reused, so the clean-up cannot be subverted.
-            launch(command) if slot.reusable else command,
+            launch(command, confine=slot.reusable, capture=self.capture),
             cwd=f"{top}/w",
             env={"HOME": f"{top}/h"},
             # sandboxd reads 0 as "no time-out"; SandboxFusion's 0 expires at once.
             timeout=max(timeout, 0.001),
             stdin=stdin or "",
-            output_limit=self.output_limit,
+            # The launcher passes on at most ``capture`` bytes of each stream.
+            output_limit=2 * self.capture + _OUTPUT_SLACK,
         )
+        if result.outcome in _NOT_CHECKED or (result.outcome == "EXITED" and result.exit_code <= _SIGNALLED):
+            return result
+        return await self._unless_lost(slot, result)
+
+    @staticmethod
+    async def _unless_lost(slot: Slot, result: ExecResult) -> ExecResult:
+        """``result`` of a command killed by a signal or a limit, or SANDBOX_LOST if the
+        sandbox itself is gone. A killed container takes its processes with it, and
+        the engine may tell that as their exit status (137) before it knows the
+        container stopped: one more exec, only after such an end, tells which."""
+        try:
+            probe = await slot.sandbox.exec(["true"], timeout=STEP_TIMEOUT, cwd="/")
+        except errors.SandboxdError as e:
+            detail = e.message
+        else:
+            if probe.outcome != "SANDBOX_LOST":
+                return result
+            detail = probe.detail or "the sandbox stopped"
+        return dataclasses.replace(
+            result,
+            outcome="SANDBOX_LOST",
+            exit_code=-1,
+            detail=f"the sandbox was lost under the program: {detail}",
+        )
+
+    def _unavailable(self, language: str, tool: str, image: str = "") -> web.Response:
+        why = UNPACKAGED.get(language)
+        message = (
+            f"language {language!r} is not available here: the sandbox image"
+            f"{f' {image}' if image else ''} has no {tool!r}{f' ({why})' if why else ''}"
+        )
+        return _response("SandboxError", message)
 
     async def handle(self, args: RunCodeArgs) -> web.Response:
         """Runs one validated request and answers SandboxFusion's response."""
@@ -213,18 +297,32 @@ class RunCode:
                 }
                 return _response("SandboxError", runner, compile_result=compile_error)
             return _response("SandboxError", runner)
-        memory = args.memory_limit_MB << 20 if args.memory_limit_MB > 0 else 0
+        # Known once a sandbox of the pool's image was prepared: then no sandbox is taken.
+        if runner.tool and self.warm.has_tool(runner.tool) is False:
+            return self._unavailable(args.language, runner.tool)
+        memory = await self._memory(args.memory_limit_MB)
+        if isinstance(memory, web.Response):
+            return memory
         try:
-            slot = await self._take(await self.warm.memory_key(memory))
+            slot = await self.warm.take(memory, self.acquire_timeout)
         except errors.DeadlineExceeded as e:
             # verl retries exactly this status; the body says why.
             return web.json_response(
                 {"detail": f"no sandbox within {self.acquire_timeout:g}s: {e.message}"}, status=504
             )
+        except errors.InvalidArgument as e:
+            # With a memory limit: the pool's own was not known here; the server's
+            # refusal names it.
+            what = f"memory_limit_MB {args.memory_limit_MB}" if memory else "the request"
+            return _response("SandboxError", f"{what} cannot be served: {e.message}")
         except errors.SandboxdError as e:
             return _response("SandboxError", f"could not acquire a sandbox: {e.message}")
         except StepFailed as e:
             return _response("SandboxError", f"could not prepare a sandbox: {e}")
+        image = slot.sandbox.info.image
+        if runner.tool and self.warm.has_tool(runner.tool, image) is False:
+            self.warm.put_back(slot)
+            return self._unavailable(args.language, runner.tool, image)
         top = slot.new_top()
         clean = cleaned = False
         try:
@@ -236,14 +334,23 @@ class RunCode:
         finally:
             self.warm.give_back(slot, clean=clean, top=top, cleaned=cleaned)
 
-    async def _take(self, memory: int) -> Slot:
-        try:
-            return await self.warm.take(memory, self.acquire_timeout)
-        except errors.InvalidArgument:
-            if not memory:
-                raise
-            # Above the pool's own limit: the pool's limit is the most there is.
-            return await self.warm.take(0, self.acquire_timeout)
+    async def _memory(self, memory_mb: int) -> int | web.Response:
+        """The memory limit a request's sandbox is acquired with (0: the pool's own), or
+        the answer to a request above the pool's limit: never silently less than asked."""
+        if memory_mb <= 0:
+            return 0
+        # sandboxd sets no limit below 16 MiB; a request below it gets 16 MiB.
+        memory = max(memory_mb << 20, _MIN_MEMORY)
+        ceiling = await self.warm.memory_ceiling()
+        if ceiling and memory > ceiling:
+            return _response(
+                "SandboxError",
+                f"memory_limit_MB {memory_mb} is above the memory limit of pool {self.warm.pool!r} "
+                f"({ceiling >> 20} MiB): ask for at most {ceiling >> 20} (-1: the pool's own), "
+                "or serve a pool with more",
+            )
+        # The pool's own limit is served by the pool's own sandboxes (and reserve).
+        return 0 if memory == ceiling else memory
 
     async def _run(
         self, slot: Slot, runner: Runner, args: RunCodeArgs, top: str
@@ -289,14 +396,15 @@ def make_app(
     *,
     acquire_timeout: float = 8.0,
     max_uses: int = 50,
-    output_limit: int = 0,
+    capture: int = CAPTURE_BYTES,
     reserve: int = 0,
 ) -> web.Application:
     """The aiohttp app serving ``POST /run_code`` and ``GET /v1/ping`` over sandboxes of ``pool``,
-    with at least ``reserve`` sandboxes prepared ahead of requests; ``GET /sandboxd/stats``
-    tells how requests were served."""
-    warm = WarmSandboxes(client, pool, max_uses=max_uses, reserve=reserve)
-    service = RunCode(warm, acquire_timeout=acquire_timeout, output_limit=output_limit)
+    with at least ``reserve`` sandboxes prepared ahead of requests, keeping ``capture`` bytes
+    of each output stream; ``GET /sandboxd/stats`` tells how requests were served."""
+    tools = sorted({r.tool for r in LANGUAGES.values() if r.tool})
+    warm = WarmSandboxes(client, pool, max_uses=max_uses, reserve=reserve, tools=tools)
+    service = RunCode(warm, acquire_timeout=acquire_timeout, capture=capture)
 
     async def run_code(request: web.Request) -> web.Response:
         try:
@@ -336,6 +444,42 @@ def make_app(
     return app
 
 
+async def ensure_pool(
+    client: AsyncClient,
+    pool: str,
+    image: str = "",
+    *,
+    memory_mb: int = POOL_MEMORY_MB,
+    min_ready: int = 4,
+    max_size: int = 64,
+) -> int:
+    """Creates ``pool`` of ``image`` with a memory limit of ``memory_mb`` if it does not
+    exist (and ``image`` is given); returns the pool's memory limit in bytes (0: unknown).
+    A limit below verl's default memory_limit_MB is logged: such requests would be refused."""
+    try:
+        found = await client.get_pool(pool)
+    except errors.SandboxdError as e:
+        if not image:
+            # Made (or reachable) later, or never: until then requests answer SandboxError.
+            log.warning("pool %s: %s (pass --image to create it)", pool, e.message)
+            return 0
+        if not isinstance(e, errors.NotFound):
+            raise
+        found = await client.create_pool(
+            pool, image, min_ready=min_ready, max_size=max_size, limits={"memory_bytes": memory_mb << 20}
+        )
+    limit = int(found.spec.limits.memory_bytes)
+    if limit and limit < POOL_MEMORY_MB << 20:
+        log.warning(
+            "pool %s has a memory limit of %d MiB: requests with verl's default memory_limit_MB "
+            "(%d) will answer SandboxError",
+            pool,
+            limit >> 20,
+            POOL_MEMORY_MB,
+        )
+    return limit
+
+
 async def serve(
     target: str,
     pool: str,
@@ -346,9 +490,17 @@ async def serve(
     acquire_timeout: float = 8.0,
     max_uses: int = 50,
     reserve: int = 0,
+    image: str = "",
+    memory_mb: int = POOL_MEMORY_MB,
+    max_size: int = 64,
 ) -> None:
-    """Serves the SandboxFusion API on ``host:port`` against sandboxd at ``target`` until cancelled."""
+    """Serves the SandboxFusion API on ``host:port`` against sandboxd at ``target`` until
+    cancelled; with ``image``, creates ``pool`` first if it does not exist (``memory_mb``
+    of memory per sandbox, at most ``max_size`` sandboxes)."""
     async with AsyncClient(target, token=token) as client:
+        await ensure_pool(
+            client, pool, image, memory_mb=memory_mb, min_ready=reserve, max_size=max(max_size, reserve)
+        )
         app = make_app(client, pool, acquire_timeout=acquire_timeout, max_uses=max_uses, reserve=reserve)
         runner = web.AppRunner(app)
         await runner.setup()

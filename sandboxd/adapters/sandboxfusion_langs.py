@@ -8,6 +8,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# SandboxFusion's CPU languages the code-judge image cannot have, and why:
+# /run_code answers their requests SandboxError, naming the missing tool and this.
+UNPACKAGED: dict[str, str] = {
+    "julia": "Debian dropped Julia after bullseye",
+    "lean": "Debian does not package Lean 4",
+    "swift": "Debian packages swiftlang only after bookworm",
+}
+
 __all__ = ["LANGUAGES", "LANGUAGE_NAMES", "Runner", "prepare_source", "runner_for"]
 
 # SandboxFusion's ``Language`` type, in its order: anything else is a 422.

@@ -23,7 +23,8 @@ has the steps):
   whose kernel has no Landlock scopes (nothing would keep a leftover process
   from subverting the clean-up), is released, which destroys it. Sandboxes
   are kept per memory limit, because the limit is fixed when a sandbox is
-  acquired.
+  acquired; a request never gets less than it asked for, nor more than the
+  pool's limit (above it, it is refused).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,6 +135,7 @@ class WarmSandboxes:
         lease_ttl: float = 120.0,
         reserve: int = 0,
         demand_window: float = 300.0,
+        tools: Sequence[str] = (),
     ) -> None:
         self.client = client
         self.pool = pool
@@ -142,6 +144,11 @@ class WarmSandboxes:
         self.lease_ttl = lease_ttl
         self.reserve = reserve
         self.demand_window = demand_window
+        self.tools = tuple(tools)
+        """Binaries whose presence each image is checked for, once (see ``has_tool``)."""
+        self._present: dict[str, frozenset[str]] = {}
+        # The image of the pool's sandboxes, as the last one prepared told.
+        self._image = ""
         self.stats = WarmStats()
         self._idle: dict[int, list[Slot]] = {}
         self._held: set[Slot] = set()
@@ -193,18 +200,16 @@ class WarmSandboxes:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def memory_key(self, memory_bytes: int) -> int:
-        """The group a request with this memory limit is served from: a limit at or above
-        the pool's own is the pool's (0), as the pool's limit is the most there is."""
-        if memory_bytes and self._ceiling is None:
+    async def memory_ceiling(self) -> int:
+        """The pool's memory limit in bytes, the most a request's sandbox can have
+        (looked up once; 0 while unknown)."""
+        if self._ceiling is None:
             try:
                 pool = await self.client.get_pool(self.pool)
-                self._ceiling = pool.spec.limits.memory_bytes
             except errors.SandboxdError:
-                return memory_bytes
-        if memory_bytes and self._ceiling and memory_bytes >= self._ceiling:
-            return 0
-        return memory_bytes
+                return 0
+            self._ceiling = int(pool.spec.limits.memory_bytes)
+        return self._ceiling
 
     def _note_demand(self, memory_bytes: int) -> None:
         in_flight = sum(1 for s in self._held if s.memory_bytes == memory_bytes)
@@ -304,9 +309,21 @@ class WarmSandboxes:
             self._preparing[slot.memory_bytes] -= 1
         return slot
 
+    def has_tool(self, tool: str, image: str = "") -> bool | None:
+        """Whether sandboxes of ``image`` (default: the pool's, as last seen) have
+        ``tool`` on their PATH; None while no sandbox of it has been prepared."""
+        present = self._present.get(image or self._image)
+        return None if present is None else tool in present
+
     async def _prepare(self, slot: Slot) -> None:
-        """Takes the sandbox's baseline and whether its kernel can confine requests."""
-        base = await run_step(slot.sandbox, baseline_command())
+        """Takes the sandbox's baseline and whether its kernel can confine requests;
+        the first sandbox of an image also tells which of ``tools`` the image has."""
+        image = slot.sandbox.info.image
+        known = image in self._present
+        base = await run_step(slot.sandbox, baseline_command(() if known else self.tools))
+        if not known:
+            self._present[image] = frozenset(base.get("tools") or ())
+        self._image = image
         slot.reusable = int(base["landlock"]) >= LANDLOCK_ABI and not base["unreadable"]
         slot.baseline, slot.infra = base["digest"], list(base["infra"])
         self.stats.prepared += 1
@@ -335,6 +352,12 @@ class WarmSandboxes:
             self._release_later(slot)
             return
         idle.append(slot)
+
+    def put_back(self, slot: Slot) -> None:
+        """Returns a sandbox that ran nothing of its request: kept as it was."""
+        self._held.discard(slot)
+        self._offer(slot)
+        self._wake.set()
 
     def give_back(self, slot: Slot, *, clean: bool, top: str, cleaned: bool = False) -> None:
         """After a request in ``top``: keeps ``slot`` if ``clean``, if its clean-up (done

@@ -26,9 +26,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from sandboxd.adapters.sandboxfusion_langs import UNPACKAGED
 from sandboxd.images import build as base
 
-__all__ = ["CODE_JUDGE_REPO", "TOOLCHAINS", "code_judge_tag", "ensure_code_judge_image", "main"]
+__all__ = ["CODE_JUDGE_REPO", "TOOLCHAINS", "UNPACKAGED", "code_judge_tag", "ensure_code_judge_image", "main"]
 
 CODE_JUDGE_REPO = "sandboxd/code-judge"
 RECIPE_VERSION = "1"

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sandboxd.adapters.sandboxfusion import make_app
+from sandboxd.adapters.sandboxfusion import ensure_pool, make_app
 from sandboxd.client import AsyncClient
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
@@ -22,9 +22,10 @@ async def run_code_url(client: AsyncClient, image: str) -> AsyncIterator[str]:
 
     try:
         judge = ensure_code_judge_image(log=lambda _: None)
-    except ImageBuildError:
-        pytest.skip("no code-judge image (SandboxFusion runs `python`, which the default image lacks)")
-    await client.create_pool("judge", judge, min_ready=1, max_size=4)
+    except ImageBuildError as e:
+        # Never a skip: SandboxFusion runs `python`, which only the code-judge image has.
+        pytest.fail(f"the code-judge image does not build (scripts/setup.sh test builds it): {e}")
+    await ensure_pool(client, "judge", judge, min_ready=1, max_size=4)
     runner = web.AppRunner(make_app(client, "judge"))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -7,14 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import prime_sandboxes
 import pytest
 from aiohttp import web
 
 from sandboxd.adapters.prime import PRIME_SERVER, PrimeSettings, make_app
 from sandboxd.client import AsyncClient
 from tests.integration.conftest import poll
-
-prime_sandboxes = pytest.importorskip("prime_sandboxes")
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
 

@@ -25,10 +25,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
 
 @pytest.fixture
 def minisweagent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """mini-swe-agent, imported with its global config kept in tmp_path."""
+    """mini-swe-agent (a dev extra: missing, the test fails), imported only once its
+    global config is pointed at tmp_path, which it reads on import."""
     monkeypatch.setenv("MSWEA_GLOBAL_CONFIG_DIR", str(tmp_path / "mswea"))
     monkeypatch.setenv("MSWEA_SILENT_STARTUP", "1")
-    return pytest.importorskip("minisweagent")
+    import minisweagent
+
+    return minisweagent
 
 
 def _mini_run(address: str, pool: str) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:

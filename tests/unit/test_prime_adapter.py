@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from prime_sandboxes import AsyncSandboxClient, CreateSandboxRequest, SandboxNotRunningError
 
 from sandboxd.adapters.prime import PRIME_SERVER, PrimeSettings, make_app
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient
 from tests.unit.conftest import MakeApp
-
-prime_sandboxes = pytest.importorskip("prime_sandboxes")
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -49,8 +48,6 @@ def make_app_for(client: AsyncClient) -> web.Application:
 async def test_a_sandbox_lost_under_a_command_is_not_running_not_a_failed_command(
     prime: tuple[web.Application, FakeBackend],
 ) -> None:
-    from prime_sandboxes import AsyncSandboxClient, CreateSandboxRequest, SandboxNotRunningError
-
     web_app, backend = prime
     sdk = AsyncSandboxClient()
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ STEP_ANSWER = {
 class _Sandbox:
     def __init__(self, sid: str, steps: _Client) -> None:
         self.id = sid
+        self.info = SimpleNamespace(image="img")
         self._steps = steps
 
     async def exec(self, argv: list[str], **_: Any) -> ExecResult:
