@@ -1,8 +1,9 @@
 """Sandbox create+start under runc and crun, side by side in one run.
 
-    python -m benchmarks.runtimes                 # ~1 minute on 2 cores
+    python -m benchmarks.runtimes                 # ~1.5 minutes on 2 cores
     python -m benchmarks.runtimes --repeat 10     # fewer samples
     python -m benchmarks.runtimes --no-host-step  # crun as the host is, only
+    python -m benchmarks.runtimes --no-hostile    # timing only (the suite is ~30 s more)
 
 On a throwaway engine of its own (benchmarks/scale/engine.py; the host's
 runtimes registered) with the default image, per runtime, interleaved so
@@ -24,6 +25,15 @@ unmounted at the end, which hands hugetlb back to cgroup2. crun's numbers
 then say "with the host step". A runtime that cannot start a container is
 reported unavailable with the engine's reason.
 
+Where crun starts containers (with the step or without it), and unless
+``--no-hostile``, the run then checks crun against the hostile suite, still
+inside the step: ``tests/integration/test_hostile_docker.py -k crun`` with
+``SANDBOXD_TEST_BACKEND_RUNTIMES=crun``, that is its 12 runc cases with
+``[backend] runtime = "crun"`` against the host's engine (where the suite
+runs; each case also asserts that its sandboxes' HostConfig.Runtime is
+crun). ``hostile_crun`` records passed, failed and skipped cases from
+pytest's JUnit XML, and each failing case with pytest's message.
+
 Writes benchmarks/results/runtimes.json; its last stdout line is that JSON.
 """
 
@@ -40,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +61,9 @@ import docker.errors
 from benchmarks.scale.engine import Engine
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "runtimes.json"
+REPO = Path(__file__).resolve().parent.parent
+HOSTILE_SUITE = "tests/integration/test_hostile_docker.py"
+HOSTILE_WITHIN = 900.0
 RUNTIMES = ("runc", "crun")
 UNIFIED = Path("/sys/fs/cgroup/unified")
 HYBRID_REFUSAL = "hybrid mode not supported"
@@ -189,6 +203,65 @@ def hugetlb_on_v1(within: float = 10.0) -> Iterator[str]:
             time.sleep(0.1)
 
 
+# -- the hostile suite under crun ------------------------------------------------------
+
+
+def junit_outcomes(path: Path) -> dict[str, Any]:
+    """Passed, failed (failures and errors) and skipped cases of pytest's JUnit
+    XML at ``path``, one outcome per case (a teardown error counts as a failure)."""
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        bad = [c for c in case if c.tag in ("failure", "error")]
+        if bad:
+            outcomes[name] = "failed"
+            messages.setdefault(name, (bad[0].get("message") or bad[0].text or "").strip()[:400])
+        elif any(c.tag == "skipped" for c in case):
+            outcomes.setdefault(name, "skipped")
+        else:
+            outcomes.setdefault(name, "passed")
+    counts: dict[str, Any] = {
+        k: sum(1 for o in outcomes.values() if o == k) for k in ("passed", "failed", "skipped")
+    }
+    if messages:
+        counts["failures"] = messages
+    return counts
+
+
+def hostile_under(engine_runtime: str, within: float = HOSTILE_WITHIN) -> dict[str, Any]:
+    """The hostile suite's cases for runc pools under ``engine_runtime``, on the
+    host's engine; pytest's output goes to stderr."""
+    with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        cmd = [
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", HOSTILE_SUITE,
+            "-k", engine_runtime, f"--junitxml={junit}",
+        ]  # fmt: skip
+        env = {**os.environ, "SANDBOXD_TEST_BACKEND_RUNTIMES": engine_runtime}
+        log(f"hostile suite under {engine_runtime}: {' '.join(cmd[1:])}")
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                cmd, cwd=REPO, env=env, stdout=sys.stderr, stderr=sys.stderr, timeout=within
+            )
+            rc: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+        out: dict[str, Any] = {
+            "command": " ".join([f"SANDBOXD_TEST_BACKEND_RUNTIMES={engine_runtime}", "python", *cmd[1:-1]])
+        }
+        out["seconds"] = round(time.perf_counter() - t0, 1)
+        if rc is None:
+            out["error"] = f"pytest ran past {within:g}s"
+        elif junit.exists():
+            out.update(junit_outcomes(junit))
+            out["pytest_exit"] = rc
+        else:
+            out["error"] = f"pytest exited {rc} without a report"
+    return out
+
+
 # -- the run --------------------------------------------------------------------------
 
 
@@ -216,7 +289,7 @@ def measure(engine: docker.DockerClient, image: str, runtimes: Sequence[str], re
     }
 
 
-def run(image: str, repeat: int, host_step: bool) -> dict[str, Any]:
+def run(image: str, repeat: int, host_step: bool, hostile: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"image": image, "repeat": repeat}
     host = docker.from_env(timeout=120)
     with Engine("runtimes") as eng:
@@ -248,6 +321,13 @@ def run(image: str, repeat: int, host_step: bool) -> dict[str, Any]:
                     usable.append("crun")
             log(f"measuring {', '.join(usable)}: {repeat} samples each")
             out["runtimes"] = measure(client, image, usable, repeat)
+            if not hostile:
+                out["hostile_crun"] = {"not_run": "--no-hostile"}
+            elif "crun" not in usable:
+                out["hostile_crun"] = {"not_run": "crun cannot start a container here"}
+            else:
+                out["hostile_crun"] = hostile_under("crun")
+                log(f"hostile suite under crun: {out['hostile_crun']}")
         client.close()
     host.close()
     m = out["runtimes"]
@@ -267,6 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=30, help="sequential samples per runtime")
     p.add_argument("--no-host-step", dest="host_step", action="store_false",
                    help="do not try crun with hugetlb moved to a v1 hierarchy")  # fmt: skip
+    p.add_argument("--no-hostile", dest="hostile", action="store_false",
+                   help="do not run the hostile suite under crun after the timing")  # fmt: skip
     p.add_argument("--image", help="sandbox image (default: the default sandboxd image, built if missing)")
     p.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = p.parse_args(argv)
@@ -277,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sandboxd.images.build import ensure_default_image
 
         image = ensure_default_image()
-    result = run(image, max(2, args.repeat), args.host_step)
+    result = run(image, max(2, args.repeat), args.host_step, args.hostile)
     result["machine"] = {
         "nproc": len(os.sched_getaffinity(0)),
         "kernel": platform.release(),

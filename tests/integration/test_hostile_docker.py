@@ -1,17 +1,36 @@
 """Hostile workloads against the real engine: each is contained, named with a
-typed outcome, leaves the control plane responsive, and leaks nothing."""
+typed outcome, leaves the control plane responsive, and leaks nothing.
+
+Each case runs under runc and gVisor. ``SANDBOXD_TEST_BACKEND_RUNTIMES``
+(engine runtime names, comma-separated, e.g. ``crun``) adds a case per name
+in which runc pools run under that engine runtime (``[backend] runtime``),
+its id the name (``-k crun``); ``python -m benchmarks.runtimes`` sets it for
+crun. Unset (CI), the suite is runc and gVisor only.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import statistics
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import docker
 import pytest
 
-from sandboxd.backends.base import GVISOR
+from sandboxd.app import App
+from sandboxd.backends.base import GVISOR, RUNC, RUNTIMES
 from sandboxd.client import AsyncClient, Sandbox
 from sandboxd.errors import FailedPrecondition
+from tests.integration.conftest import (
+    NO_GVISOR,
+    gvisor_registered,
+    instance_containers,
+    make_settings,
+    running_app,
+)
 from tests.probing import while_probing
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
@@ -25,9 +44,42 @@ LIMITS = {
 }
 
 
+BACKEND_RUNTIMES_VAR = "SANDBOXD_TEST_BACKEND_RUNTIMES"
+BACKEND_RUNTIMES = tuple(
+    name
+    for name in os.environ.get(BACKEND_RUNTIMES_VAR, "").replace(",", " ").split()
+    if name not in RUNTIMES
+)
+Under = tuple[str, str | None]
+"""(the pools' runtime, the engine runtime runc pools run under: None = the engine default)"""
+
+
+@pytest.fixture(params=[*RUNTIMES, *BACKEND_RUNTIMES])
+def under(request: pytest.FixtureRequest, engine: docker.DockerClient) -> Under:
+    """Each runtime in turn, then each engine runtime of BACKEND_RUNTIMES;
+    gVisor is skipped where the engine lacks it."""
+    name = str(request.param)
+    if name in RUNTIMES:
+        if name == GVISOR and not gvisor_registered(engine):
+            pytest.skip(NO_GVISOR)
+        return name, None
+    if name not in (engine.info().get("Runtimes") or {}):
+        pytest.fail(f"{BACKEND_RUNTIMES_VAR} names {name!r}, which the engine does not have")
+    return RUNC, name
+
+
 @pytest.fixture
-def runtime(each_runtime: str) -> str:
-    return each_runtime
+def runtime(under: Under) -> str:
+    return under[0]
+
+
+@pytest.fixture
+async def app(tmp_path: Path, engine: docker.DockerClient, image: str, under: Under) -> AsyncIterator[App]:
+    """conftest's ``app``, with ``[backend] runtime`` set for an engine-runtime case."""
+    _, engine_runtime = under
+    overrides = {"backend.runtime": engine_runtime} if engine_runtime else {}
+    async with running_app(make_settings(tmp_path, **overrides), engine) as app:
+        yield app
 
 
 def limits_of(runtime: str) -> dict[str, int]:
@@ -52,9 +104,16 @@ def assert_responsive(latencies: list[float]) -> None:
 
 
 @pytest.fixture
-async def pair(client: AsyncClient, hostile_pool: str) -> AsyncIterator[tuple[Sandbox, Sandbox]]:
+async def pair(
+    client: AsyncClient, hostile_pool: str, app: App, engine: docker.DockerClient, under: Under
+) -> AsyncIterator[tuple[Sandbox, Sandbox]]:
     async with client.acquire_group(hostile_pool, n=2, timeout=60) as group:
         assert (await group[1].exec("true", session="probe")).ok
+        _, engine_runtime = under
+        if engine_runtime:  # the case really runs under it
+            boxes = await asyncio.to_thread(instance_containers, engine, app.settings.instance_id)
+            used = {b.attrs["HostConfig"].get("Runtime") for b in boxes}
+            assert boxes and used == {engine_runtime}, f"sandboxes run under {used}"
         yield group[0], group[1]
 
 
