@@ -148,10 +148,6 @@ class EngineHealth:
             return ""
         return f"engine degraded for {self.degraded_for():.0f}s: {self.reason}"
 
-    def fastest_create(self) -> float | None:
-        """The fastest create of the last ``fastest_seconds`` (None: none seen)."""
-        return self._fastest.value(self._now())
-
     # -- what the calls say ------------------------------------------------------
 
     def observe(self, call: Call, seconds: float) -> None:
