@@ -51,7 +51,10 @@ scripts/start-docker.sh
 
 # Debian's python3 is marked externally managed (PEP 668); this host is
 # dedicated to sandboxd, so installing into it is intended.
-pip_install() { PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q "$@"; }
+# Every install is held to constraints.txt's exact versions (why: its header).
+pip_install() {
+    PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -c constraints.txt "$@"
+}
 
 if [[ ! -f pyproject.toml ]]; then
     say "no pyproject.toml; skipping pip install"

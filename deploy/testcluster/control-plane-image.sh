@@ -38,7 +38,7 @@ deps=$(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.
 PIP_TARGET=(--python-version 3.11 --implementation cp --abi cp311 --only-binary=:all:)
 for glibc in $(seq 36 -1 17); do PIP_TARGET+=(--platform "manylinux_2_${glibc}_x86_64"); done
 PIP_TARGET+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
-deps_hash=$(printf '%s\n' "$deps" "${PIP_TARGET[*]}" "${TAR_FLAGS[*]}" | hash_)
+deps_hash=$(printf '%s\n' "$deps" "${PIP_TARGET[*]}" "${TAR_FLAGS[*]}" "$(cat constraints.txt)" | hash_)
 app_files=$(find sandboxd -type f \( -name '*.py' -o -name '*.pyi' -o -name py.typed \) | LC_ALL=C sort)
 app_hash=$( { printf '%s\n' "$app_files"; xargs cat <<<"$app_files"; } | hash_)
 tag=$(cat "$here/control-plane-image.sh" "$here/ociimage.py" | { cat; echo "$base_tag $deps_hash $app_hash"; } | hash_)
@@ -73,7 +73,7 @@ if [[ ! -f $deps_tar ]]; then
     mkdir -p "$tmp/deps/opt/sandboxd/deps"
     # shellcheck disable=SC2086
     python3 -m pip install -q --no-compile --no-warn-script-location --no-warn-conflicts \
-        --root-user-action=ignore --disable-pip-version-check \
+        --root-user-action=ignore --disable-pip-version-check -c constraints.txt \
         --target "$tmp/deps/opt/sandboxd/deps" "${PIP_TARGET[@]}" $deps >&2
     rm -rf "$tmp/deps/opt/sandboxd/deps/bin"
     compile "$tmp/deps/opt/sandboxd/deps"
