@@ -73,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -217,6 +217,12 @@ _ENGINE_COMMS = ("dockerd", "containerd", "runc", "docker-init", "docker-proxy")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def _stat_cpu(stat: str) -> float:
+    """User + system CPU seconds from a /proc/<pid>/stat line."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
 def _foreign_cpu(ours: set[int]) -> dict[int, float]:
     """CPU seconds so far of every host process that is not ours, not the
     container engine and not inside a container: other people's workloads."""
@@ -229,8 +235,7 @@ def _foreign_cpu(ours: set[int]) -> dict[int, float]:
             comm = stat[stat.index("(") + 1 : stat.rindex(")")]
             if comm.startswith(_ENGINE_COMMS) or "/docker" in (entry / "cgroup").read_text():
                 continue
-            fields = stat.rsplit(")", 1)[1].split()
-            out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+            out[int(entry.name)] = _stat_cpu(stat)
         except (OSError, ValueError, IndexError):
             continue
     return out
@@ -262,10 +267,9 @@ class HostMeter:
 def _process_cpu(pid: int) -> float:
     """CPU seconds so far of one process (all its threads); 0 once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return _stat_cpu(Path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError, IndexError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
 class CallCpu:
@@ -681,35 +685,59 @@ class Bench:
             go.set()
             return list(await asyncio.gather(*tasks))
 
+    async def _back_to_back(
+        self, calls: Sequence[Callable[[], Awaitable[bool]]], phase: str = ""
+    ) -> tuple[int, int, float, dict[str, float]]:
+        """Each of ``calls`` repeated by a client of its own, all started
+        at once, for the throughput run's time (sampled under ``phase`` when
+        profiling): (calls that succeeded, calls that failed, seconds, CPU
+        per call split by CallCpu)."""
+        go = asyncio.Event()
+        stop_at = 0.0
+        failed = 0
+
+        async def worker(call: Callable[[], Awaitable[bool]]) -> int:
+            nonlocal failed
+            done = 0
+            await go.wait()
+            while time.perf_counter() < stop_at:
+                if await call():
+                    done += 1
+                else:
+                    failed += 1
+            return done
+
+        tasks = [asyncio.create_task(worker(call)) for call in calls]
+        await asyncio.sleep(0.05)
+        with self.profiled(phase) if phase else contextlib.nullcontext():
+            cpu = CallCpu(self.server_pid)
+            t0 = time.perf_counter()
+            stop_at = t0 + self.cfg.throughput_seconds
+            go.set()
+            done = sum(await asyncio.gather(*tasks))
+            elapsed = time.perf_counter() - t0
+            split = cpu.per_call(done + failed)
+        return done, failed, elapsed, split
+
     async def floor_throughput(self) -> dict[str, Any]:
         """N clients' health checks back to back for the throughput run's
         time: the ceiling of calls per second an exec run could reach."""
         # After the exec runs the pool refills what they released: measured
         # alongside, the floor would be that churn's.
         await self.wait_quiet(self.cfg.clients)
-        go = asyncio.Event()
-        stop_at = 0.0
 
-        async def worker(i: int) -> int:
+        def check(i: int) -> Callable[[], Awaitable[bool]]:
             stub = health_pb2_grpc.HealthStub(self.client_for(i)._channel)
             request = health_pb2.HealthCheckRequest(service="")
-            done = 0
-            await go.wait()
-            while time.perf_counter() < stop_at:
-                await stub.Check(request, timeout=10.0)
-                done += 1
-            return done
 
-        tasks = [asyncio.create_task(worker(i)) for i in range(self.cfg.clients)]
-        await asyncio.sleep(0.05)
-        cpu = CallCpu(self.server_pid)
-        t0 = time.perf_counter()
-        stop_at = t0 + self.cfg.throughput_seconds
-        go.set()
-        total = sum(await asyncio.gather(*tasks))
-        elapsed = time.perf_counter() - t0
+            async def call() -> bool:
+                await stub.Check(request, timeout=10.0)
+                return True
+
+            return call
+
+        total, _, elapsed, split = await self._back_to_back([check(i) for i in range(self.cfg.clients)])
         per_s = total / elapsed
-        split = cpu.per_call(total)
         log(
             f"gRPC floor throughput (health.Check), {self.cfg.clients} clients: {per_s:.0f} calls/s, "
             f"CPU ms/call {split}"
@@ -834,35 +862,18 @@ class Bench:
             ]
             # Warm-up: opens every session shell.
             await asyncio.gather(*(c.exec(sid, TRUE_ARGV, session=s) for c, sid, s in slots))
-            go = asyncio.Event()
-            stop_at = 0.0
-            failures = 0
 
-            async def worker(client: AsyncClient, sid: str, session: str) -> int:
-                nonlocal failures
-                done = 0
-                await go.wait()
-                while time.perf_counter() < stop_at:
-                    result = await client.exec(sid, TRUE_ARGV, session=session)
-                    if result.ok:
-                        done += 1
-                    else:
-                        failures += 1
-                return done
+            def exec_true(client: AsyncClient, sid: str, session: str) -> Callable[[], Awaitable[bool]]:
+                async def call() -> bool:
+                    return (await client.exec(sid, TRUE_ARGV, session=session)).ok
 
-            tasks = [asyncio.create_task(worker(*slot)) for slot in slots]
-            await asyncio.sleep(0.05)
-            with self.profiled(f"exec_throughput_{sandboxes}x{sessions}"):
-                cpu = CallCpu(self.server_pid)
-                t0 = time.perf_counter()
-                stop_at = t0 + self.cfg.throughput_seconds
-                go.set()
-                counts = await asyncio.gather(*tasks)
-                elapsed = time.perf_counter() - t0
-                split = cpu.per_call(sum(counts))
+                return call
+
+            total, failures, elapsed, split = await self._back_to_back(
+                [exec_true(*slot) for slot in slots], f"exec_throughput_{sandboxes}x{sessions}"
+            )
         finally:
             await self.release_all(leases)
-        total = sum(counts)
         per_s = total / elapsed
         log(
             f"exec throughput {sandboxes} sandboxes x {sessions} sessions: {per_s:.0f} exec/s "
