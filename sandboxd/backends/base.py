@@ -374,6 +374,23 @@ class LivenessProbe(Protocol):
         ...
 
 
+SANDBOX_UID = 1000
+"""The sandbox user's uid (and gid) as a snapshot records it, whatever host
+uid a backend gave that sandbox: a manifest names the sandbox's own user by
+this number and root by 0, so it restores onto any sandbox, each with its own."""
+
+
+@runtime_checkable
+class SandboxUsers(Protocol):
+    """Optional for a backend: it gives each sandbox a host uid and gid of its
+    own (sandboxes then share no per-user kernel limit: inotify instances,
+    queued signals, processes). Without it the sandbox user is SANDBOX_UID."""
+
+    def sandbox_user(self, handle: str) -> tuple[int, int]:
+        """(uid, gid) the sandbox's user has on the host and inside it."""
+        ...
+
+
 @runtime_checkable
 class InPlaceWrites(Protocol):
     """Optional for a backend: it writes small uploads into a sandbox's
