@@ -7,6 +7,7 @@ grpc) are wrapped with ``raise ... from e`` so they never leak upward.
     ├── NotFound               unknown pool / sandbox / lease / path
     ├── AlreadyExists          a pool name in use
     ├── FailedPrecondition     can never succeed in the current state
+    ├── PermissionDenied       the user may not do this to that file (as in the sandbox)
     ├── ResourceExhausted      over a limit or quota; carries retry_after
     ├── DeadlineExceeded       waited as long as allowed
     ├── Unauthenticated        missing or wrong credentials
@@ -45,6 +46,11 @@ class AlreadyExists(SandboxdError):
 
 class FailedPrecondition(SandboxdError):
     """The request can never succeed in the current state; retry only after that state changes."""
+
+
+class PermissionDenied(SandboxdError):
+    """The sandbox's user (or its root, which has no capabilities) may not do
+    this to the named file: the same refusal the sandbox's own kernel gives."""
 
 
 class ResourceExhausted(SandboxdError):
@@ -87,6 +93,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "PermanentBackendError",
+    "PermissionDenied",
     "ResourceExhausted",
     "SandboxLost",
     "SandboxdError",

@@ -31,6 +31,7 @@ _ERROR_OF: dict[grpc.StatusCode, type[errors.SandboxdError]] = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
     grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
     grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
     grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
     grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
