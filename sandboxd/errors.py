@@ -24,6 +24,9 @@ class SandboxdError(Exception):
     """Root of every error sandboxd raises on purpose."""
 
     def __init__(self, message: str) -> None:
+        # A name that is not UTF-8 (surrogate-escaped) must not make the
+        # message itself unsendable: its odd bytes are shown escaped.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.message = message
 
