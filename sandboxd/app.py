@@ -29,6 +29,7 @@ from sandboxd.api.sandboxes import SandboxServicer
 from sandboxd.api.snapshots import SnapshotServicer
 from sandboxd.api.tracing import TracingInterceptor
 from sandboxd.backends.base import Backend, Ledger
+from sandboxd.backends.uids import UidRange
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.ledger_state import LedgerStateStore
@@ -97,6 +98,7 @@ def make_backend(settings: Settings) -> Backend:
                 instance=settings.instance_id,
                 base_url=cfg.base_url,
                 user=cfg.user,
+                uids=UidRange(cfg.uid_base, cfg.uid_count),
                 threads=cfg.threads,
                 runtime=cfg.runtime,
                 gvisor_runtime=cfg.gvisor_runtime,
@@ -124,6 +126,7 @@ def make_backend(settings: Settings) -> Backend:
                     instance=settings.instance_id,
                     uid=cfg.uid,
                     gid=cfg.uid,
+                    uids=UidRange(cfg.uid_base, cfg.uid_count),
                     command=tuple(cfg.command),
                     runtime_class=cfg.runtime_class,
                     gvisor_runtime_class=cfg.gvisor_runtime_class,

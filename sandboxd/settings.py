@@ -12,6 +12,7 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 from sandboxd.backends.base import Limits
+from sandboxd.backends.uids import DEFAULT_UIDS, UidRange
 from sandboxd.errors import InvalidArgument
 
 
@@ -142,7 +143,18 @@ class DockerBackendSettings:
     """Engine address (unix:// or tcp://); None = $DOCKER_HOST as the
     entry point found it, else the local socket (unix:///var/run/docker.sock)."""
     user: str = "1000:1000"
-    """uid:gid commands run as inside sandboxes."""
+    """uid:gid every sandbox's commands run as when ``uid_count`` is 0 (one
+    user shared by all sandboxes, and with it every per-user kernel limit)."""
+    uid_base: int = DEFAULT_UIDS.base
+    """First host uid given to sandboxes: each runs as a uid (and gid) of its
+    own from ``uid_base`` on, so that no sandbox can use up another's
+    per-user kernel limits (inotify instances, queued signals). Must lie
+    above root and the system users (> 999), and the range must not hold
+    1000 (the images' sandbox user), 65534 (nobody) or an image's own user."""
+    uid_count: int = DEFAULT_UIDS.count
+    """How many uids from ``uid_base`` sandboxes are given (more than the
+    host ever runs at once; a create past it is refused until one is
+    destroyed); 0 = every sandbox runs as ``user``."""
     threads: int = 16
     """Threads for blocking engine calls."""
     runtime: str | None = None
@@ -192,7 +204,16 @@ class KubernetesBackendSettings:
     threads: int = 16
     """Threads (and pooled connections) for API requests."""
     uid: int = 1000
-    """uid (and gid) sandbox containers run as (runAsNonRoot)."""
+    """uid (and gid) every sandbox container runs as when ``uid_count`` is 0."""
+    uid_base: int = DEFAULT_UIDS.base
+    """First uid given to sandbox Pods (runAsUser, runAsGroup and fsGroup):
+    each runs as a uid of its own from ``uid_base`` on, so that Pods on one
+    node share no per-user kernel limit (inotify instances, queued signals).
+    Must lie above root and the system users (> 999), and the range must not
+    hold 1000 (the images' sandbox user) or 65534 (nobody)."""
+    uid_count: int = DEFAULT_UIDS.count
+    """How many uids from ``uid_base`` sandbox Pods are given (more than the
+    cluster ever runs at once); 0 = every Pod runs as ``uid``."""
     command: list[str] = field(default_factory=list)
     """What the sandbox container runs (keeps it alive; commands come by exec);
     empty = a shell loop that also reaps orphaned processes (podspec.KEEPALIVE)."""
@@ -430,6 +451,13 @@ def _build_settings(data: dict[str, Any]) -> Settings:
         for name, t in dict(data.pop("tenants", {})).items()
     }
     settings: Settings = _build(Settings, data, "")
+    if isinstance(backend, DockerBackendSettings | KubernetesBackendSettings):
+        problem = UidRange(backend.uid_base, backend.uid_count).problem()
+        if problem:
+            raise InvalidArgument(
+                "backend.uid_base",
+                f"sandbox uids {backend.uid_base}+{backend.uid_count} cannot be used: {problem}",
+            )
     settings.backend = backend
     settings.presets = presets
     settings.tenants = tenants

@@ -2,7 +2,8 @@
 the engine. Sandboxes are dictionaries of files (under /workspace and /tmp);
 exec understands a small shell (echo, cat, pwd, cd, export, env, true, false,
 exit N, sleep S, id -u, whoami, and ``;``-separated lists), keeps session
-state, runs commands and file transfers as the sandbox's user or root, and
+state, runs commands and file transfers as the sandbox's user (a uid of its
+own, as the real backends give: SandboxUsers) or root, and
 honours timeouts and output caps. Failures can be injected: transient create errors, missing images,
 slow starts, sandboxes that die, and a wedged engine (``wedge``: create, destroy and list hang until
 ``unwedge``; a hung create has made its sandbox, as a real engine does).
@@ -36,6 +37,7 @@ from sandboxd.backends.base import (
     SandboxSpec,
     SandboxUsage,
 )
+from sandboxd.backends.uids import DEFAULT_UIDS, SandboxUids
 from sandboxd.errors import (
     InvalidArgument,
     NotFound,
@@ -67,6 +69,8 @@ class FakeSandbox:
     links: dict[str, str] = field(default_factory=dict)
     dir_modes: dict[str, int] = field(default_factory=dict)
     stamps: dict[str, float] = field(default_factory=dict)
+    user: tuple[int, int] = (0, 0)
+    """The sandbox user's (uid, gid)."""
 
 
 _TMP = "/tmp"
@@ -118,6 +122,8 @@ class FakeBackend:
         """What ``host_facts`` reports; None = nothing known (no host ceiling)."""
         self._unwedged = asyncio.Event()
         self._unwedged.set()
+        self.uids = SandboxUids(DEFAULT_UIDS)
+        """Which sandbox holds which uid, as on a real engine."""
 
     # -- a wedged engine ----------------------------------------------------
 
@@ -165,7 +171,7 @@ class FakeBackend:
                 raise TransientBackendError("injected transient create failure")
             self._counter += 1
             handle = f"fake-{self._counter}"
-            self.sandboxes[handle] = FakeSandbox(spec, handle)
+            self.sandboxes[handle] = FakeSandbox(spec, handle, user=self.uids.allocate(spec.sandbox_id))
             await self._answer()
             return handle
         finally:
@@ -183,8 +189,14 @@ class FakeBackend:
     async def destroy(self, handle: str) -> None:
         """Forgets the sandbox; a missing one is not an error. Hangs while wedged."""
         await self._answer()
-        if self.sandboxes.pop(handle, None) is not None:
+        box = self.sandboxes.pop(handle, None)
+        if box is not None:
+            self.uids.release(box.spec.sandbox_id)
             self.destroys += 1
+
+    def sandbox_user(self, handle: str) -> tuple[int, int]:
+        """The sandbox's own (uid, gid); NotFound for an unknown handle."""
+        return self._get(handle).user
 
     async def list(self) -> builtins.list[BackendSandbox]:
         """Every sandbox the fake holds, dead ones included. Hangs while wedged."""
@@ -251,7 +263,7 @@ class FakeBackend:
         code = 0
         outcome = ExecOutcome.EXITED
         try:
-            env = {**dict(spec.env), "_FAKE_USER": spec.user}
+            env = {**dict(spec.env), "_FAKE_USER": spec.user, "_FAKE_UID": str(box.user[0])}
             code = await asyncio.wait_for(self._run(box, shell, command, env, spec.stdin, emit), spec.timeout)
         except TimeoutError:
             outcome = ExecOutcome.TIMED_OUT
@@ -327,12 +339,12 @@ class FakeBackend:
                 shell.env[k] = val
             return 0
         if name == "env":
-            shown = {k: val for k, val in env.items() if k != "_FAKE_USER"}
+            shown = {k: val for k, val in env.items() if k not in ("_FAKE_USER", "_FAKE_UID")}
             emit(1, "".join(f"{k}={val}\n" for k, val in shown.items()).encode())
             return 0
         if name in ("id", "whoami"):
             root = env.get("_FAKE_USER") == ROOT_USER
-            as_root, as_sandbox = {"id": ("0", "1000"), "whoami": ("root", "sandbox")}[name]
+            as_root, as_sandbox = {"id": ("0", env.get("_FAKE_UID", "")), "whoami": ("root", "sandbox")}[name]
             emit(1, f"{as_root if root else as_sandbox}\n".encode())
             return 0
         if name == "cat":

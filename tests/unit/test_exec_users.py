@@ -20,7 +20,8 @@ pytestmark = pytest.mark.timeout(30)
 async def test_user_root_and_the_sandbox_user(h: Harness) -> None:
     _, rec = await h.leased()
     _, out, _ = await h.exec(rec.sandbox_id, "id -u; whoami")
-    assert out == b"1000\nsandbox\n"
+    uid, _ = h.backend.sandbox_user(rec.handle)
+    assert out == f"{uid}\nsandbox\n".encode() and uid != 1000
     for who in ("root", "0"):
         _, out, _ = await h.exec(rec.sandbox_id, "id -u; whoami", user=who)
         assert out == b"0\nroot\n"

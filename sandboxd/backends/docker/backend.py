@@ -109,7 +109,9 @@ class DockerBackend:
         self._files = ContainerFiles(
             self._raw,
             self._containers,
-            user=options.user,
+            # The engine's default for an exec: the container's own user,
+            # which is the sandbox's (its uid of its own).
+            user="",
             inbox_dir=options.inbox_dir,
             exec_in=self.exec,
             shell_stdin_max=_RUNNER_STDIN_MAX,
@@ -238,6 +240,15 @@ class DockerBackend:
     async def _is_running(self, handle: str) -> bool:
         return await self._containers.is_running(handle)
 
+    # -- SandboxUsers ---------------------------------------------------------
+
+    def sandbox_user(self, handle: str) -> tuple[int, int]:
+        """From memory: filled by create and by every listing (adoption)."""
+        user = self._containers.known_user(handle)
+        if user is None:
+            raise NotFound(f"sandbox container {handle[:12]} is not known to this control plane")
+        return user
+
     # -- Runtime ------------------------------------------------------------
 
     async def _probe(self, handle: str) -> ContainerProbe | None:
@@ -249,14 +260,12 @@ class DockerBackend:
         return self._probes[handle]
 
     async def write_in_place(self, handle: str, files: builtins.list[tuple[str, bytes, int]]) -> bool:
-        uid, _, gid = self._options.user.partition(":")
-        if not (uid.isdigit() and gid.isdigit()):
-            return False
+        uid, gid = await self._containers.user_of(handle)
         view = await self.host_workspace(handle)
         if view is None:
             return False
         with view:
-            return await self._run(write_files, view.fd, files, int(uid), int(gid))
+            return await self._run(write_files, view.fd, files, uid, gid)
 
     async def host_workspace(self, handle: str) -> HostWorkspace | None:
         # Under another runtime (gVisor, Kata) the container's files are not
@@ -303,10 +312,11 @@ class DockerBackend:
         runsc = None
         if probe is None and self._options.session_pipes and handle not in self._no_pipes:
             runsc = await self._runsc_of(handle)
+        uid, gid = await self._containers.user_of(handle)
         return EngineExec(
             self._raw,
             handle,
-            user=self._options.user,
+            user=f"{uid}:{gid}",
             probe=probe,
             is_running=self._is_running,
             executor=self._pool,

@@ -7,7 +7,12 @@ SDK on a bounded thread pool, never on the event loop.
 
 Containers are hardened by default: no network, non-root, no capabilities,
 no-new-privileges, read-only root, and a size- and inode-limited tmpfs as the
-workspace, so the kernel enforces disk bytes and file count. A sandbox's
+workspace, so the kernel enforces disk bytes and file count. Each sandbox
+runs as a host uid of its own (sandboxd.backends.uids), recorded in a label
+for adoption; the workspace is owned by it, and the image's /etc/passwd and
+/etc/group, with the sandbox user's line made to name it, are bind-mounted
+read-only from the inbox so that tools that look the user up (id, whoami,
+git, ssh) work on the read-only root. A sandbox's
 inbox (see backend) is a host directory made with its container, mounted
 read-only at INBOX and removed with it; every list sweeps the inboxes whose
 container is gone.
@@ -24,7 +29,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,6 +51,8 @@ from sandboxd.backends.base import (
     SandboxSpec,
 )
 from sandboxd.backends.docker.keeper import KEEP_FIFO, KEEPER_COMMAND
+from sandboxd.backends.docker.users import LABEL_USER, USER_TABLES, ContainerUsers
+from sandboxd.backends.uids import DEFAULT_UIDS, SANDBOX_NAME, UidRange
 from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
@@ -79,6 +86,9 @@ class DockerOptions:
     instance: str
     base_url: str | None = None
     user: str = "1000:1000"
+    """uid:gid of every sandbox when ``uids`` is shared (count 0)."""
+    uids: UidRange = field(default_factory=lambda: DEFAULT_UIDS)
+    """The host uids sandboxes are given one each."""
     threads: int = 16
     runtime: str | None = None
     """The engine's runtime for runc pools (None: the engine default)."""
@@ -100,11 +110,15 @@ def container_name(sandbox_id: str) -> str:
     return f"sandboxd-{sandbox_id}"
 
 
-def container_spec(spec: SandboxSpec, options: DockerOptions, inbox: Path | None) -> dict[str, Any]:
-    """The SDK's create arguments for a sandbox: hardened, limited, and
-    labelled so that a restarted control plane finds and adopts it."""
+def container_spec(
+    spec: SandboxSpec, options: DockerOptions, inbox: Path | None, user: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """The SDK's create arguments for a sandbox running as ``user`` (None:
+    ``options.user`` as given): hardened, limited, and labelled so that a
+    restarted control plane finds and adopts it."""
     limits = spec.limits
-    uid, _, gid = options.user.partition(":")
+    engine_user = f"{user[0]}:{user[1]}" if user is not None else options.user
+    uid, _, gid = engine_user.partition(":")
     owner = f",uid={uid},gid={gid or uid}" if uid.isdigit() else ""
     workspace = "rw,exec,nosuid,nodev,mode=0755" + owner
     if limits.disk_bytes:
@@ -118,6 +132,7 @@ def container_spec(spec: SandboxSpec, options: DockerOptions, inbox: Path | None
         LABEL_POOL: spec.pool,
         LABEL_SANDBOX: spec.sandbox_id,
         LABEL_RUNTIME: spec.runtime,
+        LABEL_USER: engine_user,
     }
     kwargs: dict[str, Any] = dict(
         image=spec.image,
@@ -136,9 +151,9 @@ def container_spec(spec: SandboxSpec, options: DockerOptions, inbox: Path | None
             # Replaces the engine's unlimited-inode /dev/shm (same flags).
             "/dev/shm": f"rw,noexec,nosuid,nodev,mode=1777,size={_SHM_BYTES},nr_inodes={_SCRATCH_FILES}",
         },
-        user=options.user,
+        user=engine_user,
         working_dir=WORKSPACE,
-        environment={"HOME": WORKSPACE, **spec.env},
+        environment={"HOME": WORKSPACE, "USER": SANDBOX_NAME, "LOGNAME": SANDBOX_NAME, **spec.env},
         hostname="sandbox",
         stop_signal="SIGKILL",
     )
@@ -162,6 +177,11 @@ def container_spec(spec: SandboxSpec, options: DockerOptions, inbox: Path | None
             kwargs["runtime"] = options.runtime
     if inbox is not None:
         kwargs["mounts"] = [docker.types.Mount(target=INBOX, source=str(inbox), type="bind", read_only=True)]
+        if user is not None:
+            kwargs["mounts"] += [
+                docker.types.Mount(target=target, source=str(inbox / name), type="bind", read_only=True)
+                for target, name in USER_TABLES
+            ]
     return kwargs
 
 
@@ -189,6 +209,8 @@ class Containers:
         """The worker threads for every blocking call of the backend."""
         # Host directory of each sandbox's inbox mount (None: it has none).
         self._inboxes: dict[str, Path | None] = {}
+        self.users = ContainerUsers(options.uids, options.user)
+        """Each container's sandbox user, and which sandbox holds which uid."""
 
     @property
     def api(self) -> Any:
@@ -220,24 +242,31 @@ class Containers:
             raise TransientBackendError(f"cannot inspect image {image!r}: {e}") from e
 
     async def create(self, spec: SandboxSpec) -> tuple[str, int]:
-        """Creates and starts the sandbox's container (and its inbox);
-        returns the container's id and its init process's host pid (0:
-        unknown). A half-made container is left for discard()."""
-        handle, pid = await self.run(self._create_sync, spec)
+        """Creates and starts the sandbox's container (and its inbox) as a
+        host uid of its own; returns the container's id and its init
+        process's host pid (0: unknown). A half-made container is left for
+        discard(), which frees the uid."""
+        user = self.users.allocate(spec.sandbox_id)
+        handle, pid = await self.run(self._create_sync, spec, user)
         self._inboxes[handle] = self.inbox_path(spec.sandbox_id)
+        self.users.created(handle, spec.sandbox_id, user)
         return handle, pid
 
-    def _create_sync(self, spec: SandboxSpec) -> tuple[str, int]:
+    def _create_sync(self, spec: SandboxSpec, user: tuple[int, int] | None) -> tuple[str, int]:
         inbox = self.inbox_path(spec.sandbox_id)
-        kwargs = container_spec(spec, self._options, inbox)
+        kwargs = container_spec(spec, self._options, inbox, user)
         if inbox is not None:
             try:
                 inbox.mkdir(parents=True, exist_ok=True)
                 inbox.chmod(0o755)  # the sandbox user reads it, whatever our umask
+                if user is not None:
+                    self.users.prepare(inbox)
             except OSError as e:
                 raise PermanentBackendError(f"cannot create the sandbox's inbox {inbox}: {e}") from e
         try:
             container = self._client.containers.create(**kwargs)
+            if user is not None:
+                self.users.fill(container, spec.image, inbox, user)
             container.start()
             container.reload()
             return str(container.id), int(container.attrs.get("State", {}).get("Pid") or 0)
@@ -253,17 +282,23 @@ class Containers:
     async def discard(self, sandbox_id: str) -> None:
         """Removes what a create that failed or was cancelled may have left
         (the container, found by name, and its inbox); never raises a
-        BackendError."""
-        with contextlib.suppress(BackendError):
+        BackendError. The uid is freed once the container is known gone."""
+        try:
             await self.run(self._remove_sync, container_name(sandbox_id))
+        except BackendError:
+            pass
+        else:
+            self.users.discarded(sandbox_id)
         inbox = self.inbox_path(sandbox_id)
         if inbox is not None:
             await self.run(shutil.rmtree, inbox, True)
 
     async def remove(self, handle: str) -> None:
-        """Removes the container (gone already is fine), then its inbox."""
+        """Removes the container (gone already is fine), then its inbox;
+        frees its uid once it is gone."""
         inbox = self._inboxes.pop(handle, None)
         await self.run(self._remove_sync, handle)
+        self.users.removed(handle)
         if inbox is not None:
             await self.run(shutil.rmtree, inbox, True)
 
@@ -282,6 +317,25 @@ class Containers:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"container remove failed: {e}") from e
 
+    def known_user(self, handle: str) -> tuple[int, int] | None:
+        """The sandbox user's (uid, gid) of a container created or listed here."""
+        return self.users.known(handle)
+
+    async def user_of(self, handle: str) -> tuple[int, int]:
+        """The sandbox user's (uid, gid), looked up once for a container
+        neither created nor listed here (SandboxLost when it is gone)."""
+        known = self.users.known(handle)
+        if known is not None:
+            return known
+        try:
+            state = await self.run(self._client.api.inspect_container, handle)
+        except docker.errors.NotFound as e:
+            raise SandboxLost("the sandbox's container is gone") from e
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            raise TransientBackendError(f"cannot inspect the sandbox's container: {e}") from e
+        config = state.get("Config") or {}
+        return self.users.adopt(handle, config.get("Labels") or {}, str(config.get("User") or ""))
+
     async def list(self) -> builtins.list[BackendSandbox]:
         """Every container of this instance, running or not, by its labels;
         sweeps the inboxes of containers that are gone."""
@@ -296,6 +350,7 @@ class Containers:
         out = []
         for c in containers:
             labels = c.get("Labels") or {}
+            self.users.adopt(str(c["Id"]), labels)
             out.append(
                 BackendSandbox(
                     sandbox_id=labels.get(LABEL_SANDBOX, ""),

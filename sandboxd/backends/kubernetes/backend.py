@@ -174,6 +174,13 @@ class KubernetesBackend:
     async def list(self) -> builtins.list[BackendSandbox]:
         return await self._pods.list()
 
+    def sandbox_user(self, handle: str) -> tuple[int, int]:
+        """From memory: filled by create and by every listing (adoption)."""
+        user = self._pods.known_user(handle)
+        if user is None:
+            raise NotFound(f"sandbox Pod {handle} is not known to this control plane")
+        return user
+
     # -- TenantQuotas: ResourceQuotas per tenant (see quotas.py) ------------
 
     async def set_tenant_quota(self, tenant: str, pods: int, memory_bytes: int) -> None:

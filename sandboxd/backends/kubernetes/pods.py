@@ -35,6 +35,7 @@ from sandboxd.backends.kubernetes.podspec import (
     tenant_of,
 )
 from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
+from sandboxd.backends.uids import SandboxUids
 from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
 
 HealthCheck = Callable[[str], Awaitable[None]]
@@ -82,6 +83,11 @@ class Pods:
         self._started = asyncio.Lock()
         self._ready = False
         self._cleanups: set[asyncio.Future[None]] = set()
+        self.uids = SandboxUids(self._pod_opts.uids)
+        """Which sandbox holds which uid (its Pod's runAsUser)."""
+        # The sandbox user's (uid, gid) of each Pod, and its sandbox id, by name.
+        self._users: dict[str, tuple[int, int]] = {}
+        self._sandbox_of: dict[str, str] = {}
 
     async def ensure_started(self) -> None:
         """Once: the namespace's NetworkPolicy (if asked for) and the watch cache."""
@@ -138,8 +144,11 @@ class Pods:
         await self.ensure_started()
         if self._options.tenant_quotas:
             await self._quotas.ensure_class(tenant_of(spec.pool))
-        body = build_pod(spec, self._pod_opts)
+        user = None if self.uids.shared else self.uids.allocate(spec.sandbox_id)
+        body = build_pod(spec, self._pod_opts, user)
         name = str(body["metadata"]["name"])
+        self._users[name] = user or (self._pod_opts.uid, self._pod_opts.gid)
+        self._sandbox_of[name] = spec.sandbox_id
         posting = asyncio.ensure_future(self._client.request("POST", self._pods_path, body=body))
         try:
             try:
@@ -191,6 +200,25 @@ class Pods:
         with contextlib.suppress(BackendError):
             await self.delete(name)
 
+    def known_user(self, name: str) -> tuple[int, int] | None:
+        """The sandbox user's (uid, gid) of a Pod created or listed here."""
+        return self._users.get(name)
+
+    def _adopt(self, name: str, sandbox_id: str, pod: dict[str, Any]) -> None:
+        """Records the user a listed Pod runs as (its container's runAsUser,
+        else the Pod's)."""
+        spec = pod.get("spec") or {}
+        contexts = [c.get("securityContext") or {} for c in spec.get("containers") or []]
+        contexts.append(spec.get("securityContext") or {})
+        uid = next(
+            (c["runAsUser"] for c in contexts if isinstance(c.get("runAsUser"), int)), self._pod_opts.uid
+        )
+        gid = next((c["runAsGroup"] for c in contexts if isinstance(c.get("runAsGroup"), int)), uid)
+        self._users[name] = (uid, gid)
+        if sandbox_id:
+            self._sandbox_of[name] = sandbox_id
+            self.uids.adopt(sandbox_id, uid)
+
     async def delete(self, name: str) -> None:
         """Deletes the Pod at once (grace 0); gone already is fine."""
         try:
@@ -207,6 +235,11 @@ class Pods:
         except KubeError as e:
             if e.status != 404:
                 raise wrap(e, f"cannot delete Pod {name}") from e
+        # Deleted with a grace of 0: its processes are being killed.
+        self._users.pop(name, None)
+        sandbox_id = self._sandbox_of.pop(name, "")
+        if sandbox_id:
+            self.uids.release(sandbox_id)
 
     async def list(self) -> builtins.list[BackendSandbox]:
         """A fresh list from the API server (not the cache): adoption must see
@@ -229,6 +262,7 @@ class Pods:
             running = (pod.get("status") or {}).get("phase") == "Running" and not meta.get(
                 "deletionTimestamp"
             )
+            self._adopt(str(meta.get("name", "")), labels.get(LABEL_SANDBOX, ""), pod)
             out.append(
                 BackendSandbox(
                     sandbox_id=labels.get(LABEL_SANDBOX, ""),

@@ -52,6 +52,7 @@ from sandboxd.backends.base import (
     Limits,
     SandboxSpec,
 )
+from sandboxd.backends.uids import DEFAULT_UIDS, SANDBOX_NAME, UidRange, group_for, passwd_for
 
 LABEL_TENANT = "sandboxd.tenant"
 ANNOTATION_POOL = "sandboxd.io/pool"
@@ -66,6 +67,25 @@ ANNOTATION_PIDS = "sandboxd.io/pids"
 """A gVisor Pod's process limit: the node's runsc wrapper makes it RLIMIT_NPROC
 inside gVisor, which counts the sandbox's own processes (the host's pids
 cgroup counts gVisor's threads instead, see deploy/node/sandboxd-runc)."""
+ANNOTATION_PASSWD = "sandboxd.io/passwd"
+ANNOTATION_GROUP = "sandboxd.io/group"
+"""The /etc/passwd and /etc/group a Pod's sandbox user is found in."""
+# The image's own tables are not known to the API server: the system users
+# of the images sandboxd builds (Debian's base-passwd), root first.
+BASE_PASSWD = b"""root:x:0:0:root:/root:/bin/bash
+daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin
+bin:x:2:2:bin:/bin:/usr/sbin/nologin
+sys:x:3:3:sys:/dev:/usr/sbin/nologin
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
+"""
+BASE_GROUP = b"""root:x:0:
+daemon:x:1:
+bin:x:2:
+sys:x:3:
+adm:x:4:
+tty:x:5:
+nogroup:x:65534:
+"""
 NETWORK_POLICY_NAME = "sandboxd-sandboxes-deny-all"
 CONTAINER = "sandbox"
 DEFAULT_TENANT = "default"
@@ -89,6 +109,9 @@ class PodOptions:
     instance: str
     uid: int = 1000
     gid: int = 1000
+    """Every Pod's user when ``uids`` is shared (count 0)."""
+    uids: UidRange = field(default_factory=lambda: DEFAULT_UIDS)
+    """The uids Pods are given one each (sandboxd.backends.uids)."""
     command: tuple[str, ...] = ()
     """What the container runs; () = KEEPALIVE."""
     runtime_class: str | None = None
@@ -191,8 +214,10 @@ def _workspace_volume(limits: Limits, opts: PodOptions) -> dict[str, Any]:
     return {"name": "workspace", "emptyDir": empty}
 
 
-def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
-    """The Pod manifest of one sandbox: hardened, labelled for adoption."""
+def build_pod(spec: SandboxSpec, opts: PodOptions, user: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The Pod manifest of one sandbox running as ``user`` (None: the shared
+    ``opts.uid``), hardened, labelled for adoption."""
+    uid, gid = user if user is not None else (opts.uid, opts.gid)
     labels = {
         LABEL_MANAGED: "true",
         LABEL_INSTANCE: label_value(opts.instance),
@@ -212,8 +237,31 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
         annotations[ANNOTATION_RUNTIME] = GVISOR
         if spec.limits.pids:
             annotations[ANNOTATION_PIDS] = str(spec.limits.pids)
-    env = [{"name": "HOME", "value": WORKSPACE}]
+    own = {"HOME": WORKSPACE, "USER": SANDBOX_NAME, "LOGNAME": SANDBOX_NAME}
+    env = [{"name": k, "value": v} for k, v in own.items() if k == "HOME" or k not in spec.env]
     env += [{"name": k, "value": v} for k, v in spec.env.items() if k != "HOME"]
+    mounts: list[dict[str, Any]] = [
+        {"name": "workspace", "mountPath": WORKSPACE},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes = [
+        _workspace_volume(spec.limits, opts),
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": str(_TMP_BYTES)}},
+    ]
+    if user is not None:
+        # The user tables travel as annotations, projected read-only over
+        # the image's by the downward API: no object of their own to make.
+        annotations[ANNOTATION_PASSWD] = passwd_for(BASE_PASSWD, uid, gid, WORKSPACE).decode()
+        annotations[ANNOTATION_GROUP] = group_for(BASE_GROUP, gid).decode()
+        items = [
+            {"path": name, "fieldRef": {"fieldPath": f"metadata.annotations['{key}']"}}
+            for name, key in (("passwd", ANNOTATION_PASSWD), ("group", ANNOTATION_GROUP))
+        ]
+        volumes.append({"name": "users", "downwardAPI": {"items": items, "defaultMode": 0o444}})
+        mounts += [
+            {"name": "users", "mountPath": f"/etc/{name}", "subPath": name, "readOnly": True}
+            for name in ("passwd", "group")
+        ]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
@@ -224,18 +272,15 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
         "resources": _resources(spec.limits, opts),
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": opts.uid,
-            "runAsGroup": opts.gid,
+            "runAsUser": uid,
+            "runAsGroup": gid,
             "allowPrivilegeEscalation": False,
             "privileged": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": [
-            {"name": "workspace", "mountPath": WORKSPACE},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        "volumeMounts": mounts,
         "stdin": False,
         "tty": False,
     }
@@ -248,15 +293,12 @@ def build_pod(spec: SandboxSpec, opts: PodOptions) -> dict[str, Any]:
         "hostname": "sandbox",
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": opts.uid,
-            "runAsGroup": opts.gid,
-            "fsGroup": opts.gid,
+            "runAsUser": uid,
+            "runAsGroup": gid,
+            "fsGroup": gid,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumes": [
-            _workspace_volume(spec.limits, opts),
-            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": str(_TMP_BYTES)}},
-        ],
+        "volumes": volumes,
     }
     if spec.runtime == GVISOR:
         pod_spec["runtimeClassName"] = opts.gvisor_runtime_class
