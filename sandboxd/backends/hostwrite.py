@@ -100,7 +100,7 @@ def _parts(rel: str) -> list[str]:
 
 
 def _full(path: str) -> str:
-    return posixpath.join(WORKSPACE, path)
+    return posixpath.normpath(posixpath.join(WORKSPACE, path))
 
 
 def _refuse(e: OSError, path: str, doing: str) -> NoReturn:
@@ -109,9 +109,7 @@ def _refuse(e: OSError, path: str, doing: str) -> NoReturn:
     if e.errno in _FULL:
         raise ResourceExhausted(f"workspace is full (bytes or files): {os.strerror(e.errno or 0)}") from e
     if e.errno in _DENIED:
-        raise PermissionDenied(
-            f"{_full(path)}: permission denied ({doing}); the sandbox's user may not do this there"
-        ) from e
+        raise PermissionDenied(f"{_full(path)}: permission denied ({doing})") from e
     raise _Fallback() from e
 
 
@@ -154,7 +152,9 @@ class _Call:
         except FileNotFoundError:
             pass
         except OSError as e:
-            _refuse(e, rel, "looking it up")
+            # No search permission on its directory (an O_PATH descriptor
+            # needs none to be opened).
+            _refuse(e, posixpath.dirname(rel) or ".", "entering the directory")
         else:
             if stat.S_ISDIR(st.st_mode):
                 raise FailedPrecondition(f"{_full(rel)} is a directory: a file cannot take its place")
@@ -162,7 +162,7 @@ class _Call:
         try:
             fd = os.open(temp, _NEW, 0o600, dir_fd=parent)
         except OSError as e:
-            _refuse(e, rel, "creating a file in its directory")
+            _refuse(e, posixpath.dirname(rel) or ".", "creating a file in it")
         self._files.append(_File(parent, temp, name, rel))
         try:
             view = memoryview(data)
@@ -195,7 +195,7 @@ class _Call:
         except FileExistsError:
             pass
         except OSError as e:
-            _refuse(e, path, "creating a directory")
+            _refuse(e, path, "creating the directory")
         if made:
             self._made.append((posixpath.dirname(path), part))
         try:
@@ -217,7 +217,7 @@ class _Call:
                 os.chmod(f"/proc/self/fd/{fd}", (st.st_mode & 0o7000) | (0o777 & ~_UMASK))
             except OSError as e:
                 os.close(fd)
-                _refuse(e, path, "creating a directory")
+                _refuse(e, path, "creating the directory")
         return fd
 
     def commit(self) -> None:
@@ -232,7 +232,8 @@ class _Call:
             try:
                 _renameat2(f.parent, f.temp, f.name, _RENAME_EXCHANGE)
             except OSError as e:
-                _refuse(e, f.rel, "replacing it")
+                # EPERM here is a sticky directory's rule (write was checked).
+                _refuse(e, f.rel, "replacing it: its directory is sticky and neither is the user's")
             f.moved = "swapped"
             # A directory swapped in after stage() looked is put back.
             try:

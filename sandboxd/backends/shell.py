@@ -331,77 +331,6 @@ pinned() {
 }
 """
 
-# Extract a tar from stdin into $1 as the exec's user; exit codes say why it
-# failed. The directory is walked from / and created one level at a time
-# (exit 3 if that fails), never through a link. The archive goes into a
-# fresh private directory inside it first, where only the archive's own
-# links exist (the control plane has checked those stay inside it), and is
-# then moved into place entry by entry: a staged directory whose place is
-# taken by a link is refused before anything moves (exit 5), one that meets
-# a directory is merged into it, anything else replaces what is there by a
-# rename (a link in its place is replaced, never written through). Errors
-# are kept in a variable, not a file: a scratch file in /tmp would be
-# another user's after a write as root (or the reverse).
-PUT_TAR = (
-    _LINK_WALK
-    + r"""
-dest="$1"
-cd / || exit 3
-rest=${dest#/}
-while [ -n "$rest" ]; do
-  c=${rest%%/*}
-  case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac
-  here=$(pwd -P); here=${here%/}
-  [ -L "$c" ] && refuse_link "$here/$c"
-  if [ ! -d "$c" ]; then
-    err=$(mkdir -- "$c" 2>&1) || [ -d "$c" ] || { printf '%s\n' "$err" >&2; exit 3; }
-  fi
-  cd -P -- "$c" 2>/dev/null || { printf 'cannot enter %s\n' "$here/$c" >&2; exit 3; }
-  pinned "$here/$c"
-done
-pinned "$dest"
-stage=$(mktemp -d ./.sandboxd-put.XXXXXX 2>&1) || { printf '%s\n' "$stage" >&2; exit 4; }
-trap 'rm -rf -- "$stage"' EXIT
-err=$(tar -x --no-same-owner -C "$stage" -f - 2>&1 >/dev/null)
-rc=$?
-if [ $rc -ne 0 ]; then
-  printf '%s\n' "$err" >&2
-  case "$err" in *"No space left on device"*|*"Wrote only"*) exit 28;; esac
-  exit 4
-fi
-# $1: a staged directory, $2: its place (both relative to $dest); with $3 = 1
-# only checks, so that a refusal leaves everything as it was.
-merge() {
-  local e t
-  for e in "$1"/* "$1"/.[!.]* "$1"/..?*; do
-    [ -e "$e" ] || [ -L "$e" ] || continue
-    t="$2/${e##*/}"
-    if [ -d "$e" ] && [ ! -L "$e" ]; then
-      [ -L "$t" ] && refuse_link "$dest/${t#./}"
-      if [ -d "$t" ]; then
-        merge "$e" "$t" "$3"
-        continue
-      fi
-    elif [ -d "$t" ] && [ ! -L "$t" ]; then
-      printf 'cannot replace directory %s by a non-directory\n' "$dest/${t#./}" >&2
-      exit 4
-    fi
-    [ "$3" = 1 ] && continue
-    if [ -e "$t" ] || [ -L "$t" ]; then
-      [ -d "$e" ] && { rm -f -- "$t" || exit 4; }
-    fi
-    err=$(mv -f -T -- "$e" "$t" 2>&1) || {
-      printf '%s\n' "$err" >&2
-      case "$err" in *"No space left on device"*) exit 28;; esac
-      exit 4
-    }
-  done
-}
-merge "$stage" . 1
-merge "$stage" . 0
-"""
-)
-
 # Tar up $2.. relative to $1, refusing to start when one is missing (exit 3)
 # so the caller can name it, or when the way to one passes a link (exit 5).
 # tar itself stores a link it meets as a link and does not descend through it.
@@ -429,7 +358,7 @@ exec tar -c -f - -- "$@"
 )
 
 LINK_EXIT = 5
-"""Exit status of PUT_TAR and GET_TAR when a link stands in the way."""
+"""Exit status of PUT_TAR (sandboxd.backends.extract) and GET_TAR when a link stands in the way."""
 
 
 def link_refusal(message: str) -> str:
@@ -454,11 +383,6 @@ def link_refusal(message: str) -> str:
     else:
         where = f"it leads out of {root}, and file paths do not follow links"
     return f"{path} is a symbolic link to {target!r}: {where}"
-
-
-def put_tar_argv(dest: str) -> list[str]:
-    """Extracts stdin under ``dest``."""
-    return ["sh", "-c", PUT_TAR, "sandboxd-put", dest]
 
 
 def get_tar_argv(base: str, paths: tuple[str, ...]) -> list[str]:

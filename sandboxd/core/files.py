@@ -27,6 +27,14 @@ def relative(full: str, base: str = WORKSPACE) -> str:
     return posixpath.relpath(full, base)
 
 
+def shared_parent(files: list[FileData], root: str) -> str:
+    """The deepest directory below or at ``root`` (a file root) holding
+    every one of ``files``: where an upload of them is extracted, so that
+    its staging needs no right on a directory above the files' own."""
+    parent = posixpath.commonpath([posixpath.dirname(f.path) for f in files])
+    return parent if parent == root or parent.startswith(root + "/") else root
+
+
 def build_tar(files: list[FileData], base: str = WORKSPACE) -> bytes:
     """``files`` carry absolute, validated paths under ``base`` (a file root)."""
     buf = io.BytesIO()

@@ -28,7 +28,14 @@ from sandboxd.backends.base import (
 )
 from sandboxd.core import validation as v
 from sandboxd.core.deadlines import EXEC_FLOOR_SECONDS, EXEC_MARGIN_SECONDS, within_deadline
-from sandboxd.core.files import FileData, build_tar, check_upload, parse_read_tar, relative
+from sandboxd.core.files import (
+    FileData,
+    build_tar,
+    check_upload,
+    parse_read_tar,
+    relative,
+    shared_parent,
+)
 from sandboxd.core.leasing import Leasing
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.registry import SandboxRegistry
@@ -156,8 +163,9 @@ class Operations:
                 if group:
                     # Large archives are built off the event loop.
                     big = total > 1 << 20
-                    data = await asyncio.to_thread(build_tar, group, root) if big else build_tar(group, root)
-                    await self._put_tar(rec.handle, root, data, user)
+                    base = shared_parent(group, root)
+                    data = await asyncio.to_thread(build_tar, group, base) if big else build_tar(group, base)
+                    await self._put_tar(rec.handle, base, data, user)
         return total
 
     async def _written_in_place(self, rec: SandboxRecord, files: list[FileData], user: str) -> bool:

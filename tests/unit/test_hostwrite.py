@@ -1,39 +1,66 @@
-"""Host-side writes (sandboxd.backends.hostwrite) on a plain directory of this
-host, with the kernel's own checks under a user's file rights
-(sandboxd.backends.fscreds): what that user may not do inside a sandbox is
-refused here, typed and naming the path, with nothing changed and no
-temporary left; a call is all or nothing."""
+"""Writes into a workspace as the sandbox's user, on a plain directory of this
+host, by both paths a WriteFiles can take: from the host
+(sandboxd.backends.hostwrite, with the user's file rights from
+sandboxd.backends.fscreds) and by the extraction script the sandbox runs
+(sandboxd.backends.extract, run here as that user with setpriv). What the
+user may not do inside a sandbox is refused by both, with the same typed
+error naming the path, nothing changed and no temporary left; what the user
+may do is done by both; a call is all or nothing."""
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import stat
+import subprocess
+import tarfile
+import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sandboxd.backends import fscreds
+from sandboxd.backends.extract import put_refusal, put_tar_argv
 from sandboxd.backends.hostwrite import TEMP_PREFIX, write_files
+from sandboxd.core.files import FileData, build_tar, shared_parent
 from sandboxd.errors import FailedPrecondition, PermissionDenied
 
 pytestmark = [
-    pytest.mark.timeout(30),
-    pytest.mark.skipif(not fscreds.available(), reason="needs root on Linux (setfsuid per thread)"),
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(
+        not fscreds.available() or shutil.which("setpriv") is None,
+        reason="needs root on Linux (setfsuid per thread) and setpriv",
+    ),
 ]
 
 UID = GID = 4242
 OTHER = 4343
 
+Files = list[tuple[str, bytes, int]]
+Writer = Callable[[Files, int, int], bool]
+
 
 @pytest.fixture
-def ws(tmp_path: Path) -> Path:
+def base() -> Iterator[Path]:
+    """A directory every user can search down to (the script walks from /)."""
+    path = Path(tempfile.mkdtemp(prefix="sandboxd-ws-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+@pytest.fixture
+def ws(base: Path) -> Path:
     """A workspace owned by the user, with a grader of root's in it, as a
     sandbox's is after root put its tests there: tests/ (0755) with
     test.py (0644), secret/ (0700) with key (0600), a sticky shared/ (1777)
     holding root's and the user's files, and the user's own files."""
-    root = tmp_path / "ws"
+    root = base / "ws"
     root.mkdir()
     os.chown(root, UID, GID)
     (root / "tests").mkdir(mode=0o755)
@@ -67,6 +94,31 @@ def fd(ws: Path) -> Iterator[int]:
         os.close(fd)
 
 
+def extract_as(ws: Path, files: Files, uid: int, gid: int) -> bool:
+    """The sandbox's path: the extraction script as ``uid`` (uid 0 with no
+    capabilities at all, as the sandbox's root), its exit read as a backend does."""
+    # As WriteFiles builds it: extracted in the deepest directory the files share.
+    group = [FileData(f"{ws}/{rel}", data, mode) for rel, data, mode in files]
+    dest = shared_parent(group, str(ws))
+    caps = ["--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+    argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *caps, *put_tar_argv(dest)]
+    done = subprocess.run(
+        argv, input=build_tar(group, dest), capture_output=True, umask=0o022, timeout=30, check=False
+    )
+    refusal = put_refusal(done.returncode, dest, done.stderr.decode(errors="replace").strip())
+    if refusal is not None:
+        raise refusal
+    return True
+
+
+@pytest.fixture(params=["host", "sandbox"])
+def write(request: pytest.FixtureRequest, ws: Path, fd: int) -> Writer:
+    """Writes files as a user by one of the two paths."""
+    if request.param == "host":
+        return lambda files, uid, gid: write_files(fd, files, uid, gid)
+    return lambda files, uid, gid: extract_as(ws, files, uid, gid)
+
+
 def state(root: Path) -> dict[str, tuple[int, int, int, bytes]]:
     """Every entry: (mode, uid, gid, content or link target)."""
     out: dict[str, tuple[int, int, int, bytes]] = {}
@@ -90,23 +142,25 @@ def temps(root: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("path", "match"),
     [
-        ("tests/new.py", "tests/new.py: permission denied"),
-        ("tests/test.py", "tests/test.py: permission denied"),
+        ("tests/new.py", "tests: permission denied"),
+        ("tests/test.py", "tests: permission denied"),
         ("tests/sub/x.py", "tests/sub: permission denied"),
-        ("secret/key", "secret/key: permission denied"),
-        ("secret/new", "secret/new: permission denied"),
+        ("secret/key", "secret: permission denied"),
+        ("secret/new", "secret: permission denied"),
         ("shared/roots", "shared/roots: permission denied"),
     ],
 )
-def test_what_the_user_may_not_do_in_the_sandbox_is_refused(ws: Path, fd: int, path: str, match: str) -> None:
+def test_what_the_user_may_not_do_in_the_sandbox_is_refused(
+    ws: Path, write: Writer, path: str, match: str
+) -> None:
     before = state(ws)
     with pytest.raises(PermissionDenied, match=match):
-        write_files(fd, [("mine/ok.txt", b"fine", 0o644), (path, b"forged", 0o644)], UID, GID)
+        write([("mine/ok.txt", b"fine", 0o644), (path, b"forged", 0o644)], UID, GID)
     assert state(ws) == before, "nothing changed, the file before it included"
     assert temps(ws) == []
 
 
-def test_what_the_user_may_do_is_done_as_the_user(ws: Path, fd: int) -> None:
+def test_what_the_user_may_do_is_done_as_the_user(ws: Path, write: Writer) -> None:
     files = [
         ("mine/roots.txt", b"replaced", 0o644),  # root's file in the user's directory: rename over it
         ("mine/a.txt", b"new a", 0o600),
@@ -114,7 +168,7 @@ def test_what_the_user_may_do_is_done_as_the_user(ws: Path, fd: int) -> None:
         ("shared/new", b"new name in a sticky directory", 0o755),
         ("deep/er/f.bin", bytes(range(256)), 0o777),
     ]
-    assert write_files(fd, files, UID, GID) is True
+    assert write(files, UID, GID) is True
     for rel, data, mode in files:
         st = (ws / rel).lstat()
         assert ((ws / rel).read_bytes(), st.st_uid, st.st_gid) == (data, UID, GID), rel
@@ -126,7 +180,7 @@ def test_what_the_user_may_do_is_done_as_the_user(ws: Path, fd: int) -> None:
     assert (ws / "tests" / "test.py").read_bytes() == b"assert graded\n"
 
 
-def test_group_and_read_only_directories_follow_the_mode(ws: Path, fd: int) -> None:
+def test_group_and_read_only_directories_follow_the_mode(ws: Path, write: Writer) -> None:
     for name, gid, mode in (
         ("ours", GID, 0o775),
         ("theirs", OTHER, 0o775),
@@ -136,26 +190,25 @@ def test_group_and_read_only_directories_follow_the_mode(ws: Path, fd: int) -> N
         (ws / name).mkdir()
         os.chown(ws / name, 0 if name != "ro" else UID, gid)
         os.chmod(ws / name, mode)
-    assert write_files(fd, [("ours/f", b"x", 0o644)], UID, GID) is True
+    assert write([("ours/f", b"x", 0o644)], UID, GID) is True
     # Write and search without read: a drop box the user can put files in.
-    assert write_files(fd, [("drop/f", b"x", 0o644)], UID, GID) is True
-    with pytest.raises(PermissionDenied, match="theirs/f"):
-        write_files(fd, [("theirs/f", b"x", 0o644)], UID, GID)
-    with pytest.raises(PermissionDenied, match="ro/f"):
-        write_files(fd, [("ro/f", b"x", 0o644)], UID, GID)
+    assert write([("drop/f", b"x", 0o644)], UID, GID) is True
+    with pytest.raises(PermissionDenied, match="theirs: permission denied"):
+        write([("theirs/f", b"x", 0o644)], UID, GID)
+    with pytest.raises(PermissionDenied, match="ro: permission denied"):
+        write([("ro/f", b"x", 0o644)], UID, GID)
     # Root (uid 0 without capabilities, as in the sandbox) is bound by the mode too.
-    with pytest.raises(PermissionDenied, match="ro/f"):
-        write_files(fd, [("ro/f", b"x", 0o644)], 0, 0)
-    assert write_files(fd, [("tests/test.py", b"root's own", 0o644)], 0, 0) is True
+    with pytest.raises(PermissionDenied, match="ro: permission denied"):
+        write([("ro/f", b"x", 0o644)], 0, 0)
+    assert write([("tests/test.py", b"root's own", 0o644)], 0, 0) is True
     assert (ws / "tests" / "test.py").stat().st_uid == 0
     assert temps(ws) == []
 
 
-def test_a_directory_where_a_file_goes_refuses_the_whole_call(ws: Path, fd: int) -> None:
+def test_a_directory_where_a_file_goes_refuses_the_whole_call(ws: Path, write: Writer) -> None:
     before = state(ws)
     with pytest.raises(FailedPrecondition, match="mine/adir is a directory"):
-        write_files(
-            fd,
+        write(
             [("mine/a.txt", b"changed", 0o644), ("made/new.txt", b"n", 0o644), ("mine/adir", b"x", 0o644)],
             UID,
             GID,
@@ -164,13 +217,12 @@ def test_a_directory_where_a_file_goes_refuses_the_whole_call(ws: Path, fd: int)
     assert temps(ws) == []
 
 
-def test_a_refusal_at_commit_puts_back_what_was_moved(ws: Path, fd: int) -> None:
+def test_a_refusal_at_commit_puts_back_what_was_moved(ws: Path, write: Writer) -> None:
     # Staging passes (the sticky directory is writable); replacing root's
     # file there is refused only by the rename, after a.txt and new.txt moved.
     before = state(ws)
     with pytest.raises(PermissionDenied, match="shared/roots: permission denied"):
-        write_files(
-            fd,
+        write(
             [("mine/a.txt", b"changed", 0o644), ("mine/new.txt", b"n", 0o644), ("shared/roots", b"x", 0o644)],
             UID,
             GID,
@@ -235,3 +287,56 @@ def test_only_the_worker_thread_takes_the_users_rights_and_they_are_put_back() -
         before["CapEff"],
         before["Groups"],
     )
+
+
+def test_a_rename_the_kernel_refuses_late_puts_back_the_whole_call(ws: Path, write: Writer) -> None:
+    # An immutable file passes every permission check and is refused only
+    # by the rename itself, after the files before it moved.
+    target = ws / "mine" / "pinned"
+    target.write_bytes(b"pinned")
+    os.chown(target, UID, GID)
+    if subprocess.run(["chattr", "+i", str(target)], capture_output=True, check=False).returncode:
+        pytest.skip("this filesystem has no immutable files (chattr +i)")
+    try:
+        before = state(ws)
+        with pytest.raises(PermissionDenied, match="mine/pinned: permission denied"):
+            write(
+                [("mine/a.txt", b"changed", 0o644), ("new/n.txt", b"n", 0o644), ("mine/pinned", b"x", 0o644)],
+                UID,
+                GID,
+            )
+        assert state(ws) == before
+        assert temps(ws) == []
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
+
+
+def test_read_only_directories_in_an_upload_arrive_and_leave_nothing_behind(ws: Path) -> None:
+    # A restore or an upload of a tree with a read-only directory (0555)
+    # holding files: staged, moved to its place, and its mode kept.
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, mode, kind in (("ro", 0o555, tarfile.DIRTYPE), ("ro/in", 0o555, tarfile.DIRTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = kind, mode
+            tar.addfile(info)
+        info = tarfile.TarInfo("ro/in/f")
+        info.size, info.mode = 2, 0o444
+        tar.addfile(info, io.BytesIO(b"hi"))
+    argv = ["setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups", *put_tar_argv(str(ws / "mine"))]
+    done = subprocess.run(
+        argv, input=buf.getvalue(), capture_output=True, umask=0o022, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert (ws / "mine" / "ro" / "in" / "f").read_bytes() == b"hi"
+    assert stat.S_IMODE((ws / "mine" / "ro").stat().st_mode) == 0o555
+    assert stat.S_IMODE((ws / "mine" / "ro" / "in").stat().st_mode) == 0o555
+    assert temps(ws) == []
+    # Again over it: ro/in is the user's but read-only, so nothing may be
+    # created in it, as in the sandbox; refused, and nothing is left.
+    done = subprocess.run(
+        argv, input=buf.getvalue(), capture_output=True, umask=0o022, timeout=30, check=False
+    )
+    refusal = put_refusal(done.returncode, str(ws), done.stderr.decode())
+    assert isinstance(refusal, PermissionDenied) and "mine/ro/in: permission denied" in refusal.message
+    assert temps(ws) == []

@@ -22,7 +22,8 @@ from pathlib import Path
 from sandboxd.backends.base import WORKSPACE, ExecEvent, ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.containers import INBOX, Containers
 from sandboxd.backends.docker.rawapi import RawEngine
-from sandboxd.backends.shell import LINK_EXIT, get_tar_argv, link_refusal, put_tar_argv
+from sandboxd.backends.extract import put_refusal, put_tar_argv
+from sandboxd.backends.shell import LINK_EXIT, get_tar_argv, link_refusal
 from sandboxd.errors import (
     BackendError,
     InvalidArgument,
@@ -38,14 +39,8 @@ Exec = Callable[[str, ExecSpec], AsyncIterator[ExecEvent]]
 
 def _raise_for_put(code: int, dest: str, message: str) -> None:
     """Exit codes of the PUT_TAR script, as sandboxd errors."""
-    if code == 28:
-        raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
-    if code == 3:
-        raise InvalidArgument("path", f"cannot create directory {dest!r}: {message}")
-    if code == LINK_EXIT:
-        raise InvalidArgument("path", f"refused to write under {dest}: {link_refusal(message)}")
-    if code != 0:
-        raise InvalidArgument("tar", f"extraction failed: {message or f'exit {code}'}")
+    if (refusal := put_refusal(code, dest, message)) is not None:
+        raise refusal
 
 
 class ContainerFiles:

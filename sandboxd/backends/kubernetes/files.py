@@ -11,17 +11,17 @@ import asyncio
 import builtins
 from collections.abc import AsyncIterator
 
+from sandboxd.backends.extract import put_refusal, put_tar_argv
 from sandboxd.backends.kubernetes.cache import PodCache
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, unavailable, unreachable
 from sandboxd.backends.kubernetes.podspec import CONTAINER
 from sandboxd.backends.kubernetes.wsexec import V5, ExecStream
-from sandboxd.backends.shell import LINK_EXIT, get_tar_argv, link_refusal, put_tar_argv
+from sandboxd.backends.shell import LINK_EXIT, get_tar_argv, link_refusal
 from sandboxd.errors import (
     BackendError,
     InvalidArgument,
     NotFound,
     PermanentBackendError,
-    ResourceExhausted,
     SandboxLost,
 )
 
@@ -73,16 +73,10 @@ class PodFiles:
             await stream.close()
         code = stream.exit_code
         message = stderr.decode(errors="replace").strip()
-        if code == 28:
-            raise ResourceExhausted(f"workspace is full (bytes or files): {message}")
-        if code == 3:
-            raise InvalidArgument("path", f"cannot create directory {dest!r}: {message}")
-        if code == LINK_EXIT:
-            raise InvalidArgument("path", f"refused to write under {dest}: {link_refusal(message)}")
         if code is None:
             raise SandboxLost(f"upload ended without an exit status: {stream.failure or message}")
-        if code != 0:
-            raise InvalidArgument("tar", f"extraction failed: {message or f'exit {code}'}")
+        if (refusal := put_refusal(code, dest, message)) is not None:
+            raise refusal
 
     async def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
         """A tar stream of ``paths`` under ``base``; NotFound names a missing path."""
