@@ -78,7 +78,8 @@ def _entries(box: _Box) -> list[tuple[str, str, int, int, str]]:
 def _record(box: _Box, path: str, kind: str, mode: int, size: int, target: str) -> bytes:
     stamp = f"{box.stamps.get(path, 0.0):.10f}"
     rel = posixpath.relpath(path, WORKSPACE)
-    return f"{kind} {mode & 0o7777:o} {size} {stamp} {stamp}\x00{rel}\x00{target}\x00".encode()
+    uid, gid = box.user  # the fake keeps no owners: everything is the sandbox user's
+    return f"{kind} {mode & 0o7777:o} {size} {stamp} {stamp} {uid} {gid}\x00{rel}\x00{target}\x00".encode()
 
 
 def _now() -> bytes:

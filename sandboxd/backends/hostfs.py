@@ -35,12 +35,12 @@ CHUNK_BYTES = 1 << 20
 # read of a file above it is not its end.
 _MAX_READ = 0x7FFFF000
 
-Record = tuple[str, int, int, str, str, str, str, int]
-"""(kind, mode, size, mtime, ctime, path, target, links) as the in-sandbox
-listing prints the first seven: kind as find's %y, times as its %T@ (so
-either source's stamps compare equal), path relative to the workspace,
-target for links; links is the inode's link count (a file with several
-names changes under all of them)."""
+Record = tuple[str, int, int, str, str, str, str, int, int, int]
+"""(kind, mode, size, mtime, ctime, path, target, links, uid, gid) as the
+in-sandbox listing prints the first seven: kind as find's %y, times as its
+%T@ (so either source's stamps compare equal), path relative to the
+workspace, target for links; links is the inode's link count (a file with
+several names changes under all of them); uid and gid as the kernel has them."""
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -71,6 +71,8 @@ def record(st: os.stat_result, path: str, target: str = "") -> Record:
         path,
         target,
         st.st_nlink,
+        st.st_uid,
+        st.st_gid,
     )
 
 

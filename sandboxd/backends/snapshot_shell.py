@@ -22,12 +22,13 @@ TAR_MARKER = "# sandboxd:tar"
 DELTA_MARKER = "# sandboxd:delta"
 STATE_DELTA_MARKER = "# sandboxd:state-delta"
 RECORDS_MARKER = "# sandboxd:records"
+OWNED_ROUND_MARKER = "# sandboxd:owned-round"
 
 # The listing starts with the sandbox's clock (NUL-terminated), then one
-# record per entry below the workspace: "type mode size mtime ctime" NUL
+# record per entry below the workspace: "type mode size mtime ctime uid gid" NUL
 # path NUL link-target NUL. ctime cannot be set from user space, so an entry
 # whose (size, mtime, ctime) is unchanged since a listing is unchanged.
-LIST_FORMAT = r"%y %m %s %T@ %C@\0%P\0%l\0"
+LIST_FORMAT = r"%y %m %s %T@ %C@ %U %G\0%P\0%l\0"
 
 
 def _tolerant(find: str) -> str:
@@ -102,8 +103,37 @@ _FIXUP = (
 _CUTOFF = f": > {CUTOFF_FILE} && find {CUTOFF_FILE} -maxdepth 0 -printf '%C@\\0'"
 
 
+def owned_round_script(*, first: bool) -> str:
+    """One round of a restore whose entries have several owners
+    (sandboxd.core.snapshots.owners), run by the round's actor: stdin holds
+    (mode, path) pairs, NUL-separated and closed by an empty record, then a
+    tar extracted into the workspace (exit 28: it does not fit); then each
+    mode is set, in order. ``first``: the round that opens the workspace's
+    top to the other actor, printing its mode first (restore_script's
+    ``top_mode`` sets it back)."""
+    lines = [OWNED_ROUND_MARKER]
+    if first:
+        lines.append(f"find {WORKSPACE} -maxdepth 0 -printf '%m' && chmod 0777 {WORKSPACE} || exit 4")
+    lines += [
+        "__sbxd_m=(); __sbxd_p=()",
+        "while IFS= read -r -d '' __sbxd_a && [ -n \"$__sbxd_a\" ]; do "
+        "IFS= read -r -d '' __sbxd_b || exit 4; __sbxd_m+=(\"$__sbxd_a\"); __sbxd_p+=(\"$__sbxd_b\"); done",
+        f"__sbxd_e=$(tar -x --no-same-owner -C {WORKSPACE} -f - 2>&1 >/dev/null) || "
+        "{ printf '%s\\n' \"$__sbxd_e\" >&2; "
+        'case "$__sbxd_e" in *"No space left on device"*|*"Wrote only"*) exit 28;; esac; exit 4; }',
+        'for __sbxd_i in "${!__sbxd_m[@]}"; do '
+        f'chmod "${{__sbxd_m[$__sbxd_i]}}" -- "{WORKSPACE}/${{__sbxd_p[$__sbxd_i]}}" || exit 4; done',
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def restore_script(
-    *, fixups: bool, cwd: str = "", env: Mapping[str, str] | None = None, archive: str = ""
+    *,
+    fixups: bool,
+    cwd: str = "",
+    env: Mapping[str, str] | None = None,
+    archive: str = "",
+    top_mode: str = "",
 ) -> str:
     """Extracts ``archive`` (a tar readable in the sandbox; empty: the files
     are already there) into the workspace (exit 28: it does not fit),
@@ -111,7 +141,8 @@ def restore_script(
     path on stdin, NUL-separated), prints the restore's cutoff (taken before
     the environment changes, so it sees a fresh PATH), then sets the
     session's exported environment to exactly ``env`` (None: leave it) and
-    changes to ``cwd`` (empty: stay)."""
+    changes to ``cwd`` (empty: stay). ``top_mode``: the workspace's own
+    mode, set back after an owned_round_script opened it."""
     lines = [RESTORE_MARKER]
     if archive:
         lines.append(
@@ -121,6 +152,8 @@ def restore_script(
         )
     if fixups:
         lines.append(_FIXUP)
+    if top_mode:
+        lines.append(f"chmod {int(top_mode, 8):o} -- {WORKSPACE}")
     lines.append(_CUTOFF)
     if env is not None:
         keep = "|".join(["SANDBOXD_*", *SHELL_OWNED, *env])

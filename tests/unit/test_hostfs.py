@@ -50,13 +50,13 @@ def find_listing(root: Path) -> set[tuple[str, ...]]:
     ).stdout.split(b"\0")[:-1]
     rows = set()
     for i in range(0, len(out), 3):
-        kind, mode, size, mtime, ctime = out[i].decode().split(" ")
-        rows.add((kind, str(int(mode, 8)), size, mtime, ctime, out[i + 1].decode(), out[i + 2].decode()))
+        kind, mode, size, mtime, ctime, uid, gid = out[i].decode().split(" ")
+        rows.add((kind, str(int(mode, 8)), size, mtime, ctime, out[i + 1].decode(), out[i + 2].decode(), uid, gid))
     return rows
 
 
-def as_rows(records: list[tuple[str, int, int, str, str, str, str, int]]) -> set[tuple[str, ...]]:
-    return {(k, str(m), str(s), mt, ct, p, t) for k, m, s, mt, ct, p, t, _ in records}
+def as_rows(records: list[tuple[str, int, int, str, str, str, str, int, int, int]]) -> set[tuple[str, ...]]:
+    return {(k, str(m), str(s), mt, ct, p, t, str(u), str(g)) for k, m, s, mt, ct, p, t, _, u, g in records}
 
 
 def test_walk_and_scan_describe_entries_as_find_does(tree: Path, view: HostWorkspace) -> None:

@@ -167,7 +167,7 @@ class Capture:
                         journal, cutoff = baseline.journal, baseline.cutoff
                         try:
                             captured = await self._contents.from_journal(
-                                ns, view, baseline, changes, pinned, check
+                                ns, view, baseline, changes, pinned, check, self._workspaces.owner(rec)
                             )
                         except Rewalk:
                             journal, cutoff = None, 0.0
@@ -185,10 +185,17 @@ class Capture:
                             journal = self._baselines.new_journal(baseline)
                         if view is not None and baseline is None:
                             # Everything will be read: list and read in one pass.
-                            scan = Scan(view, journal.watch if journal is not None else None, check)
+                            scan = Scan(
+                                view,
+                                journal.watch if journal is not None else None,
+                                check,
+                                self._workspaces.owner(rec),
+                            )
                             when = scan.when
                         elif view is not None:
-                            when, listing = await self._workspaces.list_in_place(view, journal)
+                            when, listing = await self._workspaces.list_in_place(
+                                view, journal, self._workspaces.owner(rec)
+                            )
                         else:
                             cwd, env, when, listing, carried, prefetch = await self._workspaces.list_through(
                                 rec, baseline, session

@@ -20,7 +20,18 @@ from sandboxd.core.snapshots import sizes
 from sandboxd.core.snapshots.catalog import SnapshotCatalog
 from sandboxd.core.snapshots.gc import Pins
 from sandboxd.core.snapshots.journal import Changes
-from sandboxd.core.snapshots.listing import RACY_SECONDS, Baseline, Listed, Stamp, as_listed, not_a_file
+from sandboxd.core.snapshots.listing import (
+    RACY_SECONDS,
+    SANDBOX_OWNER,
+    Baseline,
+    Listed,
+    Owner,
+    Stamp,
+    as_listed,
+    file_entry,
+    not_a_file,
+    recorded,
+)
 from sandboxd.core.snapshots.manifest import FILE, Entry
 from sandboxd.core.snapshots.packs import PackedBlobs, blob_key
 from sandboxd.core.snapshots.reading import (
@@ -76,7 +87,13 @@ class Contents:
         return pin
 
     async def stream_in_place(
-        self, ns: str, view: HostWorkspace, name: str, check: SizeCheck, pinned: list[str]
+        self,
+        ns: str,
+        view: HostWorkspace,
+        name: str,
+        check: SizeCheck,
+        pinned: list[str],
+        sandbox: Owner = SANDBOX_OWNER,
     ) -> tuple[Listed, str, int] | None:
         """(record as opened, sha256, bytes newly stored) of a file too large
         to read whole, streamed from the host into a blob of its own after
@@ -86,7 +103,7 @@ class Contents:
             log.info("snapshot: %s vanished before it was read", name)
             return None
         try:
-            item = Listed(*opened.record)
+            item = recorded(Listed(*opened.record), sandbox)
             check.file(name, item.size)
             digest, written = await self._blobs.put_stream(
                 ns, host_chunks(opened), item.size, self._pinner(pinned)
@@ -103,6 +120,7 @@ class Contents:
         changes: Changes,
         pinned: list[str],
         check: SizeCheck,
+        sandbox: Owner = SANDBOX_OWNER,
     ) -> Changed:
         """The snapshot from what a journal recorded: only the touched paths
         (and files with several names) are looked at, directories made since
@@ -141,15 +159,13 @@ class Contents:
             if record is None:
                 drop(path)
                 continue
-            item = Listed(*record)
+            item = recorded(Listed(*record), sandbox)
             if item.kind == "f":
                 known = None if path in changes.written else baseline.digest_of(item)
                 if known is None:
                     need[path] = item
                     continue
-                entry = baseline.unchanged(item, known) or Entry(
-                    path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
-                )
+                entry = baseline.unchanged(item, known) or file_entry(item, item.size, known)
                 if float(item.ctime) < when - RACY_SECONDS:
                     stamps[path] = (item.stamp, known)
                 if base.get(path) != entry:
@@ -172,7 +188,7 @@ class Contents:
             for name, content, digest in got:
                 read.add(name)
                 item = need[name]
-                entry = Entry(name, FILE, item.mode & 0o1777, len(content), digest, mtime=float(item.mtime))
+                entry = file_entry(item, len(content), digest)
                 entries[name] = put[name] = entry
                 if len(content) == item.size and float(item.ctime) < when - RACY_SECONDS:
                     stamps[name] = (item.stamp, digest)
@@ -183,14 +199,12 @@ class Contents:
             pinned.extend(await self._pins.pin(blobs))
             stored += await self._blobs.put_absent(blobs)
             for name in large:
-                streamed = await self.stream_in_place(ns, view, name, check, pinned)
+                streamed = await self.stream_in_place(ns, view, name, check, pinned, sandbox)
                 if streamed is None:
                     continue
                 item, digest, written = streamed
                 read.add(name)
-                entries[name] = put[name] = Entry(
-                    name, FILE, item.mode & 0o1777, item.size, digest, mtime=float(item.mtime)
-                )
+                entries[name] = put[name] = file_entry(item, item.size, digest)
                 if float(item.ctime) < when - RACY_SECONDS:
                     stamps[name] = (item.stamp, digest)
                 else:
@@ -239,8 +253,8 @@ class Contents:
                     if known is not None:
                         assert baseline is not None
                         reused[item.path] = item
-                        entries[item.path] = baseline.unchanged(item, known) or Entry(
-                            item.path, FILE, item.mode & 0o1777, item.size, known, mtime=float(item.mtime)
+                        entries[item.path] = baseline.unchanged(item, known) or file_entry(
+                            item, item.size, known
                         )
                     else:
                         need[item.path] = item
@@ -284,9 +298,7 @@ class Contents:
                 blobs: dict[str, bytes] = {}
                 for (name, item, content), digest in zip(files, hashed, strict=True):
                     digests[name] = digest
-                    entries[name] = Entry(
-                        name, FILE, item.mode & 0o1777, len(content), digest, mtime=float(item.mtime)
-                    )
+                    entries[name] = file_entry(item, len(content), digest, name)
                     if len(content) == item.size and float(item.ctime) < when - RACY_SECONDS:
                         stamps[name] = (item.stamp, digest)
                     if content:
@@ -308,7 +320,7 @@ class Contents:
             record whose stamp it may be trusted under."""
             nonlocal stored
             digests[name] = digest
-            entries[name] = Entry(name, FILE, item.mode & 0o1777, size, digest, mtime=float(item.mtime))
+            entries[name] = file_entry(item, size, digest, name)
             if size == race.size and float(race.ctime) < when - RACY_SECONDS:
                 stamps[name] = (race.stamp, digest)
             stored += written
@@ -316,7 +328,7 @@ class Contents:
         async def stream_in_place(names: list[str]) -> None:
             assert view is not None
             for name in names:
-                got = await self.stream_in_place(ns, view, name, check, pinned)
+                got = await self.stream_in_place(ns, view, name, check, pinned, self._workspaces.owner(rec))
                 if got is not None:
                     item, digest, written = got
                     streamed(name, item, item.size, digest, written, item)
@@ -381,7 +393,7 @@ class Contents:
             digest = digests.get(target, "")
             if digest:
                 size = entries[target].size
-                entries[name] = Entry(name, FILE, item.mode & 0o1777, size, digest, mtime=float(item.mtime))
+                entries[name] = file_entry(item, size, digest, name)
                 if size == item.size and float(item.ctime) < when - RACY_SECONDS:
                     stamps[name] = (item.stamp, digest)
         for p, item in reused.items():

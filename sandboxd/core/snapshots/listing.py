@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sandboxd.backends.base import WORKSPACE
+from sandboxd.backends.base import SANDBOX_UID, WORKSPACE
 from sandboxd.backends.shell import is_env_name
 from sandboxd.backends.snapshot_shell import SHELL_OWNED
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots.catalog import ChainRef
 from sandboxd.core.snapshots.journal import Journal
-from sandboxd.core.snapshots.manifest import DIR, FILE, LINK, Entry
+from sandboxd.core.snapshots.manifest import DIR, FILE, LINK, OWNERS, ROOT_UID, Entry, shown
 from sandboxd.errors import BackendError, FailedPrecondition
 
 KINDS = {"f": FILE, "d": DIR, "l": LINK}
@@ -43,6 +43,10 @@ class Listed(NamedTuple):
     target: str
     links: int = 1
     """Names of the inode (known where the workspace is read in place)."""
+    uid: int = SANDBOX_UID
+    """Owner as a snapshot records it (sandboxd.backends.base.SANDBOX_UID:
+    the sandbox's user; 0: root), once ``recorded`` mapped it."""
+    gid: int = SANDBOX_UID
 
     @property
     def stamp(self) -> Stamp:
@@ -83,6 +87,8 @@ class Baseline:
         prev = self.entries.get(item.path)
         if prev is None or prev.mode != item.mode & 0o1777 or prev.kind != KINDS.get(item.kind):
             return None
+        if prev.owner != (item.uid, item.gid):
+            return None
         if prev.kind == FILE:
             known = digest if digest is not None else self.digest_of(item)
             return prev if known == prev.digest else None
@@ -111,36 +117,81 @@ def _fields(data: bytes) -> tuple[float, list[bytes]]:
         raise BackendError(f"workspace listing is malformed: {fields[0][:80]!r}") from e
 
 
-def _records(body: list[bytes]) -> list[Listed]:
+Owner = tuple[int, int]
+"""(uid, gid) of the sandbox's user as its processes (and the host) see it."""
+SANDBOX_OWNER: Owner = (SANDBOX_UID, SANDBOX_UID)
+"""That of a backend that gives every sandbox the same user."""
+
+
+def recorded(item: Listed, sandbox: Owner) -> Listed:
+    """``item`` (listed with the owner the kernel reports) with the owner a
+    snapshot records: ``sandbox``'s user as SANDBOX_UID, root as 0.
+    FailedPrecondition naming the entry for any other owner: a restore,
+    run by the sandbox's user and its root without capabilities, could not
+    give it back. FailedPrecondition, too, for a path too long to restore."""
+    long = len(item.path) > mf.MAX_PATH_BYTES // 4  # 4 bytes a character at most: cheap for the rest
+    if long and len(item.path.encode("utf-8", "surrogateescape")) > mf.MAX_PATH_BYTES:
+        raise FailedPrecondition(
+            f"{WORKSPACE}/{shown(item.path)[1:-1]}: its path is longer than {mf.MAX_PATH_BYTES} bytes "
+            f"below {WORKSPACE}, which no restore could write back; snapshots refuse it (shorten it)"
+        )
+    uid = SANDBOX_UID if item.uid == sandbox[0] else item.uid
+    gid = SANDBOX_UID if item.gid == sandbox[1] else item.gid
+    if (uid, gid) not in OWNERS and item.kind in KINDS:
+        raise FailedPrecondition(
+            f"{WORKSPACE}/{shown(item.path)[1:-1]} is owned by {item.uid}:{item.gid}, neither the sandbox "
+            f"user ({sandbox[0]}:{sandbox[1]}) nor root ({ROOT_UID}:{ROOT_UID}); a restore could not give "
+            "it back that owner, so snapshots refuse it (chown it, or remove it)"
+        )
+    return item._replace(uid=uid, gid=gid)
+
+
+def file_entry(item: Listed, size: int, digest: str, name: str = "") -> Entry:
+    """The entry of regular file ``item`` (named ``name`` where given), read at ``size`` bytes."""
+    return Entry(
+        name or item.path, FILE, item.mode & 0o1777, size, digest, mtime=float(item.mtime),
+        uid=item.uid, gid=item.gid,
+    )  # fmt: skip
+
+
+def _records(body: list[bytes], sandbox: Owner) -> list[Listed]:
     if len(body) % 3:
         raise BackendError("workspace listing is malformed (odd record)")
     out: list[Listed] = []
     for i in range(0, len(body), 3):
         head = body[i].split(b" ")
-        if len(head) != 5:
+        if len(head) != 7:
             raise BackendError(f"workspace listing is malformed: {body[i][:80]!r}")
-        kind, mode, size, mtime, ctime = (h.decode() for h in head)
+        kind, mode, size, mtime, ctime, uid, gid = (h.decode() for h in head)
         out.append(
-            Listed(
-                kind=kind,
-                mode=int(mode, 8),
-                size=int(size),
-                mtime=mtime,
-                ctime=ctime,
-                path=body[i + 1].decode("utf-8", "surrogateescape").removeprefix("./"),
-                target=body[i + 2].decode("utf-8", "surrogateescape"),
+            recorded(
+                Listed(
+                    kind=kind,
+                    mode=int(mode, 8),
+                    size=int(size),
+                    mtime=mtime,
+                    ctime=ctime,
+                    path=body[i + 1].decode("utf-8", "surrogateescape").removeprefix("./"),
+                    target=body[i + 2].decode("utf-8", "surrogateescape"),
+                    uid=int(uid),
+                    gid=int(gid),
+                ),
+                sandbox,
             )
         )
     return out
 
 
-def parse_listing(data: bytes) -> tuple[float, list[Listed]]:
-    """(listing time, entries) from LIST_SCRIPT's (or RECORDS_SCRIPT's) output."""
+def parse_listing(data: bytes, sandbox: Owner = SANDBOX_OWNER) -> tuple[float, list[Listed]]:
+    """(listing time, entries) from LIST_SCRIPT's (or RECORDS_SCRIPT's)
+    output; ``sandbox``: the sandbox user's (uid, gid), recorded as SANDBOX_UID."""
     when, body = _fields(data)
-    return when, _records(body)
+    return when, _records(body, sandbox)
 
 
-def parse_delta(data: bytes) -> tuple[float, list[Listed], list[str]]:
+def parse_delta(
+    data: bytes, sandbox: Owner = SANDBOX_OWNER
+) -> tuple[float, list[Listed], list[str]]:
     """(listing time, changed entries, names of all entries) from a
     delta_script's output."""
     when, body = _fields(data)
@@ -158,7 +209,7 @@ def parse_delta(data: bytes) -> tuple[float, list[Listed], list[str]]:
             i += 1
         else:
             raise BackendError(f"delta listing is malformed: {field[:80]!r}")
-    return when, _records(records), names
+    return when, _records(records, sandbox), names
 
 
 def parse_session_state(data: bytes) -> tuple[str, dict[str, str], bytes]:
@@ -184,18 +235,22 @@ def not_a_file(item: Listed, prev: Entry | None) -> Entry | None:
     unchanged); None for what a snapshot does not carry (FIFOs, sockets).
     FailedPrecondition for a link that leaves the workspace."""
     if item.kind == "d":
-        return prev or Entry(item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime))
+        return prev or Entry(
+            item.path, DIR, item.mode & 0o1777, mtime=float(item.mtime), uid=item.uid, gid=item.gid
+        )
     if item.kind == "l":
         if mf.link_escapes(item.path, item.target):
             raise FailedPrecondition(
-                f"{WORKSPACE}/{item.path}: symlink to {item.target!r} leaves the workspace; "
-                "snapshots carry only links that stay inside it"
+                f"{WORKSPACE}/{shown(item.path)[1:-1]}: symlink to {shown(item.target)} leaves the "
+                "workspace; snapshots carry only links that stay inside it"
             )
-        return prev or Entry(item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime))
+        return prev or Entry(
+            item.path, LINK, 0o777, target=item.target, mtime=float(item.mtime), uid=item.uid, gid=item.gid
+        )
     return None
 
 
 def as_listed(e: Entry) -> Listed:
     """A carried-over file as a listing record, should it have to be read
     again; its ctime is unknown, so nothing trusts its stamp later."""
-    return Listed(FILE, e.mode, e.size, repr(e.mtime), "0", e.path, "")
+    return Listed(FILE, e.mode, e.size, repr(e.mtime), "0", e.path, "", uid=e.uid, gid=e.gid)

@@ -1,6 +1,12 @@
-"""Snapshot manifests: what a workspace held (paths, kinds, modes, sizes,
-content digests, symlink targets), how they are serialised, checked before a
-restore, and turned back into a tar stream.
+"""Snapshot manifests: what a workspace held (paths, kinds, modes, owners,
+sizes, content digests, symlink targets), how they are serialised, checked
+before a restore, and turned back into a tar stream.
+
+Owners are recorded relative to the sandbox: SANDBOX_UID stands for the
+sandbox's own user (whatever host uid it had) and 0 for root; nothing else
+can be restored without capabilities a sandbox never has, so nothing else is
+captured. Manifests of formats 1 and 2 carry no owners: every entry is the
+sandbox user's, as they were restored before owners were recorded.
 
 A manifest is either complete or a *delta* on the manifest of a base
 snapshot (entries put, paths deleted), so a snapshot that changed a few files
@@ -22,15 +28,25 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sandboxd.backends.base import WORKSPACE
+from sandboxd.backends.base import SANDBOX_UID, WORKSPACE
 from sandboxd.errors import FailedPrecondition
 
 FILE, DIR, LINK = "f", "d", "l"
 EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 _PAGE = 4096
-_MAX_PATH = 4096
-_FORMAT = 1
-_DELTA_FORMAT = 2
+# PATH_MAX counts the NUL: the longest path a restore can write is 4,095
+# bytes, the workspace and its slash included.
+MAX_PATH_BYTES = 4095 - len(WORKSPACE) - 1
+_FORMAT = 3
+_DELTA_FORMAT = 4
+# Without owners (every entry the sandbox user's).
+_OLD_FORMAT = 1
+_OLD_DELTA_FORMAT = 2
+_FULL = (_FORMAT, _OLD_FORMAT)
+_DELTAS = (_DELTA_FORMAT, _OLD_DELTA_FORMAT)
+ROOT_UID = 0
+OWNERS = ((SANDBOX_UID, SANDBOX_UID), (ROOT_UID, ROOT_UID))
+"""The (uid, gid) pairs a snapshot records: the sandbox user's and root's."""
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -47,6 +63,22 @@ class Entry(NamedTuple):
     target: str = ""
     """Symlink target (links only)."""
     mtime: float = 0.0
+    uid: int = SANDBOX_UID
+    """Owner as the sandbox sees it: SANDBOX_UID (its user) or 0 (root)."""
+    gid: int = SANDBOX_UID
+
+    @property
+    def owner(self) -> tuple[int, int]:
+        """(uid, gid)."""
+        return (self.uid, self.gid)
+
+
+def shown(path: str) -> str:
+    """``path`` for a message: printable, bytes that are not UTF-8 escaped
+    (\\xff), a long one cut to its first and last 100 characters."""
+    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "'" + (text if len(text) <= 200 else f"{text[:100]}...{text[-100:]}") + "'"
 
 
 class UnsafeSnapshot(FailedPrecondition):
@@ -54,28 +86,39 @@ class UnsafeSnapshot(FailedPrecondition):
     files or privileged modes, or does not match its blobs."""
 
 
+def _row(e: Entry) -> list[Any]:
+    # Paths and targets may hold surrogate-escaped bytes: json writes them as
+    # \udcXX escapes (ASCII) and reads them back as the same string.
+    return [e.path, e.kind, e.mode, e.size, e.digest, e.target, e.mtime, e.uid, e.gid]
+
+
 def encode(entries: list[Entry]) -> bytes:
     """A complete manifest of ``entries``."""
-    rows = [[e.path, e.kind, e.mode, e.size, e.digest, e.target, e.mtime] for e in entries]
+    rows = [_row(e) for e in entries]
     return zlib.compress(json.dumps({"v": _FORMAT, "entries": rows}, separators=(",", ":")).encode(), 1)
 
 
 def encode_delta(put: Iterable[Entry], deleted: Iterable[str]) -> bytes:
     """A manifest that is its base's with ``put`` entries added or replaced
     and ``deleted`` paths (and what lies below them) removed."""
-    rows = [[e.path, e.kind, e.mode, e.size, e.digest, e.target, e.mtime] for e in put]
+    rows = [_row(e) for e in put]
     doc = {"v": _DELTA_FORMAT, "put": rows, "del": sorted(deleted)}
     return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
 
-def _rows(rows: list[list[Any]]) -> list[Entry]:
+def _rows(rows: list[list[Any]], owned: bool) -> list[Entry]:
+    if owned:
+        return [
+            Entry(str(p), str(k), int(m), int(s), str(d), str(t), float(mt), int(u), int(g))
+            for p, k, m, s, d, t, mt, u, g in rows
+        ]
     return [Entry(str(p), str(k), int(m), int(s), str(d), str(t), float(mt)) for p, k, m, s, d, t, mt in rows]
 
 
 def _load(data: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(zlib.decompress(data))
-        if not isinstance(doc, dict) or doc.get("v") not in (_FORMAT, _DELTA_FORMAT):
+        if not isinstance(doc, dict) or doc.get("v") not in (*_FULL, *_DELTAS):
             raise ValueError(f"unknown manifest format {doc.get('v') if isinstance(doc, dict) else doc!r}")
         return doc
     except (ValueError, TypeError, zlib.error) as e:
@@ -84,16 +127,16 @@ def _load(data: bytes) -> dict[str, Any]:
 
 def is_delta(data: bytes) -> bool:
     """Whether manifest ``data`` is a delta on a base (UnsafeSnapshot for garbage)."""
-    return bool(_load(data)["v"] == _DELTA_FORMAT)
+    return _load(data)["v"] in _DELTAS
 
 
 def decode(data: bytes) -> list[Entry]:
     """A complete manifest's entries (UnsafeSnapshot for a delta or garbage)."""
     doc = _load(data)
     try:
-        if doc["v"] != _FORMAT:
+        if doc["v"] not in _FULL:
             raise ValueError("a delta manifest needs its base")
-        return _rows(doc["entries"])
+        return _rows(doc["entries"], doc["v"] == _FORMAT)
     except (ValueError, TypeError, KeyError) as e:
         raise UnsafeSnapshot(f"manifest is unreadable: {e}") from e
 
@@ -102,9 +145,9 @@ def apply_delta(base: dict[str, Entry], data: bytes) -> dict[str, Entry]:
     """``base`` (path -> entry; not modified) with delta ``data`` applied."""
     doc = _load(data)
     try:
-        if doc["v"] != _DELTA_FORMAT:
+        if doc["v"] not in _DELTAS:
             raise ValueError("not a delta manifest")
-        put = _rows(doc["put"])
+        put = _rows(doc["put"], doc["v"] == _DELTA_FORMAT)
         deleted = [str(p) for p in doc["del"]]
     except (ValueError, TypeError, KeyError) as e:
         raise UnsafeSnapshot(f"manifest is unreadable: {e}") from e
@@ -126,11 +169,14 @@ def diff(base: Mapping[str, Entry], now: Mapping[str, Entry]) -> tuple[list[Entr
 
 
 def digest_of(entries: Iterable[Entry]) -> str:
-    """Identity of a workspace's content: paths, kinds, modes, digests, targets
-    (not times), so equal workspaces have equal digests."""
+    """Identity of a workspace's content: paths, kinds, modes, owners,
+    digests, targets (not times), so equal workspaces have equal digests (an
+    entry of the sandbox user's adds no owner: digests from before owners
+    were recorded stay)."""
     h = hashlib.sha256()
     for e in sorted(entries, key=lambda e: e.path):
-        line = f"{e.path}\0{e.kind}\0{e.mode:o}\0{e.digest}\0{e.target}\n"
+        owner = "" if e.owner == (SANDBOX_UID, SANDBOX_UID) else f"\0{e.uid}:{e.gid}"
+        line = f"{e.path}\0{e.kind}\0{e.mode:o}\0{e.digest}\0{e.target}{owner}\n"
         h.update(line.encode("utf-8", "surrogateescape"))
     return "sha256:" + h.hexdigest()
 
@@ -148,8 +194,10 @@ def link_escapes(path: str, target: str) -> bool:
 
 def check_path(path: str) -> str | None:
     """Why ``path`` is not a safe relative workspace path, or None."""
-    if not path or "\x00" in path or len(path) > _MAX_PATH:
-        return "empty, too long or containing NUL"
+    if not path or "\x00" in path:
+        return "empty or containing NUL"
+    if len(path) > MAX_PATH_BYTES // 4 and len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+        return f"longer than {MAX_PATH_BYTES} bytes (no file system call takes it below {WORKSPACE})"
     if path.startswith("/"):
         return "absolute"
     if posixpath.normpath(path) != path or path == ".":
@@ -164,7 +212,7 @@ def validate(entries: list[Entry]) -> None:
     sandbox must never hold. Raises UnsafeSnapshot naming the entry."""
     seen: dict[str, Entry] = {}
     for i, e in enumerate(entries):
-        where = f"entry {i} ({e.path[:200]!r})"
+        where = f"entry {i} ({shown(e.path)})"
         why = check_path(e.path)
         if why:
             raise UnsafeSnapshot(f"{where}: path is {why}")
@@ -176,18 +224,20 @@ def validate(entries: list[Entry]) -> None:
             raise UnsafeSnapshot(f"{where}: mode {e.mode:o} is not a permission mode")
         if e.mode & 0o6000:
             raise UnsafeSnapshot(f"{where}: setuid/setgid bit set ({e.mode:o})")
+        if e.owner not in OWNERS:
+            raise UnsafeSnapshot(f"{where}: owner {e.uid}:{e.gid} is neither the sandbox user's nor root's")
         if e.kind == FILE:
             if e.size < 0 or not _HEX_DIGEST.fullmatch(e.digest):
                 raise UnsafeSnapshot(f"{where}: bad size or digest")
         elif e.kind == LINK and link_escapes(e.path, e.target):
-            raise UnsafeSnapshot(f"{where}: symlink to {e.target[:200]!r} leaves the workspace")
+            raise UnsafeSnapshot(f"{where}: symlink to {shown(e.target)} leaves the workspace")
         seen[e.path] = e
     for e in entries:
         parent = posixpath.dirname(e.path)
         while parent:
             up = seen.get(parent)
             if up is not None and up.kind != DIR:
-                raise UnsafeSnapshot(f"entry {e.path[:200]!r}: its parent {parent!r} is not a directory")
+                raise UnsafeSnapshot(f"entry {shown(e.path)}: its parent {shown(parent)} is not a directory")
             parent = posixpath.dirname(parent)
 
 
@@ -224,13 +274,13 @@ def _header(e: Entry, size: int) -> bytes:
     if len(name) > 100 or len(link) > 100 or size > _MAX_OCTAL_11:
         info = tarfile.TarInfo(e.path)
         info.mode, info.mtime, info.size = e.mode, mtime, size
-        info.uid = info.gid = 1000
+        info.uid, info.gid = e.uid, e.gid
         info.type = _TYPES[e.kind]
         info.linkname = e.target
         return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
     header = bytearray(
         _USTAR.pack(
-            name, b"%07o" % e.mode, b"0001750", b"0001750", b"%011o" % size, b"%011o" % mtime,
+            name, b"%07o" % e.mode, b"%07o" % e.uid, b"%07o" % e.gid, b"%011o" % size, b"%011o" % mtime,
             b" " * 8, _TYPES[e.kind], link, b"ustar", b"00", b"", b"", b"", b"", b"",
         )
     )  # fmt: skip
@@ -264,8 +314,8 @@ def _tar_parts(entries: list[Entry], contents: Mapping[str, bytes]) -> Iterator[
 
 
 def build_tar(entries: list[Entry], contents: Mapping[str, bytes]) -> bytes:
-    """A tar of the manifest (paths relative to the workspace, owned by uid
-    1000); ``contents`` maps digests to verified bytes. Headers are packed
+    """A tar of the manifest (paths relative to the workspace, owners as
+    recorded); ``contents`` maps digests to verified bytes. Headers are packed
     directly: tarfile's per-member overhead dominated restores of many small
     files."""
     return b"".join(_tar_parts(entries, contents))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sandboxd.backends.hostfs import HostFile, HostWorkspace, Large, OnDir, Record
 from sandboxd.core.snapshots import sizes
 from sandboxd.core.snapshots.journal import Changes
-from sandboxd.core.snapshots.listing import Listed, Stamp
+from sandboxd.core.snapshots.listing import SANDBOX_OWNER, Listed, Owner, Stamp, recorded
 from sandboxd.core.snapshots.manifest import DIR, Entry
 from sandboxd.core.snapshots.sizes import SizeCheck
 
@@ -55,13 +55,19 @@ class Scan:
     calls stored() for each it is done with); every other entry at the end.
     Files above sizes.INLINE_BYTES are left unread and listed in ``large``; with
     ``check``, every entry is counted against it before anything is read
-    past it (the scan stops, raising, once the workspace cannot be taken)."""
+    past it (the scan stops, raising, once the workspace cannot be taken).
+    ``sandbox``: the sandbox user's (uid, gid), recorded as SANDBOX_UID."""
 
     _AHEAD = 3
 
     def __init__(
-        self, view: HostWorkspace, on_dir: OnDir | None = None, check: SizeCheck | None = None
+        self,
+        view: HostWorkspace,
+        on_dir: OnDir | None = None,
+        check: SizeCheck | None = None,
+        sandbox: Owner = SANDBOX_OWNER,
     ) -> None:
+        self._sandbox = sandbox
         self._loop = asyncio.get_running_loop()
         self._on_dir = on_dir
         self._check = check
@@ -81,7 +87,7 @@ class Scan:
             for rec, content in view.scan(self._on_dir, sizes.INLINE_BYTES):
                 if self._stop.is_set():
                     return others
-                item = Listed(*rec)
+                item = recorded(Listed(*rec), self._sandbox)
                 if self._check is not None:
                     self._check.add(item)
                 if content is None:

@@ -10,6 +10,12 @@ re-applies modes a non-root extraction loses and sets cwd and environment.
 Any failure releases (destroys) every sandbox of the lease. An archive too
 large to build in memory is written to a file (the staging directory, or a
 temporary one) and streamed from it in pieces.
+
+Entries keep their recorded owners: a snapshot with root's files (a grader)
+is restored in rounds by the sandbox's user and its root, each creating what
+it owns (sandboxd.core.snapshots.owners), on a backend that runs commands as
+root; anywhere else it is refused, as giving them to the sandbox user would
+hand the policy the grader.
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandboxd.backends.base import WORKSPACE, StagedTars
-from sandboxd.backends.snapshot_shell import restore_script
+from sandboxd.backends.base import ROOT_USER, WORKSPACE, RootUser, StagedTars
+from sandboxd.backends.snapshot_shell import owned_round_script, restore_script
 from sandboxd.core import validation as v
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots import manifest as mf
-from sandboxd.core.snapshots import sizes
+from sandboxd.core.snapshots import owners, sizes
 from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
 from sandboxd.core.snapshots.gc import Pins
@@ -127,18 +133,31 @@ class Restore:
                 f"whole{which}; sandboxes of pool {target.config.name!r} have {limits.disk_bytes} bytes "
                 f"({human(limits.disk_bytes)})"
             )
+        owned = owners.needs_rounds(entries)
+        if owned and not isinstance(self._control.backend, RootUser):
+            root = next(e for e in entries if owners.actor_of(e) == owners.ROOT)
+            raise FailedPrecondition(
+                f"snapshot {info.id} holds entries owned by root ({mf.shown(root.path)} among them); this "
+                "backend cannot run a restore as root, and giving them to the sandbox user would let it "
+                "change them"
+            )
         ns = tenant_namespace(info.tenant)
         pinned = await self._pins.pin(blob_key(ns, e.digest) for e in entries if e.kind == FILE and e.size)
-        staged = self._stage_path(size)
+        staged = None if owned else self._stage_path(size)
         spooled: Path | None = None
-        if staged is None and self._tars.streamed(entries):
+        rounds: list[tuple[str, bytes]] | None = None
+        if staged is None and not owned and self._tars.streamed(entries):
             # Too large to build in memory, and no staging directory: a file
             # of our own, streamed to each target.
             spooled = Path(tempfile.gettempdir()) / f"sandboxd-restore-{secrets.token_hex(8)}.tar"
         try:
             if not await self._catalog.exists(info.id):
                 raise NotFound(f"snapshot {info.id!r} not found (deleted while restoring)")
-            tar = await self._tars.tar(info, entries, ns, to=staged or spooled)
+            tar: bytes | None = None
+            if owned:
+                rounds = await self._rounds(info, entries, ns)
+            else:
+                tar = await self._tars.tar(info, entries, ns, to=staged or spooled)
             if tar is not None and staged is not None:
                 await asyncio.to_thread(_write_file, staged, tar)
             lineage = lineage_labels(info)
@@ -159,6 +178,8 @@ class Restore:
                     await asyncio.gather(
                         *(
                             self._restore_into(rec, info, tar, staged, spooled, by_path, fixups)
+                            if rounds is None
+                            else self._restore_rounds(rec, info, rounds, by_path)
                             for rec in records
                         )
                     )
@@ -175,6 +196,47 @@ class Restore:
                 if path is not None:
                     await asyncio.to_thread(_remove_file, path)
         return lease, records, info
+
+    async def _rounds(self, info: SnapshotInfo, entries: list[Entry], ns: str) -> list[tuple[str, bytes]]:
+        """(actor, stdin of owned_round_script) for each round of a restore
+        with several owners: every tar built (and verified) before any
+        sandbox is touched."""
+        contents = await self._tars.contents(info, entries, ns)
+        return [
+            (step.actor, owners.modes_payload(step.modes) + mf.build_tar(step.create, contents))
+            for step in await asyncio.to_thread(owners.plan, entries)
+        ]
+
+    async def _restore_rounds(
+        self,
+        rec: SandboxRecord,
+        info: SnapshotInfo,
+        rounds: list[tuple[str, bytes]],
+        by_path: dict[str, Entry],
+    ) -> None:
+        """Restores into ``rec`` round by round, each as its actor, then sets
+        the session up as _restore_into does."""
+        top_mode = ""
+        with self._control.using(rec):
+            for i, (actor, payload) in enumerate(rounds):
+                out = await self._workspaces.run(
+                    rec,
+                    owned_round_script(first=i == 0),
+                    stdin=payload,
+                    user=ROOT_USER if actor == owners.ROOT else "",
+                )
+                if i == 0:
+                    top_mode = out.decode(errors="replace").strip()
+        if not top_mode.isdigit():
+            raise BackendError(f"restore of {rec.sandbox_id}: malformed workspace mode {top_mode[:20]!r}")
+        script = restore_script(
+            fixups=False,
+            cwd=info.cwd if info.session else "",
+            env=info.env if info.session else None,
+            top_mode=top_mode,
+        )
+        out = await self._workspaces.run(rec, script, session=info.session)
+        await self._set_baseline(rec, info, out, by_path)
 
     def _stage_path(self, size: int) -> Path | None:
         """Where to write the archive of a restore of ``size`` bytes for a
@@ -232,6 +294,12 @@ class Restore:
             if archive:
                 assert isinstance(backend, StagedTars)
                 await backend.unstage_tar(rec.handle, archive)
+        await self._set_baseline(rec, info, out, by_path)
+
+    async def _set_baseline(
+        self, rec: SandboxRecord, info: SnapshotInfo, out: bytes, by_path: dict[str, Entry]
+    ) -> None:
+        """The restored sandbox's baseline, from the cutoff its restore printed."""
         try:
             cutoff = float(out.rstrip(b"\x00"))
         except ValueError as e:

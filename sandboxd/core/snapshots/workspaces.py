@@ -9,7 +9,15 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from sandboxd.backends.base import WORKSPACE, ExecOutcome, ExecResult, ExecSpec, HostWorkspaces, OutputChunk
+from sandboxd.backends.base import (
+    WORKSPACE,
+    ExecOutcome,
+    ExecResult,
+    ExecSpec,
+    HostWorkspaces,
+    OutputChunk,
+    SandboxUsers,
+)
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.snapshot_shell import (
     LIST_SCRIPT,
@@ -20,7 +28,16 @@ from sandboxd.backends.snapshot_shell import (
 )
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots.journal import Journal
-from sandboxd.core.snapshots.listing import Baseline, Listed, parse_delta, parse_listing, parse_session_state
+from sandboxd.core.snapshots.listing import (
+    SANDBOX_OWNER,
+    Baseline,
+    Listed,
+    Owner,
+    parse_delta,
+    parse_listing,
+    parse_session_state,
+    recorded,
+)
 from sandboxd.core.snapshots.manifest import Entry
 from sandboxd.core.snapshots.reading import Prefetch
 from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxdError
@@ -40,8 +57,11 @@ class Workspaces:
         self._control = control
         self._settings = settings
 
-    async def run(self, rec: SandboxRecord, script: str, *, session: str = "", stdin: bytes = b"") -> bytes:
-        """The stdout of a helper command (in ``session`` if given); BackendError unless it exits 0."""
+    async def run(
+        self, rec: SandboxRecord, script: str, *, session: str = "", stdin: bytes = b"", user: str = ""
+    ) -> bytes:
+        """The stdout of a helper command (in ``session`` if given; as
+        ``user``, "" or ROOT_USER, one-shot); BackendError unless it exits 0."""
         spec = ExecSpec(
             shell=script,
             cwd="" if session else WORKSPACE,
@@ -49,6 +69,7 @@ class Workspaces:
             stdin=stdin,
             output_limit=self._control.settings.exec.max_output_bytes,
             session=session,
+            user=user,
         )
         out: list[bytes] = []
         err: list[bytes] = []
@@ -63,6 +84,16 @@ class Workspaces:
             detail = b"".join(err).decode(errors="replace").strip()[:500] or (result.detail if result else "")
             raise BackendError(f"snapshot helper command failed in {rec.sandbox_id} ({what}): {detail}")
         return b"".join(out)
+
+    def owner(self, rec: SandboxRecord) -> Owner:
+        """The (uid, gid) the sandbox's user has (a snapshot records it as SANDBOX_UID)."""
+        backend = self._control.backend
+        if isinstance(backend, SandboxUsers):
+            try:
+                return backend.sandbox_user(rec.handle)
+            except NotFound as e:
+                raise FailedPrecondition(f"sandbox {rec.sandbox_id} is gone: {e}") from e
+        return SANDBOX_OWNER
 
     async def host_view(self, rec: SandboxRecord) -> HostWorkspace | None:
         """The workspace as the host sees it, where the backend offers that (the caller closes it)."""
@@ -82,12 +113,13 @@ class Workspaces:
         return cwd, env
 
     async def list_in_place(
-        self, view: HostWorkspace, journal: Journal | None = None
+        self, view: HostWorkspace, journal: Journal | None = None, sandbox: Owner = SANDBOX_OWNER
     ) -> tuple[float, list[Listed]]:
         """(listing time, entries): the workspace walked from the host (and
-        ``journal`` set to watch every directory as it is walked)."""
+        ``journal`` set to watch every directory as it is walked); owners as
+        ``recorded`` maps them for ``sandbox``."""
         when, records = await asyncio.to_thread(view.walk, journal.watch if journal else None)
-        return when, [Listed(*r) for r in records]
+        return when, [recorded(Listed(*r), sandbox) for r in records]
 
     async def list_through(
         self, rec: SandboxRecord, baseline: Baseline | None, session: str
@@ -114,7 +146,7 @@ class Workspaces:
                 assert baseline is not None
                 when, listing, carried = await self._merge_delta(rec, baseline, raw)
             else:
-                when, listing = parse_listing(raw)
+                when, listing = parse_listing(raw, self.owner(rec))
         except BaseException:
             if prefetch is not None:
                 await prefetch.close()
@@ -129,7 +161,8 @@ class Workspaces:
         comes with a record; a named path that is new but has no record (it
         lies in a directory moved in) is listed on its own."""
         assert baseline.entries is not None
-        when, changed, names = parse_delta(raw)
+        sandbox = self.owner(rec)
+        when, changed, names = parse_delta(raw, sandbox)
         present = set(names)
         listing = [c for c in changed if c.path in present]
         seen = {c.path for c in listing}
@@ -137,7 +170,7 @@ class Workspaces:
         unknown = [n for n in names if n not in seen and n not in carried]
         if unknown:
             stdin = b"".join(n.encode("utf-8", "surrogateescape") + b"\x00" for n in unknown)
-            _, more = parse_listing(await self.run(rec, RECORDS_SCRIPT, stdin=stdin))
+            _, more = parse_listing(await self.run(rec, RECORDS_SCRIPT, stdin=stdin), sandbox)
             listing += more
         return when, listing, carried
 
