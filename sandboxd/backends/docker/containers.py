@@ -150,6 +150,9 @@ def container_spec(
             "/tmp": f"rw,exec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes={_SCRATCH_FILES}",
             # Replaces the engine's unlimited-inode /dev/shm (same flags).
             "/dev/shm": f"rw,noexec,nosuid,nodev,mode=1777,size={_SHM_BYTES},nr_inodes={_SCRATCH_FILES}",
+            # Scratch outside the workspace where SandboxFusion's programs write
+            # (its own tests write /mnt), bounded like /tmp and gone with the sandbox.
+            "/mnt": f"rw,noexec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes={_SCRATCH_FILES}",
         },
         user=engine_user,
         working_dir=WORKSPACE,
@@ -266,7 +269,7 @@ class Containers:
         try:
             container = self._client.containers.create(**kwargs)
             if user is not None:
-                self.users.fill(container, spec.image, inbox, user)
+                self.users.fill(self._client, container, spec.image, inbox, user)
             container.start()
             container.reload()
             return str(container.id), int(container.attrs.get("State", {}).get("Pid") or 0)

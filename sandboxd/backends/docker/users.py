@@ -89,10 +89,12 @@ class ContainerUsers:
         for _, name in USER_TABLES:
             (inbox / name).touch(mode=0o644)
 
-    def fill(self, container: Any, image: str, inbox: Path | None, user: tuple[int, int]) -> None:
+    def fill(
+        self, client: Any, container: Any, image: str, inbox: Path | None, user: tuple[int, int]
+    ) -> None:
         """Checks the image against the range and writes the sandbox's user
         tables (into ``inbox``) for a created, not yet started container."""
-        passwd, group = self._image_tables(container)
+        passwd, group = self._image_tables(client, str(container.attrs.get("Image") or image))
         clash = self.uids.range.overlaps((ids_in(passwd) | ids_in(group)) - {SANDBOX_UID})
         if clash:
             first, last = self.uids.range.base, self.uids.range.base + self.uids.range.count - 1
@@ -110,13 +112,17 @@ class ContainerUsers:
         except OSError as e:
             raise PermanentBackendError(f"cannot write the sandbox's user tables in {inbox}: {e}") from e
 
-    def _image_tables(self, container: Any) -> tuple[bytes, bytes]:
-        """The /etc/passwd and /etc/group of the container's image, read
-        from a created container once per image."""
-        image_id = str(container.attrs.get("Image") or "")
+    def _image_tables(self, client: Any, image_id: str) -> tuple[bytes, bytes]:
+        """The /etc/passwd and /etc/group of an image, read once per image
+        from a container of its own that never starts: the sandbox's
+        container would answer with what is mounted over them."""
         if image_id not in self._tables:
-            passwd = _read_file(container, "/etc/passwd", _BARE_PASSWD)
-            group = _read_file(container, "/etc/group", _BARE_GROUP)
+            reader = client.containers.create(image_id, command=["true"], network_disabled=True)
+            try:
+                passwd = _read_file(reader, "/etc/passwd", _BARE_PASSWD)
+                group = _read_file(reader, "/etc/group", _BARE_GROUP)
+            finally:
+                reader.remove(force=True)
             self._tables[image_id] = passwd, group
         return self._tables[image_id]
 
