@@ -92,7 +92,7 @@ async def _uid(sb: Sandbox) -> int:
     return int(r.stdout)
 
 
-async def test_each_sandbox_runs_as_a_uid_of_its_own_that_tools_can_name(two: tuple[Sandbox, Sandbox]) -> None:
+async def test_each_sandbox_runs_as_a_uid_of_its_own_that_tools_name(two: tuple[Sandbox, Sandbox]) -> None:
     a, b = two
     ua, ub = await _uid(a), await _uid(b)
     assert ua != ub
@@ -101,7 +101,13 @@ async def test_each_sandbox_runs_as_a_uid_of_its_own_that_tools_can_name(two: tu
     r = await a.exec(WHO)
     assert r.ok, r
     assert r.text.splitlines() == [
-        str(ua), str(ua), "sandbox", "sandbox", "/workspace sandbox sandbox", f"{ua}:{ua}", "sandbox sandbox"
+        str(ua),
+        str(ua),
+        "sandbox",
+        "sandbox",
+        "/workspace sandbox sandbox",
+        f"{ua}:{ua}",
+        "sandbox sandbox",
     ]
     # A session's shell is the same user; files written through the API are its.
     assert (await a.exec("id -u; id -un", session="s")).text == f"{ua}\nsandbox\n"
