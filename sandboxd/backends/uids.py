@@ -16,6 +16,7 @@ the host-side writer asks it for every write.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -73,13 +74,19 @@ login user, and more uids than one host or cluster runs sandboxes."""
 class SandboxUids:
     """Which sandbox holds which uid of one range, for one backend."""
 
-    def __init__(self, uids: UidRange) -> None:
+    def __init__(self, uids: UidRange, instance: str = "") -> None:
+        """``instance`` names the control plane: instances sharing a host
+        (or a cluster's nodes) start at different places in the range, so
+        that creates racing between them rarely pick one uid, and each
+        skips the uids the other's sandboxes are listed with (foreign())."""
         self.range = uids
         self._by_sandbox: dict[str, int] = {}
         self._holder: dict[int, str] = {}
+        self._foreign: set[int] = set()
         # Next-fit from where the last one was taken: a freed uid is reused
         # last, not first.
-        self._cursor = 0
+        digest = hashlib.sha256(instance.encode()).digest()
+        self._cursor = int.from_bytes(digest[:8], "big") % uids.count if instance and uids.count > 0 else 0
 
     @property
     def shared(self) -> bool:
@@ -99,7 +106,7 @@ class SandboxUids:
         for step in range(count):
             offset = (self._cursor + step) % count
             uid = self.range.base + offset
-            if uid not in self._holder:
+            if uid not in self._holder and uid not in self._foreign:
                 self._cursor = (offset + 1) % count
                 self._take(sandbox_id, uid)
                 return uid, uid
@@ -122,6 +129,11 @@ class SandboxUids:
         if previous is not None and previous != uid:
             self._holder.pop(previous, None)
         self._take(sandbox_id, uid)
+
+    def foreign(self, uids: set[int]) -> None:
+        """The uids other control planes' live sandboxes hold (all of them,
+        as last listed): none is given out while they do."""
+        self._foreign = self.range.overlaps(uids)
 
     def release(self, sandbox_id: str) -> None:
         """The sandbox is gone: its uid may be given out again."""

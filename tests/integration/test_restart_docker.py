@@ -112,3 +112,41 @@ async def test_sigkill_then_restart_adopts_leases_and_leaves_no_orphans(
 
 async def _ready(client: AsyncClient, pool: str, n: int) -> bool:
     return (await client.get_pool(pool)).status.ready >= n
+
+
+async def test_a_restart_adopts_each_sandbox_with_its_uid_and_gives_it_to_no_other(
+    tmp_path: Path, engine: docker.DockerClient, image: str
+) -> None:
+    instance = "it-" + secrets.token_hex(4)
+    port = free_port()
+    proc = await start_server(instance, tmp_path, port)
+    try:
+        async with AsyncClient(f"127.0.0.1:{port}") as client:
+            await client.create_pool("uids", image, min_ready=0, max_size=6)
+            lease = await client.lease("uids", n=2, lease_ttl=600, timeout=60)
+            before = {sb.id: (await sb.exec("id -u")).text for sb in lease.sandboxes}
+            assert len(set(before.values())) == 2
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        proc = await start_server(instance, tmp_path, port)
+        async with AsyncClient(f"127.0.0.1:{port}") as client:
+            for sandbox_id, uid in before.items():
+                assert (await client.exec(sandbox_id, "id -u; id -un")).text == f"{uid}sandbox\n"
+                # Files written by the adopted control plane are the sandbox's own.
+                await client.write_files(sandbox_id, {"after.txt": "x"})
+                assert (await client.exec(sandbox_id, "stat -c %u after.txt")).text == uid
+            fresh = await client.lease("uids", n=3, lease_ttl=600, timeout=60)
+            uids = [(await sb.exec("id -u")).text for sb in fresh.sandboxes]
+            assert len(set(uids)) == 3 and not set(uids) & set(before.values()), (uids, before)
+            await client.release(fresh.id)
+            await client.release(lease.id)
+            await client.delete_pool("uids")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for c in await asyncio.to_thread(instance_containers, engine, instance):
+            with contextlib.suppress(docker.errors.NotFound):
+                await asyncio.to_thread(c.remove, force=True)

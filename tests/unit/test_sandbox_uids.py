@@ -176,3 +176,21 @@ async def test_fake_sandboxes_have_distinct_uids_freed_on_destroy() -> None:
     with pytest.raises(NotFound):
         backend.sandbox_user(a)
     assert backend.uids.held("a") is None and backend.uids.held("b") == ub[0]
+
+
+def test_instances_start_apart_and_skip_each_others_uids() -> None:
+    one, two = SandboxUids(UidRange(300_000, 1000), "east"), SandboxUids(UidRange(300_000, 1000), "west")
+    assert one.allocate("a") != two.allocate("a")
+    taken = SandboxUids(UidRange(300_000, 3))
+    taken.foreign({300_000, 300_002, 7})
+    assert taken.allocate("a")[0] == 300_001
+    with pytest.raises(TransientBackendError):
+        taken.allocate("b")
+    taken.foreign(set())  # the other instance's sandboxes are gone
+    assert taken.allocate("b")[0] == 300_002
+
+
+def test_docker_users_skip_other_instances_uids() -> None:
+    users = ContainerUsers(UidRange(300_000, 2), "1000:1000")
+    users.foreign([{LABEL_USER: "300000:300000"}, {}])
+    assert users.allocate("sb") == (300_001, 300_001)

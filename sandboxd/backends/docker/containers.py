@@ -212,7 +212,7 @@ class Containers:
         """The worker threads for every blocking call of the backend."""
         # Host directory of each sandbox's inbox mount (None: it has none).
         self._inboxes: dict[str, Path | None] = {}
-        self.users = ContainerUsers(options.uids, options.user)
+        self.users = ContainerUsers(options.uids, options.user, options.instance)
         """Each container's sandbox user, and which sandbox holds which uid."""
 
     @property
@@ -341,15 +341,18 @@ class Containers:
 
     async def list(self) -> builtins.list[BackendSandbox]:
         """Every container of this instance, running or not, by its labels;
-        sweeps the inboxes of containers that are gone."""
+        sweeps the inboxes of containers that are gone. The uids of other
+        instances' sandboxes on the engine are not given out meanwhile."""
         try:
-            containers = await self.run(
-                self._client.api.containers,
-                all=True,
-                filters={"label": [f"{LABEL_INSTANCE}={self._options.instance}", f"{LABEL_MANAGED}=true"]},
+            everyone = await self.run(
+                self._client.api.containers, all=True, filters={"label": [f"{LABEL_MANAGED}=true"]}
             )
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"cannot list containers: {e}") from e
+        containers = [
+            c for c in everyone if (c.get("Labels") or {}).get(LABEL_INSTANCE) == self._options.instance
+        ]
+        self.users.foreign([c.get("Labels") or {} for c in everyone if c not in containers])
         out = []
         for c in containers:
             labels = c.get("Labels") or {}

@@ -38,10 +38,12 @@ class ContainerUsers:
     """The sandbox user of each container of one backend: allocation from
     the uid range, adoption from labels, and the user tables it sees."""
 
-    def __init__(self, uids: UidRange, shared_user: str) -> None:
+    def __init__(self, uids: UidRange, shared_user: str, instance: str = "") -> None:
         """``shared_user`` (``uid:gid``) is every sandbox's user when
-        ``uids`` is shared, and that of containers made before labels."""
-        self.uids = SandboxUids(uids)
+        ``uids`` is shared, and that of containers made before labels;
+        ``instance`` (this control plane's) picks where in the range it
+        starts."""
+        self.uids = SandboxUids(uids, instance)
         self._shared = parse_user(shared_user) or (0, 0)
         self._users: dict[str, tuple[int, int]] = {}
         # Each handle's sandbox id, so that a remove frees its uid.
@@ -70,6 +72,13 @@ class ContainerUsers:
             self._sandbox_of[handle] = sandbox_id
             self.uids.adopt(sandbox_id, user[0])
         return user
+
+    def foreign(self, labels: list[dict[str, str]]) -> None:
+        """The labels of other instances' containers on the same engine:
+        their uids are theirs (a host's kernel counts per uid, whoever made
+        the sandbox)."""
+        users = (parse_user(one.get(LABEL_USER, "")) for one in labels)
+        self.uids.foreign({user[0] for user in users if user is not None})
 
     def removed(self, handle: str) -> None:
         """The container is gone: its uid is free."""

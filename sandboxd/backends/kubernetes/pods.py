@@ -83,7 +83,7 @@ class Pods:
         self._started = asyncio.Lock()
         self._ready = False
         self._cleanups: set[asyncio.Future[None]] = set()
-        self.uids = SandboxUids(self._pod_opts.uids)
+        self.uids = SandboxUids(self._pod_opts.uids, options.instance)
         """Which sandbox holds which uid (its Pod's runAsUser)."""
         # The sandbox user's (uid, gid) of each Pod, and its sandbox id, by name.
         self._users: dict[str, tuple[int, int]] = {}
