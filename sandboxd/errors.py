@@ -7,12 +7,14 @@ grpc) are wrapped with ``raise ... from e`` so they never leak upward.
     ├── NotFound               unknown pool / sandbox / lease / path
     ├── AlreadyExists          a pool name in use
     ├── FailedPrecondition     can never succeed in the current state
+    │   └── BuildFailed          an image build failed; names the failing step
     ├── PermissionDenied       the user may not do this to that file (as in the sandbox)
     ├── ResourceExhausted      over a limit or quota; carries retry_after
     ├── DeadlineExceeded       waited as long as allowed
     ├── Unauthenticated        missing or wrong credentials
     └── BackendError           the engine failed
         ├── TransientBackendError   worth retrying (engine busy, timeout)
+        │   └── Unavailable          a registry or service cannot be reached; carries retry_after
         ├── PermanentBackendError   never worth retrying (image missing, bad spec)
         └── SandboxLost              the sandbox died or vanished
 """
@@ -51,6 +53,16 @@ class FailedPrecondition(SandboxdError):
     """The request can never succeed in the current state; retry only after that state changes."""
 
 
+class BuildFailed(FailedPrecondition):
+    """An image build failed at a step of its Dockerfile; ``step`` names it
+    (e.g. "RUN make"), ``log_tail`` holds the build's last log lines."""
+
+    def __init__(self, message: str, step: str = "", log_tail: str = "") -> None:
+        super().__init__(message)
+        self.step = step
+        self.log_tail = log_tail
+
+
 class PermissionDenied(SandboxdError):
     """The sandbox's user (or its root, which has no capabilities) may not do
     this to the named file: the same refusal the sandbox's own kernel gives."""
@@ -80,6 +92,15 @@ class TransientBackendError(BackendError):
     """The engine is busy or timed out; the same request is worth retrying."""
 
 
+class Unavailable(TransientBackendError):
+    """A registry or another service sandboxd depends on cannot be reached;
+    ``retry_after`` (seconds), when set, says when trying again is worth it."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class PermanentBackendError(BackendError):
     """The engine refused for good (image missing, bad spec); retrying the same request never helps."""
 
@@ -91,6 +112,7 @@ class SandboxLost(BackendError):
 __all__ = [
     "AlreadyExists",
     "BackendError",
+    "BuildFailed",
     "DeadlineExceeded",
     "FailedPrecondition",
     "InvalidArgument",
@@ -102,4 +124,6 @@ __all__ = [
     "SandboxdError",
     "TransientBackendError",
     "Unauthenticated",
+    "Unavailable",
 ]
+

@@ -352,6 +352,28 @@ class TelemetrySettings:
 
 
 @dataclass
+class ImageSettings:
+    """The ``[images]`` section: pulls from registries and the image cache's disk budget."""
+
+    cache_bytes: int = 0
+    """Bytes the images sandboxd pulled or built may take on the engine's
+    disk; past it, unused ones are removed least recently used first. 0 =
+    ``cache_share`` of the filesystem holding the engine's images."""
+    cache_share: float = 0.5
+    """Share of the engine's image filesystem the cache may take when
+    ``cache_bytes`` is 0."""
+    max_concurrent_pulls: int = 3
+    """Pulls (and builds) the engine runs at once; more wait their turn."""
+    docker_config: str = ""
+    """Directory of the Docker config (config.json, its ``auths``) giving
+    registry credentials; empty = $DOCKER_CONFIG, else ~/.docker."""
+    unavailable_retry_seconds: float = 5.0
+    """Retry hint of an UNAVAILABLE answer when a registry cannot be reached."""
+    evict_interval_seconds: float = 30.0
+    """How often the cache checks its budget beyond the checks after each pull."""
+
+
+@dataclass
 class PoolPreset:
     """A pool created at start-up if the store does not already hold it."""
 
@@ -385,6 +407,7 @@ class Settings:
     with none, all calls act as the tenant "default"."""
     snapshots: SnapshotSettings = field(default_factory=SnapshotSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    images: ImageSettings = field(default_factory=ImageSettings)
 
 
 def load_settings(

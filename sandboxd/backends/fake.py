@@ -37,6 +37,7 @@ from sandboxd.backends.base import (
     SandboxSpec,
     SandboxUsage,
 )
+from sandboxd.backends.fake_images import FakeImages
 from sandboxd.backends.uids import DEFAULT_UIDS, SandboxUids
 from sandboxd.errors import (
     InvalidArgument,
@@ -98,8 +99,9 @@ class _Exit(Exception):
         self.code = code
 
 
-class FakeBackend:
-    """A whole Backend in memory, with failures to inject; the module docstring lists them."""
+class FakeBackend(FakeImages):
+    """A whole Backend in memory, with failures to inject; the module docstring
+    lists them (sandboxd.backends.fake_images those of its images)."""
 
     def __init__(self, *, start_delay: float = 0.0, images: set[str] | None = None) -> None:
         self.start_delay = start_delay
@@ -124,6 +126,7 @@ class FakeBackend:
         self._unwedged.set()
         self.uids = SandboxUids(DEFAULT_UIDS)
         """Which sandbox holds which uid, as on a real engine."""
+        self._init_images()
 
     # -- a wedged engine ----------------------------------------------------
 

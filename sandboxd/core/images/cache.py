@@ -1,0 +1,400 @@
+"""The image cache: images on the engine by reference, pulled when absent
+(one pull per image however many callers wait, a bounded number at once),
+kept within a disk budget by removing the least recently used of those
+sandboxd pulled or built, never one in use or wanted by announced demand."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opentelemetry.metrics import Meter
+
+from sandboxd.backends.base import EngineImage, ImageStore
+from sandboxd.clock import Clock
+from sandboxd.core.images.credentials import Credentials, config_dir
+from sandboxd.core.images.eviction import Footprint, cache_bytes, choose_victims
+from sandboxd.core.images.ledger import PULLED, Entry, ImageLedger
+from sandboxd.core.images.meters import ImageMeters
+from sandboxd.core.images.progress import DONE, FAILED, PULLING, QUEUED, PullProgress
+from sandboxd.core.images.references import normalize
+from sandboxd.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    SandboxdError,
+    TransientBackendError,
+    Unavailable,
+)
+from sandboxd.settings import ImageSettings
+
+log = logging.getLogger(__name__)
+
+RECENT = 32
+"""Ended pulls kept for ``progress`` (the latest ones)."""
+ENSURE_GRACE_SECONDS = 120.0
+"""An image just ensured is not evicted for this long: its sandbox is being
+created and ``use`` comes once it exists."""
+
+
+@dataclass
+class _Flight:
+    """One pull in progress, shared by every caller waiting for its image."""
+
+    image: str
+    started: float
+    task: asyncio.Task[None] | None = None
+    state: str = QUEUED
+    bytes_done: int = 0
+    bytes_total: int = 0
+    detail: str = ""
+    waiters: int = 0
+
+    def view(self) -> PullProgress:
+        return PullProgress(
+            self.image, self.state, self.bytes_done, self.bytes_total, self.started, self.detail
+        )
+
+
+@dataclass
+class _Demand:
+    by_source: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def images(self) -> set[str]:
+        return {image for wanted in self.by_source.values() for image in wanted}
+
+
+class ImageCache:
+    """Images on the engine for sandboxes: ``ensure`` before a create, ``use``
+    and ``unuse`` around a sandbox's life, ``want`` for what is coming."""
+
+    def __init__(
+        self,
+        backend: object,
+        clock: Clock,
+        settings: ImageSettings | None = None,
+        *,
+        ledger_path: Path | None = None,
+        meter: Meter | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """``backend`` manages images when it is an ImageStore; otherwise
+        ``ensure`` only checks that an image is there (``image_exists``).
+        ``ledger_path`` None keeps the record of sandboxd's images in memory."""
+        self.settings = settings or ImageSettings()
+        self._backend = backend
+        self._store = backend if isinstance(backend, ImageStore) else None
+        self._clock = clock
+        self._ledger = ImageLedger(ledger_path)
+        self._entries: dict[str, Entry] = {}
+        self._present: set[str] = set()
+        self._flights: dict[str, _Flight] = {}
+        self._recent: list[PullProgress] = []
+        self._in_use: Counter[str] = Counter()
+        self._ensured: dict[str, float] = {}
+        self._demand = _Demand()
+        self._slots = asyncio.Semaphore(max(1, self.settings.max_concurrent_pulls))
+        self._credentials = Credentials(config_dir(self.settings.docker_config, environ or os.environ))
+        self._budget = self.settings.cache_bytes
+        self._used = 0
+        self._evicting: asyncio.Lock = asyncio.Lock()
+        self._background: set[asyncio.Task[None]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+        self.meters = ImageMeters(meter, self.gauges)
+
+    # -- start and stop ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Reads the ledger, forgets entries whose image is gone or re-pointed
+        by someone else, sizes the budget, and starts the periodic budget check."""
+        entries = await self._ledger.open()
+        if self._store is not None:
+            if not self._budget:
+                disk = await self._store.image_disk()
+                self._budget = int(disk.total_bytes * self.settings.cache_share)
+            on_engine = await self._images_by_reference()
+            gone = [e for e in entries if _image_id(on_engine.get(e.reference)) != e.image_id]
+            for entry in gone:
+                await self._ledger.delete(entry.reference)
+            entries = [e for e in entries if e not in gone]
+            self._present.update(on_engine)
+        self._entries = {e.reference: e for e in entries}
+        if self._store is not None and self.settings.evict_interval_seconds > 0:
+            self._ticker = asyncio.create_task(self._tick(), name="image-cache-budget")
+
+    async def stop(self) -> None:
+        """Stops the budget check and prefetches, saves last-use times, closes the ledger."""
+        tasks = [t for t in (self._ticker, *self._background) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for flight in self._flights.values():
+            if flight.task is not None:
+                flight.task.cancel()
+                tasks.append(flight.task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._ledger.save(list(self._entries.values()))
+        await self._ledger.close()
+
+    # -- the interface the pools use ------------------------------------------
+
+    async def ensure(self, image: str, deadline: float | None = None) -> None:
+        """The image is on the engine when this returns: pulled if absent (one
+        pull per image however many callers wait; bounded pulls per host),
+        built images and already-present ones answer at once. Raises
+        sandboxd.errors: FailedPrecondition (registry has no such image, or
+        access denied), Unavailable with retry info (registry unreachable),
+        DeadlineExceeded naming the pull and its progress (``deadline`` is a
+        clock time, the injected clock's monotonic)."""
+        image = normalize(image)
+        self._ensured[image] = self._clock.monotonic() + ENSURE_GRACE_SECONDS
+        if image in self._present:
+            self._touch(image)
+            return
+        flight = self._flights.get(image)
+        if flight is None:
+            flight = self._start_pull(image)
+        assert flight.task is not None
+        remaining = None if deadline is None else deadline - self._clock.monotonic()
+        flight.waiters += 1
+        try:
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError
+            async with self._clock.timeout(remaining):
+                # Shielded: a caller that gives up leaves the pull running
+                # for the others (and for its own retry).
+                await asyncio.shield(flight.task)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"pull of image {image!r} did not finish by the deadline: {flight.view().describe()}"
+            ) from None
+        finally:
+            flight.waiters -= 1
+        self._touch(image)
+
+    def present(self, image: str) -> bool:
+        """Whether ``image`` is known to be on the engine now (no I/O)."""
+        return normalize(image) in self._present
+
+    def use(self, image: str) -> None:
+        """A sandbox of ``image`` now exists: the image is not evicted while one does."""
+        image = normalize(image)
+        self._in_use[image] += 1
+        self._ensured.pop(image, None)
+        self._touch(image)
+
+    def unuse(self, image: str) -> None:
+        """One sandbox of ``image`` is gone."""
+        image = normalize(image)
+        self._in_use[image] -= 1
+        if self._in_use[image] <= 0:
+            del self._in_use[image]
+        self._touch(image)
+
+    def want(self, source: str, images: Mapping[str, int]) -> None:
+        """Announced demand of ``source`` (replacing its previous set): image ->
+        sandboxes coming. Wanted images are never evicted, and absent ones are
+        pulled ahead (a failed prefetch is logged and shows in ``progress``)."""
+        wanted = {normalize(image): n for image, n in images.items() if n > 0}
+        if wanted:
+            self._demand.by_source[source] = wanted
+        else:
+            self._demand.by_source.pop(source, None)
+        if self._store is None:
+            return
+        for image in wanted:
+            if image not in self._present and image not in self._flights:
+                self._start_pull(image)
+
+    def wanted(self) -> set[str]:
+        """Every image some source announced demand for."""
+        return self._demand.images()
+
+    def progress(self) -> list[PullProgress]:
+        """Pulls in flight (first), then the latest ended ones, newest first."""
+        return [f.view() for f in self._flights.values()] + list(reversed(self._recent))
+
+    def gauges(self) -> dict[str, float]:
+        """Figures for metrics and status: cache and budget bytes, pulls in flight."""
+        return {
+            "cache_bytes": float(self._used),
+            "cache_budget_bytes": float(self._budget),
+            "pulls_in_flight": float(len(self._flights)),
+        }
+
+    @property
+    def budget(self) -> int:
+        """Bytes the cache may take (0 until ``start`` when sized from the engine's disk)."""
+        return self._budget
+
+    def entries(self) -> list[Entry]:
+        """The images sandboxd put on the engine, as the ledger holds them."""
+        return list(self._entries.values())
+
+    # -- pulls ------------------------------------------------------------------
+
+    def _start_pull(self, image: str) -> _Flight:
+        flight = _Flight(image, self._clock.monotonic())
+        self._flights[image] = flight
+        flight.task = asyncio.create_task(self._pull(flight), name=f"pull {image}")
+        flight.task.add_done_callback(lambda t: self._ended(flight, t))
+        return flight
+
+    def _ended(self, flight: _Flight, task: asyncio.Task[None]) -> None:
+        self._flights.pop(flight.image, None)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            flight.state, flight.detail = FAILED, str(error)
+            if flight.waiters == 0:
+                log.warning("pull of image %s failed: %s", flight.image, error)
+        self._recent = ([*self._recent, flight.view()])[-RECENT:]
+
+    async def _pull(self, flight: _Flight) -> None:
+        image = flight.image
+        if self._store is None:
+            exists = await self._backend.image_exists(image)  # type: ignore[attr-defined]
+            if not exists:
+                raise FailedPrecondition(f"image {image!r} is not on the engine (this backend does not pull)")
+            flight.state = DONE
+            self._present.add(image)
+            return
+        if await self._store.inspect_image(image) is not None:
+            self.meters.pulls.add(1, {"result": "present"})
+            flight.state = DONE
+            self._present.add(image)
+            return
+        async with self._slots:
+            flight.state = PULLING
+            begun = self._clock.monotonic()
+            auth = await asyncio.to_thread(self._credentials.for_reference, image)
+            try:
+                async for status in self._store.pull_image(image, auth):
+                    flight.bytes_done, flight.bytes_total = status.bytes_done, status.bytes_total
+                    flight.detail = status.detail
+            except Unavailable as e:
+                self.meters.pulls.add(1, {"result": "unavailable"})
+                retry = e.retry_after or self.settings.unavailable_retry_seconds
+                raise Unavailable(e.message, retry_after=retry) from e
+            except FailedPrecondition:
+                self.meters.pulls.add(1, {"result": "not_found"})
+                raise
+            except SandboxdError:
+                self.meters.pulls.add(1, {"result": "failed"})
+                raise
+            found = await self._store.inspect_image(image)
+            if found is None:
+                self.meters.pulls.add(1, {"result": "failed"})
+                raise TransientBackendError(f"image {image!r} pulled but the engine does not list it")
+            self.meters.pulls.add(1, {"result": "done"})
+            self.meters.pull_seconds.record(self._clock.monotonic() - begun)
+        flight.state, flight.detail = DONE, ""
+        entry = Entry(image, found.image_id, PULLED, found.size_bytes, self._clock.time())
+        self._entries[image] = entry
+        await self._ledger.save([entry])
+        self._present.add(image)
+        self._spawn(self.enforce_budget())
+
+    def record(self, entry: Entry) -> None:
+        """Records an image sandboxd put on the engine by other means (a build)."""
+        self._entries[entry.reference] = entry
+        self._present.add(entry.reference)
+        self._spawn(self._ledger.save([entry]))
+
+    def _touch(self, image: str) -> None:
+        entry = self._entries.get(image)
+        if entry is not None:
+            entry.last_used = self._clock.time()
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_failure)
+
+    # -- the budget ---------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        while True:
+            await self._clock.sleep(self.settings.evict_interval_seconds)
+            try:
+                await self.enforce_budget()
+            except SandboxdError as e:
+                log.warning("image cache budget check failed: %s", e)
+
+    async def _images_by_reference(self) -> dict[str, EngineImage]:
+        assert self._store is not None
+        out: dict[str, EngineImage] = {}
+        for found in await self._store.list_images():
+            for ref in found.references:
+                out[ref] = found
+        return out
+
+    async def enforce_budget(self) -> list[Entry]:
+        """Removes unused images sandboxd pulled or built, least recently used
+        first, until they fit the budget; returns what it removed. An entry
+        whose reference now names another image (re-tagged by someone else)
+        is forgotten, never removed."""
+        if self._store is None:
+            return []
+        async with self._evicting:
+            on_engine = await self._images_by_reference()
+            # What an inspect found under a name the listing spells otherwise
+            # stays known, unless it is one of sandboxd's own (listed as asked).
+            kept = {r for r in self._present if r not in self._entries}
+            self._present = set(on_engine) | kept
+            for ref, entry in list(self._entries.items()):
+                if _image_id(on_engine.get(ref)) != entry.image_id:
+                    del self._entries[ref]
+                    await self._ledger.delete(ref)
+            footprints = {
+                ref: Footprint(max(0, img.size_bytes - img.shared_bytes), img.shared_bytes)
+                for ref, img in on_engine.items()
+                if ref in self._entries
+            }
+            self._used = cache_bytes(footprints)
+            now = self._clock.monotonic()
+            self._ensured = {image: until for image, until in self._ensured.items() if until > now}
+            pinned = set(self._in_use) | self._demand.images() | set(self._flights) | set(self._ensured)
+            victims = choose_victims(self._entries.values(), footprints, self._budget, pinned)
+            removed: list[Entry] = []
+            for entry in victims:
+                try:
+                    await self._store.remove_image(entry.reference)
+                except FailedPrecondition as e:
+                    # A container sandboxd does not track still runs it.
+                    log.info("image cache: %s stays: %s", entry.reference, e)
+                    continue
+                del self._entries[entry.reference]
+                self._present.discard(entry.reference)
+                del footprints[entry.reference]
+                await self._ledger.delete(entry.reference)
+                self.meters.evictions.add(1, {"reason": "budget"})
+                removed.append(entry)
+                log.info(
+                    "image cache: removed %s (%.1f MB, unused, least recently used) to stay within %.1f MB",
+                    entry.reference,
+                    entry.size / 1e6,
+                    self._budget / 1e6,
+                )
+            self._used = cache_bytes(footprints)
+            if self._used > self._budget:
+                log.warning(
+                    "image cache holds %.1f MB over its %.1f MB budget: the rest is in use or wanted",
+                    self._used / 1e6,
+                    self._budget / 1e6,
+                )
+            return removed
+
+
+def _image_id(found: EngineImage | None) -> str:
+    return found.image_id if found is not None else ""
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        with contextlib.suppress(Exception):
+            log.warning("image cache background work failed: %s", task.exception())
