@@ -127,3 +127,25 @@ __all__ = [
     "Unavailable",
 ]
 
+
+def printable(text: str) -> str:
+    """``text`` as it can always be sent and logged: bytes that were not
+    UTF-8 (held as surrogate escapes, as os and the listings decode them)
+    become ``\\xNN``, any other lone surrogate ``\\uDxxx``; valid text is
+    unchanged. A status message that cannot be encoded would fail the call
+    that tries to report the error."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    out: list[str] = []
+    for ch in text:
+        code = ord(ch)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 from google.protobuf import duration_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from sandboxd.api.interceptors import MethodCachingInterceptor, rewrap
@@ -28,6 +29,7 @@ from sandboxd.errors import (
     SandboxdError,
     SandboxLost,
     Unauthenticated,
+    printable,
 )
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ def _trailers(code: grpc.StatusCode, error: SandboxdError) -> tuple[tuple[str, s
             seconds=int(error.retry_after), nanos=int(math.modf(error.retry_after)[0] * 1e9)
         )
     )
-    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=error.message)
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=printable(error.message))
     status.details.add().Pack(retry)
     return (
         ("grpc-status-details-bin", status.SerializeToString()),
@@ -77,15 +79,56 @@ def _trailers(code: grpc.StatusCode, error: SandboxdError) -> tuple[tuple[str, s
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Exception) -> None:
     if isinstance(error, SandboxdError):
         code = status_for(error)
-        await context.abort(code, error.message, _trailers(code, error))
+        # A message naming what a sandbox or a user produced may hold bytes
+        # that are not UTF-8: sent as they are, the status could not be
+        # encoded and the call would never be answered.
+        await context.abort(code, printable(error.message), _trailers(code, error))
     ref = secrets.token_hex(4)
     log.exception("internal error (ref %s)", ref, exc_info=error)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error (ref {ref}); see the server log")
 
 
+class Undecodable:
+    """What the request deserializer hands on for bytes that are not a valid
+    message (a string field that is not UTF-8, a truncated field): the
+    handler answers INVALID_ARGUMENT instead of gRPC's own UNKNOWN."""
+
+    def __init__(self, type_name: str, problem: str) -> None:
+        self.error = InvalidArgument(
+            "request",
+            f"not a valid {type_name} message ({printable(problem)}); string fields must be UTF-8",
+        )
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+    type_name = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    name = type_name.full_name if type_name is not None else "request"
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as e:
+            return Undecodable(name, str(e))
+
+    return parse
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        if isinstance(request, Undecodable):
+            raise request.error
+        yield request
+
+
 def _wrap_unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
+            if isinstance(request, Undecodable):
+                raise request.error
+            if hasattr(request, "__aiter__"):
+                request = _checked(request)
             return await fn(request, context)
         except grpc.aio.AbortError:
             raise
@@ -98,6 +141,10 @@ def _wrap_unary(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
 def _wrap_stream(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
     async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         try:
+            if isinstance(request, Undecodable):
+                raise request.error
+            if hasattr(request, "__aiter__"):
+                request = _checked(request)
             async for item in fn(request, context):
                 yield item
         except grpc.aio.AbortError:
@@ -120,4 +167,4 @@ class ErrorInterceptor(MethodCachingInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        return rewrap(handler, _wrap_unary, _wrap_stream)
+        return rewrap(handler, _wrap_unary, _wrap_stream, _tolerant(handler.request_deserializer))

@@ -16,11 +16,18 @@ UnaryWrap = Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[An
 StreamWrap = Callable[[Callable[..., AsyncIterator[Any]]], Callable[..., AsyncIterator[Any]]]
 
 
-def rewrap(handler: grpc.RpcMethodHandler, unary: UnaryWrap, stream: StreamWrap) -> grpc.RpcMethodHandler:
+def rewrap(
+    handler: grpc.RpcMethodHandler,
+    unary: UnaryWrap,
+    stream: StreamWrap,
+    deserializer: Callable[[bytes], Any] | None = None,
+) -> grpc.RpcMethodHandler:
     """The same handler with its behaviour wrapped: ``unary`` for methods
-    that answer once, ``stream`` for those that stream their answers."""
+    that answer once, ``stream`` for those that stream their answers; with
+    ``deserializer``, requests are read by it instead of the handler's."""
     kw = dict(
-        request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        request_deserializer=deserializer or handler.request_deserializer,
+        response_serializer=handler.response_serializer,
     )
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kw)

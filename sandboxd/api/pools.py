@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.api.convert import pool_config_from, pool_to
+from sandboxd.core import validation as v
 from sandboxd.core.control import ControlPlane
 from sandboxd.v1 import pools_pb2, pools_pb2_grpc
 
@@ -20,6 +21,7 @@ class PoolServicer(pools_pb2_grpc.PoolServiceServicer):
     ) -> pools_pb2.CreatePoolResponse:
         """INVALID_ARGUMENT (bad spec, the field named), ALREADY_EXISTS, FAILED_PRECONDITION
         (the image is not on the backend)."""
+        v.settable_labels("spec.labels", dict(request.spec.labels))
         pool = await self._control.create_pool(pool_config_from(request.spec))
         return pools_pb2.CreatePoolResponse(pool=pool_to(pool))
 

@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from sandboxd.api.convert import lease_to, limits_from, sandbox_to
+from sandboxd.core import validation as v
 from sandboxd.core.control import AcquireRequest, ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.core.pausing import Pausing
@@ -31,12 +32,13 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
                 pool=request.pool,
                 n=request.n,
                 min_n=request.min_n,
-                labels=dict(request.labels),
+                labels=v.settable_labels("labels", dict(request.labels)),
                 ttl=request.lease_ttl_seconds,
                 timeout=request.timeout_seconds,
                 call_remaining=context.time_remaining(),
                 limits=limits_from(request.limits) if request.HasField("limits") else None,
                 request_id=request.request_id,
+                image=request.image,
             )
         )
         # A client that cancels the call from here on never learns of the lease.

@@ -5,8 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.api.convert import lease_to, sandbox_to, ts
+from sandboxd.core import validation as v
 from sandboxd.core.snapshots import SnapshotInfo, SnapshotManager
+from sandboxd.errors import printable
 from sandboxd.v1 import snapshots_pb2, snapshots_pb2_grpc
+
+
+def exact(text: str) -> bytes:
+    """The bytes a session's text stands for (sandboxd holds bytes that are
+    not UTF-8 as surrogate escapes)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate not from an escape
+        return text.encode("utf-8", "surrogatepass")
 
 
 def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
@@ -19,8 +30,10 @@ def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
         turn=info.turn,
         parent_id=info.parent_id,
         session=info.session,
-        cwd=info.cwd,
-        env=info.env,
+        cwd=printable(info.cwd),
+        env={k: printable(val) for k, val in info.env.items()},
+        cwd_bytes=exact(info.cwd),
+        env_bytes={k: exact(val) for k, val in info.env.items()},
         size_bytes=info.size_bytes,
         stored_bytes=info.stored_bytes,
         entry_count=info.entry_count,
@@ -29,7 +42,7 @@ def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
         expires_at=ts(info.expires_at),
         live=info.live,
         memory_limit_bytes=info.memory_limit_bytes,
-        not_carried=info.not_carried,
+        not_carried=[printable(p) for p in info.not_carried],
     )
     if info.policy_version is not None:
         msg.policy_version = info.policy_version
@@ -55,7 +68,7 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
         info = await self._snapshots.snapshot(
             request.sandbox_id,
             session=request.session,
-            labels=dict(request.labels),
+            labels=v.settable_labels("labels", dict(request.labels)),
             policy_version=request.policy_version if request.HasField("policy_version") else None,
             turn=request.turn,
             ttl=request.ttl_seconds,
@@ -72,7 +85,7 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
             request.snapshot_id,
             n=request.n,
             pool=request.pool,
-            labels=dict(request.labels),
+            labels=v.settable_labels("labels", dict(request.labels)),
             ttl=request.lease_ttl_seconds,
             timeout=request.timeout_seconds,
             call_remaining=context.time_remaining(),

@@ -110,6 +110,13 @@ def records_of(box: _Box, rels: list[str]) -> bytes:
     return _now() + b"".join(_record(box, *r) for r in found)
 
 
+def _state(shell: _ShellState) -> bytes:
+    """What the state script prints: cwd, then each NAME=value, NUL-terminated, then a NUL
+    (any bytes, as a shell holds them)."""
+    env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
+    return f"{shell.cwd}\x00{env}\x00".encode("utf-8", "surrogateescape")
+
+
 def emulate(box: _Box, shell: _ShellState, script: str, stdin: bytes) -> bytes | None:
     """The output of a snapshot helper script, or None for any other command."""
     if script.startswith(LIST_MARKER):
@@ -120,16 +127,13 @@ def emulate(box: _Box, shell: _ShellState, script: str, stdin: bytes) -> bytes |
         body = delta_listing(box, float(since.group(1)))
         if script.startswith(DELTA_MARKER):
             return body
-        env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
-        return f"{shell.cwd}\x00{env}\x00".encode() + body
+        return _state(shell) + body
     if script.startswith(RECORDS_MARKER):
         return records_of(box, [r.decode("utf-8", "surrogateescape") for r in stdin.split(b"\x00")[:-1]])
     if script.startswith(STATE_MARKER):
-        env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
-        return f"{shell.cwd}\x00{env}\x00".encode() + listing(box)
+        return _state(shell) + listing(box)
     if script.startswith(SESSION_STATE_MARKER):
-        env = "".join(f"{k}={v}\x00" for k, v in shell.env.items())
-        return f"{shell.cwd}\x00{env}\x00".encode()
+        return _state(shell)
     if script.startswith(TAR_MARKER):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -32,8 +32,10 @@ from sandboxd.backends.shell import (
     SESSION_TAG_VAR,
     Tree,
     ansi_c_quote,
+    bash_argv,
     session_command,
     session_frame,
+    stdin_frames,
 )
 from sandboxd.errors import BackendError
 
@@ -176,7 +178,7 @@ class OneShot:
         """Starts the process, its tree contained so a timeout can find it all."""
         spec = self._spec
         self._explain = self._transport.watch_limits()
-        argv = list(spec.argv) if spec.argv else ["bash", "-c", spec.shell]
+        argv = list(spec.argv) if spec.argv else bash_argv(spec.shell)
         self._started = time.monotonic()
         await self._transport.open(
             argv, env={**spec.env, EXEC_TAG_VAR: self._tag}, cwd=spec.cwd or WORKSPACE, stdin=bool(spec.stdin)
@@ -358,6 +360,8 @@ class ShellSession:
                 clock=clock,
             )
         )
+        if spec.stdin:
+            line += stdin_frames(spec.stdin)
         try:
             await transport.write(line)
         except _STREAM_ERRORS:

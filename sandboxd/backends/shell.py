@@ -28,12 +28,14 @@ from sandboxd.backends.layout import WORKSPACE
 EXEC_TAG_VAR = "SANDBOXD_EXEC"
 SESSION_TAG_VAR = "SANDBOXD_SESSION"
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_env_name(name: str) -> bool:
     """Whether ``name`` can be an environment variable's name in a shell."""
-    return bool(_ENV_NAME.match(name))
+    # Whole-string match: `$` alone also matches before a trailing newline,
+    # and "A\n" would split the shell line it is put on.
+    return _ENV_NAME.fullmatch(name) is not None
 
 
 def ansi_c_quote(text: str) -> str:
@@ -52,17 +54,57 @@ def ansi_c_quote(text: str) -> str:
     return "".join(out)
 
 
-def printf_format(data: bytes) -> str:
-    """A single-quoted printf format that prints exactly ``data``, NULs included."""
-    out = ["'"]
-    for byte in data:
-        ch = chr(byte)
-        if 0x20 <= byte < 0x7F and ch not in "\\%'":
-            out.append(ch)
-        else:
-            out.append(f"\\{byte:03o}")
-    out.append("'")
-    return "".join(out)
+STDIN_PIECE = 64 << 10
+"""Bytes of a command's stdin per frame after its line (see session_command)."""
+
+
+def stdin_frames(data: bytes) -> bytes:
+    """``data`` as a session shell reads it after a command's line: pieces of
+    at most STDIN_PIECE bytes, each sent as its length (8 digits) and a
+    printf format that prints it exactly (only NUL, backslash and percent
+    escaped: a shell variable holds any other byte), then "00000000"."""
+    out: list[bytes] = []
+    for i in range(0, len(data), STDIN_PIECE):
+        piece = data[i : i + STDIN_PIECE].replace(b"\\", b"\\\\").replace(b"%", b"%%")
+        piece = piece.replace(b"\x00", b"\\000")
+        out.append(b"%08d" % len(piece) + piece)
+    out.append(b"00000000")
+    return b"".join(out)
+
+
+# Reads the frames of stdin_frames into an array, from the shell's own
+# input, before the command runs: the command's stdin is then a pipe the
+# shell fills from memory, so nothing the command does (exit at once, read
+# half) can leave bytes of it on the shell's input to be read as commands.
+# Sent inline as one printf format on the line, stdin was copied over and
+# over as eval expanded it (600 MiB of shell memory for 8 MiB of binary
+# stdin): the sandbox ran out of memory and the command read nothing.
+_READ_STDIN = (
+    '__sbx_in=(); __sbx_k=0; while LC_ALL=C IFS= read -r -N 8 __sbx_n && [ "$__sbx_n" != 00000000 ]; do '
+    'LC_ALL=C IFS= read -r -N "$((10#$__sbx_n))" "__sbx_in[__sbx_k]" && __sbx_k=$((__sbx_k + 1)); done; '
+    "unset __sbx_n __sbx_k; "
+)
+_FEED_STDIN = ' < <(LC_ALL=C; for __sbx_c in "${__sbx_in[@]}"; do printf -- "$__sbx_c"; done 2>/dev/null)'
+
+
+MAX_ARG = (128 << 10) - 1
+"""Bytes of one argument the kernel passes to a program (MAX_ARG_STRLEN, its NUL aside)."""
+_ARG_PIECE = 32_000
+"""Characters per argument when a command is handed to bash in pieces (at most 4 bytes each)."""
+_JOIN_ARGS = (
+    '__sbx_c=; for __sbx_p; do __sbx_c+=$__sbx_p; done; set --; unset __sbx_p; eval "unset __sbx_c; $__sbx_c"'
+)
+
+
+def bash_argv(command: str) -> list[str]:
+    """bash running ``command``: ``bash -c command`` where it fits in one
+    argument; a longer one (the API takes 1 MiB) in pieces that bash joins
+    and evaluates, as one string past MAX_ARG would fail the exec with
+    "Argument list too long"."""
+    if len(command) * 4 <= MAX_ARG or len(command.encode("utf-8", "surrogateescape")) <= MAX_ARG:
+        return ["bash", "-c", command]
+    pieces = [command[i : i + _ARG_PIECE] for i in range(0, len(command), _ARG_PIECE)]
+    return ["bash", "-c", _JOIN_ARGS, "bash", *pieces]
 
 
 @dataclass(frozen=True)
@@ -264,17 +306,21 @@ def session_command(
     """One line for the session shell: runs ``command`` in the shell itself
     (so cd/export persist), with a per-command environment and stdin that do
     not leak into the session, then prints the marker and $? on stdout and
-    the marker on stderr so both streams are known to be complete. With
+    the marker on stderr so both streams are known to be complete. Its
+    stdin follows the line (stdin_frames), which the line reads first. With
     ``clock``, the sandbox's clock (/proc/uptime) and last pid follow $?:
     the next command's Tree.since, as it starts after this one ended."""
     parts: list[str] = []
     if cwd:
         parts.append(f"cd -- {ansi_c_quote(cwd)} && ")
     assigns = " ".join(f"{k}={ansi_c_quote(v)}" for k, v in env.items())
-    parts.append(f"{EXEC_TAG_VAR}={tag} {assigns} eval {ansi_c_quote(command)}")
     if stdin:
-        parts.append(f" < <(printf {printf_format(stdin)})")
+        parts.insert(0, _READ_STDIN)
+        # The array goes before the command runs; its copy in the feeder stays.
+        parts.append(f"{EXEC_TAG_VAR}={tag} {assigns} eval {ansi_c_quote('unset __sbx_in; ' + command)}")
+        parts.append(_FEED_STDIN)
     else:
+        parts.append(f"{EXEC_TAG_VAR}={tag} {assigns} eval {ansi_c_quote(command)}")
         parts.append(" < /dev/null")
     if clock:
         parts.append(
@@ -331,6 +377,22 @@ pinned() {
 }
 """
 
+
+def tar_create(args: str) -> str:
+    """A shell line that writes ``tar -c -f - args`` to stdout. A file
+    appended to while tar reads it is stored as tar first found it (the size
+    it had, as ``cat`` would read it), and that warning alone is no failure
+    (GNU tar exits 1 for it); any other (a file that shrank, padded with
+    zeros by tar; one that vanished) still fails with tar's status. The
+    warnings are kept in a variable, not a file: /tmp may be full."""
+    return (
+        f"{{ __sbx_e=$(tar -c -f - {args} 2>&1 >&3 3>&-); __sbx_r=$?; }} 3>&1; "
+        '[ -n "$__sbx_e" ] && printf \'%s\\n\' "$__sbx_e" >&2; '
+        "if [ $__sbx_r -eq 1 ] && ! printf '%s\\n' \"$__sbx_e\" | grep -qv 'file changed as we read it$'; "
+        "then exit 0; fi; exit $__sbx_r\n"
+    )
+
+
 # Tar up $2.. relative to $1, refusing to start when one is missing (exit 3)
 # so the caller can name it, or when the way to one passes a link (exit 5).
 # tar itself stores a link it meets as a link and does not descend through it.
@@ -353,8 +415,8 @@ for p in "$@"; do
   done
   if [ ! -e "$p" ] && [ ! -L "$p" ]; then printf 'missing:%s\n' "$p" >&2; exit 3; fi
 done
-exec tar -c -f - -- "$@"
 """
+    + tar_create('-- "$@"')
 )
 
 LINK_EXIT = 5

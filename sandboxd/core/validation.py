@@ -11,12 +11,12 @@ from sandboxd.backends.base import ROOT_USER, WORKSPACE
 from sandboxd.backends.shell import is_env_name
 from sandboxd.errors import InvalidArgument
 
-_POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,126}[A-Za-z0-9])?$")
-_SESSION = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/:@]{0,254}$")
-_ID = re.compile(r"^[a-z]{2}-[0-9a-f]{6,64}$")
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,126}[A-Za-z0-9])?")
+_SESSION = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/:@]{0,254}")
+_ID = re.compile(r"[a-z]{2}-[0-9a-f]{6,64}")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 MAX_PATH = 4096
 MAX_LABELS = 64
 
@@ -25,7 +25,7 @@ def pool_name(field: str, name: str) -> str:
     """A DNS-label pool name: lowercase letters, digits and inner '-', 1-63 characters."""
     if not name:
         raise InvalidArgument(field, "is required")
-    if not _POOL_NAME.match(name):
+    if not _POOL_NAME.fullmatch(name):
         raise InvalidArgument(
             field, f"{name[:80]!r} is not a valid pool name (lowercase letters, digits and '-', at most 63)"
         )
@@ -36,7 +36,7 @@ def image_ref(field: str, image: str) -> str:
     """A plausible image reference (at most 255 of [A-Za-z0-9_.-/:@]); whether it exists is not checked."""
     if not image:
         raise InvalidArgument(field, "is required")
-    if not _IMAGE.match(image):
+    if not _IMAGE.fullmatch(image):
         raise InvalidArgument(field, f"{image[:80]!r} is not a valid image reference")
     return image
 
@@ -45,7 +45,7 @@ def object_id(field: str, value: str, kind: str) -> str:
     """A well-formed id (``xx-`` and hex), so that only well-formed unknown ids answer NOT_FOUND."""
     if not value:
         raise InvalidArgument(field, "is required")
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         # Unknown ids are NOT_FOUND, malformed ones INVALID_ARGUMENT: say which.
         raise InvalidArgument(field, f"{value[:80]!r} is not a {kind} id")
     return value
@@ -53,7 +53,7 @@ def object_id(field: str, value: str, kind: str) -> str:
 
 def request_id(field: str, value: str) -> str:
     """A client-chosen request id: empty, or 1-64 of [A-Za-z0-9_.-]."""
-    if value and not _REQUEST_ID.match(value):
+    if value and not _REQUEST_ID.fullmatch(value):
         raise InvalidArgument(field, f"{value[:80]!r} is not a request id (1-64 of [A-Za-z0-9_.-])")
     return value
 
@@ -63,22 +63,69 @@ def labels(field: str, values: dict[str, str]) -> dict[str, str]:
     if len(values) > MAX_LABELS:
         raise InvalidArgument(field, f"at most {MAX_LABELS} labels")
     for key, value in values.items():
-        if not _LABEL_KEY.match(key):
+        if not _LABEL_KEY.fullmatch(key):
             raise InvalidArgument(f"{field}[{key[:40]!r}]", "label keys are 1-128 of [A-Za-z0-9_.-/]")
         if len(value) > 256 or "\x00" in value:
             raise InvalidArgument(f"{field}[{key}]", "label values are at most 256 characters, no NUL")
     return dict(values)
 
 
+RESERVED_LABELS = frozenset(
+    {
+        # Backends' bookkeeping on containers and pods (sandboxd.backends.*.LABEL_*).
+        "sandboxd.managed",
+        "sandboxd.instance",
+        "sandboxd.pool",
+        "sandboxd.sandbox",
+        "sandboxd.user",
+        "sandboxd.runtime",
+        "sandboxd.tenant",
+        "sandboxd.build",
+        # Lineage (sandboxd.core.snapshots.lineage) and parked rollouts.
+        "sandboxd.snapshot",
+        "sandboxd.run",
+        "sandboxd.group",
+    }
+)
+"""Label keys sandboxd sets itself and trusts when it reads them back (a
+restored sandbox's parent snapshot, a container's pool and owner)."""
+RESERVED_LABEL_PREFIX = "sandboxd.snapshot."
+
+
+def settable_labels(field: str, values: dict[str, str]) -> dict[str, str]:
+    """``labels``, for labels a user sets (a lease, a pool, a snapshot, a
+    restore): none of sandboxd's own keys, which would forge a snapshot's
+    parent or a sandbox's pool. Filters may name them."""
+    checked = labels(field, values)
+    for key in checked:
+        if key in RESERVED_LABELS or key.startswith(RESERVED_LABEL_PREFIX):
+            raise InvalidArgument(f"{field}[{key}]", "is a label sandboxd sets itself; choose another key")
+    return checked
+
+
+MAX_ENV_ENTRY = 128 << 10
+"""Bytes of one ``NAME=value`` the kernel passes to a program (MAX_ARG_STRLEN, its NUL included)."""
+MAX_ENV_TOTAL = 512 << 10
+"""Bytes of all of an exec's or pool's variables together: with a command
+of MAX_COMMAND they stay within the kernel's 2 MiB for a program's
+arguments and environment (ARG_MAX under the default 8 MiB stack)."""
+
+
 def env(field: str, values: dict[str, str]) -> dict[str, str]:
-    """A copy of valid environment variables; SANDBOXD_* names are reserved, values under 128 KiB."""
+    """A copy of valid environment variables; SANDBOXD_* names are reserved,
+    each ``NAME=value`` under 128 KiB, all of them at most 512 KiB (bytes)."""
+    total = 0
     for key, value in values.items():
         if not is_env_name(key):
             raise InvalidArgument(f"{field}[{key[:40]!r}]", "is not a valid environment variable name")
         if key.startswith("SANDBOXD_"):
             raise InvalidArgument(f"{field}[{key}]", "names starting with SANDBOXD_ are reserved")
-        if "\x00" in value or len(value) > 128 * 1024:
-            raise InvalidArgument(f"{field}[{key}]", "values must be under 128 KiB with no NUL")
+        size = len(key) + 1 + len(value.encode("utf-8", "surrogatepass"))
+        if "\x00" in value or size >= MAX_ENV_ENTRY:
+            raise InvalidArgument(f"{field}[{key}]", "NAME=value must be under 128 KiB with no NUL")
+        total += size + 1
+    if total > MAX_ENV_TOTAL:
+        raise InvalidArgument(field, f"variables total {total} bytes, more than {MAX_ENV_TOTAL}")
     return dict(values)
 
 
@@ -118,7 +165,7 @@ def name_text(field: str, value: str, maximum: int = MAX_NAME) -> str:
 
 def session_name(field: str, name: str) -> str:
     """Empty (no session) or 1-64 of [A-Za-z0-9_.-]."""
-    if name and not _SESSION.match(name):
+    if name and not _SESSION.fullmatch(name):
         raise InvalidArgument(field, "session names are 1-64 of [A-Za-z0-9_.-]")
     return name
 
@@ -199,24 +246,45 @@ def exec_cwd(field: str, cwd: str) -> str:
     )
 
 
+MAX_COMMAND = 1 << 20
+"""Bytes of a shell command, or of an argument vector in all."""
+MAX_ARG = (128 << 10) - 1
+"""Bytes of one argument: the kernel refuses a longer string to exec
+(MAX_ARG_STRLEN, 128 KiB with its NUL). A shell command is not one: it is
+handed to bash in pieces."""
+
+
 def argv(field: str, args: list[str]) -> tuple[str, ...]:
-    """A non-empty argument vector with a program name, no NUL, at most 1 MiB in all."""
+    """A non-empty argument vector with a program name, no NUL, each argument
+    under 128 KiB and at most 1 MiB in all (bytes, as UTF-8)."""
     if not args:
         raise InvalidArgument(field, "must not be empty")
     if not args[0]:
         raise InvalidArgument(f"{field}[0]", "program name must not be empty")
+    total = 0
     for i, arg in enumerate(args):
         if "\x00" in arg:
             raise InvalidArgument(f"{field}[{i}]", "must not contain NUL")
-    if sum(len(a) for a in args) > 1 << 20:
-        raise InvalidArgument(field, "arguments total more than 1 MiB")
+        size = len(arg.encode("utf-8", "surrogatepass"))
+        if size > MAX_ARG:
+            raise InvalidArgument(
+                f"{field}[{i}]",
+                f"{size} bytes; one argument is at most {MAX_ARG} (the kernel's limit); "
+                "pass more on stdin, in a file or as a shell command",
+            )
+        total += size
+    if total > MAX_COMMAND:
+        raise InvalidArgument(field, f"arguments total {total} bytes, more than 1 MiB")
     return tuple(args)
 
 
 def shell(field: str, command: str) -> str:
-    """A shell command that is not blank, at most 1 MiB with no NUL; returned unchanged."""
+    """A shell command that is not blank, at most 1 MiB (bytes, as UTF-8) with no NUL; returned unchanged."""
     if not command.strip():
         raise InvalidArgument(field, "must not be empty")
-    if "\x00" in command or len(command) > 1 << 20:
-        raise InvalidArgument(field, "must be at most 1 MiB with no NUL")
+    if "\x00" in command:
+        raise InvalidArgument(field, "must not contain NUL")
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND:
+        raise InvalidArgument(field, f"{size} bytes, more than the {MAX_COMMAND} (1 MiB) a command may have")
     return command

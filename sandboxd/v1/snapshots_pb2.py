@@ -27,7 +27,7 @@ from sandboxd.v1 import common_pb2 as sandboxd_dot_v1_dot_common__pb2
 from sandboxd.v1 import sandboxes_pb2 as sandboxd_dot_v1_dot_sandboxes__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/snapshots.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\x1a\x1bsandboxd/v1/sandboxes.proto\"\x87\x01\n\x0bSnapshotRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1b\n\x0epolicy_version\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04turn\x18\x03 \x01(\x03\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x11\n\x0f_policy_version\"\xf4\x04\n\x08Snapshot\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\x31\n\x06labels\x18\x04 \x03(\x0b\x32!.sandboxd.v1.Snapshot.LabelsEntry\x12\x1b\n\x0epolicy_version\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04turn\x18\x06 \x01(\x03\x12\x11\n\tparent_id\x18\x07 \x01(\t\x12\x0f\n\x07session\x18\x08 \x01(\t\x12\x0b\n\x03\x63wd\x18\t \x01(\t\x12+\n\x03\x65nv\x18\n \x03(\x0b\x32\x1e.sandboxd.v1.Snapshot.EnvEntry\x12\x12\n\nsize_bytes\x18\x0b \x01(\x03\x12\x14\n\x0cstored_bytes\x18\x0c \x01(\x03\x12\x13\n\x0b\x65ntry_count\x18\r \x01(\x03\x12\x0e\n\x06\x64igest\x18\x0e \x01(\t\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05\x63hain\x18\x11 \x03(\x0b\x32\x18.sandboxd.v1.SnapshotRef\x12\x0c\n\x04live\x18\x12 \x01(\x08\x12\x1a\n\x12memory_limit_bytes\x18\x13 \x01(\x03\x12\x13\n\x0bnot_carried\x18\x14 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_policy_version\"\x80\x02\n\x0fSnapshotRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x38\n\x06labels\x18\x03 \x03(\x0b\x32(.sandboxd.v1.SnapshotRequest.LabelsEntry\x12\x1b\n\x0epolicy_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04turn\x18\x05 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x06 \x01(\x01\x12\x0c\n\x04live\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_policy_version\";\n\x10SnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\"\xda\x01\n\x0eRestoreRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.sandboxd.v1.RestoreRequest.LabelsEntry\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x86\x01\n\x0fRestoreResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\x12\'\n\tsandboxes\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\x12\'\n\x08snapshot\x18\x03 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\")\n\x12GetSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\">\n\x13GetSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\"\xa5\x01\n\x14ListSnapshotsRequest\x12=\n\x06labels\x18\x01 \x03(\x0b\x32-.sandboxd.v1.ListSnapshotsRequest.LabelsEntry\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x11\n\tparent_id\x18\x03 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x15ListSnapshotsResponse\x12(\n\tsnapshots\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.Snapshot\",\n\x15\x44\x65leteSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteSnapshotResponse2\xa5\x03\n\x0fSnapshotService\x12G\n\x08Snapshot\x12\x1c.sandboxd.v1.SnapshotRequest\x1a\x1d.sandboxd.v1.SnapshotResponse\x12\x44\n\x07Restore\x12\x1b.sandboxd.v1.RestoreRequest\x1a\x1c.sandboxd.v1.RestoreResponse\x12P\n\x0bGetSnapshot\x12\x1f.sandboxd.v1.GetSnapshotRequest\x1a .sandboxd.v1.GetSnapshotResponse\x12V\n\rListSnapshots\x12!.sandboxd.v1.ListSnapshotsRequest\x1a\".sandboxd.v1.ListSnapshotsResponse\x12Y\n\x0e\x44\x65leteSnapshot\x12\".sandboxd.v1.DeleteSnapshotRequest\x1a#.sandboxd.v1.DeleteSnapshotResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/snapshots.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\x1a\x1bsandboxd/v1/sandboxes.proto\"\x87\x01\n\x0bSnapshotRef\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1b\n\x0epolicy_version\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04turn\x18\x03 \x01(\x03\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x11\n\x0f_policy_version\"\xf0\x05\n\x08Snapshot\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\x31\n\x06labels\x18\x04 \x03(\x0b\x32!.sandboxd.v1.Snapshot.LabelsEntry\x12\x1b\n\x0epolicy_version\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04turn\x18\x06 \x01(\x03\x12\x11\n\tparent_id\x18\x07 \x01(\t\x12\x0f\n\x07session\x18\x08 \x01(\t\x12\x0b\n\x03\x63wd\x18\t \x01(\t\x12+\n\x03\x65nv\x18\n \x03(\x0b\x32\x1e.sandboxd.v1.Snapshot.EnvEntry\x12\x12\n\nsize_bytes\x18\x0b \x01(\x03\x12\x14\n\x0cstored_bytes\x18\x0c \x01(\x03\x12\x13\n\x0b\x65ntry_count\x18\r \x01(\x03\x12\x0e\n\x06\x64igest\x18\x0e \x01(\t\x12.\n\ncreated_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05\x63hain\x18\x11 \x03(\x0b\x32\x18.sandboxd.v1.SnapshotRef\x12\x0c\n\x04live\x18\x12 \x01(\x08\x12\x1a\n\x12memory_limit_bytes\x18\x13 \x01(\x03\x12\x13\n\x0bnot_carried\x18\x14 \x03(\t\x12\x11\n\tcwd_bytes\x18\x15 \x01(\x0c\x12\x36\n\tenv_bytes\x18\x16 \x03(\x0b\x32#.sandboxd.v1.Snapshot.EnvBytesEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a/\n\rEnvBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x42\x11\n\x0f_policy_version\"\x80\x02\n\x0fSnapshotRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x38\n\x06labels\x18\x03 \x03(\x0b\x32(.sandboxd.v1.SnapshotRequest.LabelsEntry\x12\x1b\n\x0epolicy_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x0c\n\x04turn\x18\x05 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x06 \x01(\x01\x12\x0c\n\x04live\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x11\n\x0f_policy_version\";\n\x10SnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\"\xda\x01\n\x0eRestoreRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.sandboxd.v1.RestoreRequest.LabelsEntry\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x86\x01\n\x0fRestoreResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\x12\'\n\tsandboxes\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\x12\'\n\x08snapshot\x18\x03 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\")\n\x12GetSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\">\n\x13GetSnapshotResponse\x12\'\n\x08snapshot\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.Snapshot\"\xa5\x01\n\x14ListSnapshotsRequest\x12=\n\x06labels\x18\x01 \x03(\x0b\x32-.sandboxd.v1.ListSnapshotsRequest.LabelsEntry\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x11\n\tparent_id\x18\x03 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"A\n\x15ListSnapshotsResponse\x12(\n\tsnapshots\x18\x01 \x03(\x0b\x32\x15.sandboxd.v1.Snapshot\",\n\x15\x44\x65leteSnapshotRequest\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"\x18\n\x16\x44\x65leteSnapshotResponse2\xa5\x03\n\x0fSnapshotService\x12G\n\x08Snapshot\x12\x1c.sandboxd.v1.SnapshotRequest\x1a\x1d.sandboxd.v1.SnapshotResponse\x12\x44\n\x07Restore\x12\x1b.sandboxd.v1.RestoreRequest\x1a\x1c.sandboxd.v1.RestoreResponse\x12P\n\x0bGetSnapshot\x12\x1f.sandboxd.v1.GetSnapshotRequest\x1a .sandboxd.v1.GetSnapshotResponse\x12V\n\rListSnapshots\x12!.sandboxd.v1.ListSnapshotsRequest\x1a\".sandboxd.v1.ListSnapshotsResponse\x12Y\n\x0e\x44\x65leteSnapshot\x12\".sandboxd.v1.DeleteSnapshotRequest\x1a#.sandboxd.v1.DeleteSnapshotResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,6 +38,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOT_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_SNAPSHOT_ENVENTRY']._loaded_options = None
   _globals['_SNAPSHOT_ENVENTRY']._serialized_options = b'8\001'
+  _globals['_SNAPSHOT_ENVBYTESENTRY']._loaded_options = None
+  _globals['_SNAPSHOT_ENVBYTESENTRY']._serialized_options = b'8\001'
   _globals['_SNAPSHOTREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_SNAPSHOTREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_RESTOREREQUEST_LABELSENTRY']._loaded_options = None
@@ -47,37 +49,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SNAPSHOTREF']._serialized_start=133
   _globals['_SNAPSHOTREF']._serialized_end=268
   _globals['_SNAPSHOT']._serialized_start=271
-  _globals['_SNAPSHOT']._serialized_end=899
-  _globals['_SNAPSHOT_LABELSENTRY']._serialized_start=791
-  _globals['_SNAPSHOT_LABELSENTRY']._serialized_end=836
-  _globals['_SNAPSHOT_ENVENTRY']._serialized_start=838
-  _globals['_SNAPSHOT_ENVENTRY']._serialized_end=880
-  _globals['_SNAPSHOTREQUEST']._serialized_start=902
-  _globals['_SNAPSHOTREQUEST']._serialized_end=1158
-  _globals['_SNAPSHOTREQUEST_LABELSENTRY']._serialized_start=791
-  _globals['_SNAPSHOTREQUEST_LABELSENTRY']._serialized_end=836
-  _globals['_SNAPSHOTRESPONSE']._serialized_start=1160
-  _globals['_SNAPSHOTRESPONSE']._serialized_end=1219
-  _globals['_RESTOREREQUEST']._serialized_start=1222
-  _globals['_RESTOREREQUEST']._serialized_end=1440
-  _globals['_RESTOREREQUEST_LABELSENTRY']._serialized_start=791
-  _globals['_RESTOREREQUEST_LABELSENTRY']._serialized_end=836
-  _globals['_RESTORERESPONSE']._serialized_start=1443
-  _globals['_RESTORERESPONSE']._serialized_end=1577
-  _globals['_GETSNAPSHOTREQUEST']._serialized_start=1579
-  _globals['_GETSNAPSHOTREQUEST']._serialized_end=1620
-  _globals['_GETSNAPSHOTRESPONSE']._serialized_start=1622
-  _globals['_GETSNAPSHOTRESPONSE']._serialized_end=1684
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=1687
-  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=1852
-  _globals['_LISTSNAPSHOTSREQUEST_LABELSENTRY']._serialized_start=791
-  _globals['_LISTSNAPSHOTSREQUEST_LABELSENTRY']._serialized_end=836
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=1854
-  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=1919
-  _globals['_DELETESNAPSHOTREQUEST']._serialized_start=1921
-  _globals['_DELETESNAPSHOTREQUEST']._serialized_end=1965
-  _globals['_DELETESNAPSHOTRESPONSE']._serialized_start=1967
-  _globals['_DELETESNAPSHOTRESPONSE']._serialized_end=1991
-  _globals['_SNAPSHOTSERVICE']._serialized_start=1994
-  _globals['_SNAPSHOTSERVICE']._serialized_end=2415
+  _globals['_SNAPSHOT']._serialized_end=1023
+  _globals['_SNAPSHOT_LABELSENTRY']._serialized_start=866
+  _globals['_SNAPSHOT_LABELSENTRY']._serialized_end=911
+  _globals['_SNAPSHOT_ENVENTRY']._serialized_start=913
+  _globals['_SNAPSHOT_ENVENTRY']._serialized_end=955
+  _globals['_SNAPSHOT_ENVBYTESENTRY']._serialized_start=957
+  _globals['_SNAPSHOT_ENVBYTESENTRY']._serialized_end=1004
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1026
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1282
+  _globals['_SNAPSHOTREQUEST_LABELSENTRY']._serialized_start=866
+  _globals['_SNAPSHOTREQUEST_LABELSENTRY']._serialized_end=911
+  _globals['_SNAPSHOTRESPONSE']._serialized_start=1284
+  _globals['_SNAPSHOTRESPONSE']._serialized_end=1343
+  _globals['_RESTOREREQUEST']._serialized_start=1346
+  _globals['_RESTOREREQUEST']._serialized_end=1564
+  _globals['_RESTOREREQUEST_LABELSENTRY']._serialized_start=866
+  _globals['_RESTOREREQUEST_LABELSENTRY']._serialized_end=911
+  _globals['_RESTORERESPONSE']._serialized_start=1567
+  _globals['_RESTORERESPONSE']._serialized_end=1701
+  _globals['_GETSNAPSHOTREQUEST']._serialized_start=1703
+  _globals['_GETSNAPSHOTREQUEST']._serialized_end=1744
+  _globals['_GETSNAPSHOTRESPONSE']._serialized_start=1746
+  _globals['_GETSNAPSHOTRESPONSE']._serialized_end=1808
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_start=1811
+  _globals['_LISTSNAPSHOTSREQUEST']._serialized_end=1976
+  _globals['_LISTSNAPSHOTSREQUEST_LABELSENTRY']._serialized_start=866
+  _globals['_LISTSNAPSHOTSREQUEST_LABELSENTRY']._serialized_end=911
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_start=1978
+  _globals['_LISTSNAPSHOTSRESPONSE']._serialized_end=2043
+  _globals['_DELETESNAPSHOTREQUEST']._serialized_start=2045
+  _globals['_DELETESNAPSHOTREQUEST']._serialized_end=2089
+  _globals['_DELETESNAPSHOTRESPONSE']._serialized_start=2091
+  _globals['_DELETESNAPSHOTRESPONSE']._serialized_end=2115
+  _globals['_SNAPSHOTSERVICE']._serialized_start=2118
+  _globals['_SNAPSHOTSERVICE']._serialized_end=2539
 # @@protoc_insertion_point(module_scope)

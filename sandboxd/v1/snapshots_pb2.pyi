@@ -24,7 +24,7 @@ class SnapshotRef(_message.Message):
     def __init__(self, id: _Optional[str] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("id", "pool", "image", "labels", "policy_version", "turn", "parent_id", "session", "cwd", "env", "size_bytes", "stored_bytes", "entry_count", "digest", "created_at", "expires_at", "chain", "live", "memory_limit_bytes", "not_carried")
+    __slots__ = ("id", "pool", "image", "labels", "policy_version", "turn", "parent_id", "session", "cwd", "env", "size_bytes", "stored_bytes", "entry_count", "digest", "created_at", "expires_at", "chain", "live", "memory_limit_bytes", "not_carried", "cwd_bytes", "env_bytes")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,13 @@ class Snapshot(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class EnvBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +66,8 @@ class Snapshot(_message.Message):
     LIVE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
     NOT_CARRIED_FIELD_NUMBER: _ClassVar[int]
+    CWD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENV_BYTES_FIELD_NUMBER: _ClassVar[int]
     id: str
     pool: str
     image: str
@@ -79,7 +88,9 @@ class Snapshot(_message.Message):
     live: bool
     memory_limit_bytes: int
     not_carried: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., parent_id: _Optional[str] = ..., session: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., entry_count: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[SnapshotRef, _Mapping]]] = ..., live: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ..., not_carried: _Optional[_Iterable[str]] = ...) -> None: ...
+    cwd_bytes: bytes
+    env_bytes: _containers.ScalarMap[str, bytes]
+    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., policy_version: _Optional[int] = ..., turn: _Optional[int] = ..., parent_id: _Optional[str] = ..., session: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., entry_count: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain: _Optional[_Iterable[_Union[SnapshotRef, _Mapping]]] = ..., live: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ..., not_carried: _Optional[_Iterable[str]] = ..., cwd_bytes: _Optional[bytes] = ..., env_bytes: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
     __slots__ = ("sandbox_id", "session", "labels", "policy_version", "turn", "ttl_seconds", "live")

@@ -21,6 +21,7 @@ from sandboxd.backends.shell import (
     Tree,
     session_command,
     session_frame,
+    stdin_frames,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -247,7 +248,7 @@ async def test_session_frames_run_in_a_real_bash_as_lines_at_its_top_level() -> 
         assert shell.stdin is not None and shell.stdout is not None
         marker = f"__SBXD_{len(command):016x}__"
         line = session_command(command, tag="t", marker=marker, cwd="", env=env or {}, stdin=stdin)
-        frame = session_frame(line)
+        frame = session_frame(line) + (stdin_frames(stdin) if stdin else b"")
         header = frame.split(b"\n", 1)[0]
         assert len(header) < 40, "the shell reads only a short call byte by byte"
         shell.stdin.write(frame)

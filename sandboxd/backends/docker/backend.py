@@ -51,7 +51,7 @@ from sandboxd.backends.docker.shells import Shells
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.session import SessionClosed, ShellSession
-from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote
+from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote, bash_argv
 from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
@@ -74,7 +74,7 @@ def _in_subshell(spec: ExecSpec) -> ExecSpec:
     body = (
         "exec " + " ".join(ansi_c_quote(a) for a in spec.argv)
         if spec.argv
-        else f"exec bash -c {ansi_c_quote(spec.shell)}"
+        else "exec " + " ".join(ansi_c_quote(a) for a in bash_argv(spec.shell))
     )
     # <&0: a background job's stdin would be /dev/null, not the command's.
     command = (

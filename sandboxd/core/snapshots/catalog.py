@@ -17,6 +17,7 @@ MAX_DEPTH (past it a snapshot is recorded in full)."""
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.sqlite import SqliteThread
-from sandboxd.errors import ResourceExhausted
+from sandboxd.errors import FailedPrecondition, ResourceExhausted
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -58,6 +59,8 @@ CREATE TRIGGER IF NOT EXISTS tenant_blobs_dropped AFTER DELETE ON tenant_blobs B
   UPDATE tenant_usage SET bytes = bytes - OLD.size WHERE tenant = OLD.tenant;
 END;
 """
+log = logging.getLogger(__name__)
+
 # SQLite's default limit on host parameters is 999 in older builds.
 _CHUNK = 900
 MAX_DEPTH = 16
@@ -149,6 +152,7 @@ class SnapshotCatalog:
         """``path`` None keeps the catalog in memory (tests, throw-away servers)."""
         self._sql = SqliteThread(path, "sandboxd-catalog")
         self._run = self._sql.run
+        self._unreadable: set[str] = set()
 
     async def open(self) -> None:
         """Opens (creating or migrating) the database."""
@@ -313,11 +317,28 @@ class SnapshotCatalog:
     # -- reads ----------------------------------------------------------------
 
     async def get(self, snapshot_id: str) -> SnapshotInfo | None:
-        """The snapshot's metadata, unless it is hidden or unknown (expiry is the caller's check)."""
+        """The snapshot's metadata, unless it is hidden or unknown (expiry is
+        the caller's check); FailedPrecondition for a record that cannot be read."""
         row = await self._run(
-            self._one, "SELECT meta FROM snapshots WHERE id = ? AND hidden = 0", (snapshot_id,)
+            self._one, "SELECT CAST(meta AS BLOB) FROM snapshots WHERE id = ? AND hidden = 0", (snapshot_id,)
         )
-        return None if row is None else SnapshotInfo.from_json(row[0])
+        if row is None:
+            return None
+        info = self._decoded(snapshot_id, row[0])
+        if info is None:
+            raise FailedPrecondition(f"snapshot {snapshot_id}: its record cannot be read; it cannot be used")
+        return info
+
+    def _decoded(self, snapshot_id: str, meta: bytes) -> SnapshotInfo | None:
+        """A row's metadata, or None for one that cannot be decoded (logged
+        once): a single bad record must not fail every listing of its tenant."""
+        try:
+            return SnapshotInfo.from_json(bytes(meta).decode("utf-8"))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            if snapshot_id not in self._unreadable:
+                self._unreadable.add(snapshot_id)
+                log.error("snapshot %s: its catalog record cannot be decoded (%s); left out", snapshot_id, e)
+            return None
 
     async def manifest(self, snapshot_id: str) -> bytes | None:
         """The stored manifest as it is (complete or a delta)."""
@@ -369,11 +390,12 @@ class SnapshotCatalog:
         """The tenant's visible snapshots unexpired at ``now``, oldest first."""
         rows = await self._run(
             self._all,
-            "SELECT meta FROM snapshots WHERE tenant = ? AND expires_at > ? AND hidden = 0 "
+            "SELECT id, CAST(meta AS BLOB) FROM snapshots WHERE tenant = ? AND expires_at > ? AND hidden = 0 "
             "ORDER BY created_at",
             (tenant, now),
         )
-        return [SnapshotInfo.from_json(r[0]) for r in rows]
+        infos = (self._decoded(sid, meta) for sid, meta in rows)
+        return [info for info in infos if info is not None]
 
     def _all(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return list(self.db.execute(sql, params).fetchall())
