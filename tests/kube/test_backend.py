@@ -78,7 +78,10 @@ async def test_create_makes_a_hardened_labelled_running_pod(
     podspec = pod["spec"]
     assert podspec["automountServiceAccountToken"] is False
     assert podspec["securityContext"]["runAsNonRoot"] is True
-    assert podspec["securityContext"]["runAsUser"] == 1000
+    # A uid of its own, which a listing adopts.
+    uid, gid = backend.sandbox_user(handle)
+    context = podspec["securityContext"]
+    assert uid != 1000 and (context["runAsUser"], context["fsGroup"]) == (uid, gid)
     assert podspec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     c = podspec["containers"][0]
     sc = c["securityContext"]

@@ -202,7 +202,7 @@ async def test_real_node_hardening_stdin_files_sessions_and_kills(
         backend, handle, ExecSpec(shell="id -u; pwd; touch /x 2>&1; python3 -c 'print(6*7)'")
     )
     assert out.splitlines() == [
-        b"1000",
+        str(backend.sandbox_user(handle)[0]).encode(),
         b"/workspace",
         b"touch: cannot touch '/x': Read-only file system",
         b"42",

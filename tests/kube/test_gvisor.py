@@ -84,7 +84,9 @@ async def test_exec_sessions_files_timeout_and_release_leave_nothing(
             pytest.skip("the node's processes are not visible from here (the node runs elsewhere)")
         assert any(p.startswith("runsc-sandbox ") for p in _host_processes_naming(marks))
         first = await sb.exec("id -u; pwd; awk '/^Max processes/ {print $3}' /proc/self/limits")
-        assert first.ok and first.text.splitlines() == ["1000", "/workspace", str(PIDS)], first
+        runs_as = pod["spec"]["securityContext"]["runAsUser"]
+        assert runs_as != 1000, "a uid of its own"
+        assert first.ok and first.text.splitlines() == [str(runs_as), "/workspace", str(PIDS)], first
         assert (await sb.exec("cd /tmp && export Q=7", session="s")).ok
         assert (await sb.exec("echo $Q; pwd", session="s")).text == "7\n/tmp\n"
         await sb.write_file("sub/a.txt", "hi")
