@@ -29,6 +29,7 @@ from sandboxd.errors import (
     SandboxdError,
     SandboxLost,
     Unauthenticated,
+    Unavailable,
     printable,
 )
 
@@ -60,15 +61,21 @@ def status_for(error: SandboxdError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+_RPC_CODE = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: code_pb2.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE: code_pb2.UNAVAILABLE,
+}
+
+
 def _trailers(code: grpc.StatusCode, error: SandboxdError) -> tuple[tuple[str, str | bytes], ...]:
-    if not isinstance(error, ResourceExhausted) or error.retry_after is None:
+    if not isinstance(error, ResourceExhausted | Unavailable) or error.retry_after is None:
         return ()
     retry = error_details_pb2.RetryInfo(
         retry_delay=duration_pb2.Duration(
             seconds=int(error.retry_after), nanos=int(math.modf(error.retry_after)[0] * 1e9)
         )
     )
-    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=printable(error.message))
+    status = status_pb2.Status(code=_RPC_CODE[code], message=printable(error.message))
     status.details.add().Pack(retry)
     return (
         ("grpc-status-details-bin", status.SerializeToString()),

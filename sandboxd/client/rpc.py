@@ -47,11 +47,19 @@ def translate(e: grpc.aio.AioRpcError) -> errors.SandboxdError:
         return (
             errors.InvalidArgument(field, problem) if problem else errors.InvalidArgument("request", message)
         )
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
         retry = None
         for key, value in e.trailing_metadata() or ():
             if key == "retry-after-seconds":
                 retry = float(value)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            # Only an Unavailable answer carries a retry hint; without one it
+            # is the engine's transient failure, as before.
+            return (
+                errors.Unavailable(message, retry)
+                if retry is not None
+                else errors.TransientBackendError(message)
+            )
         return errors.ResourceExhausted(message, retry)
     cls = _ERROR_OF.get(code, errors.SandboxdError)
     return cls(f"{code.name}: {message}" if cls is errors.SandboxdError else message)

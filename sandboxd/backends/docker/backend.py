@@ -44,6 +44,7 @@ from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
+from sandboxd.backends.docker.images import DockerImages
 from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
@@ -97,14 +98,16 @@ class _RootEngineExec(EngineExec):
         super().__init__(engine, container, user=_ROOT_ENGINE_USER, kill_user=_ROOT_ENGINE_USER, **kwargs)
 
 
-class DockerBackend:
+class DockerBackend(DockerImages):
     """The backend port on one Docker engine: containers and files composed
-    with the shells and execs that run inside the sandboxes."""
+    with the shells and execs that run inside the sandboxes; its images
+    (pulls, builds, removal) are DockerImages'."""
 
     def __init__(self, options: DockerOptions) -> None:
         self._options = options
         self._containers = Containers(options)
         self._pool = self._containers.pool
+        self._init_images(self._containers.api)
         self._raw = RawEngine(EngineAddress.parse(options.base_url))
         self._files = ContainerFiles(
             self._raw,
@@ -236,6 +239,7 @@ class DockerBackend:
         await self._background.close()
         await self._shells.close()
         await self._containers.close()
+        self._close_images()
 
     async def _is_running(self, handle: str) -> bool:
         return await self._containers.is_running(handle)
