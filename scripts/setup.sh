@@ -90,6 +90,24 @@ if [[ $mode == test ]]; then
     fi
     ln -sf "$gobin/versitygw" /usr/local/bin/versitygw
 
+    # A real OCI registry for the image tests: Debian's docker-registry (the
+    # distribution registry), started by the tests themselves on 127.0.0.1
+    # and a free port, one of them behind basic auth (htpasswd -B, from
+    # apache2-utils). The package's own service is not wanted.
+    registry_missing=()
+    command -v docker-registry >/dev/null || registry_missing+=(docker-registry)
+    command -v htpasswd >/dev/null || registry_missing+=(apache2-utils)
+    if ((${#registry_missing[@]})); then
+        say "installing ${registry_missing[*]}"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${registry_missing[@]}"
+        if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+            systemctl disable --now docker-registry >/dev/null 2>&1 || true
+        fi
+    else
+        say "docker-registry and htpasswd present"
+    fi
+
     # gVisor's runsc, for the pools of runtime "gvisor" the integration
     # suites also run under: built the same way (about 2.5 min the first
     # time, an 80 MB binary kept in GOPATH/bin), static (CGO_ENABLED=0: a
