@@ -32,6 +32,7 @@ from sandboxd.backends.base import Backend, Ledger
 from sandboxd.backends.uids import UidRange
 from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
+from sandboxd.core.images import ImageCache
 from sandboxd.core.ledger_state import LedgerStateStore
 from sandboxd.core.rollouts.meters import register_rollout_gauges
 from sandboxd.core.rollouts.service import RolloutManager
@@ -225,6 +226,9 @@ class App:
         """Starts pools and managers, then serves with all services SERVING; a standby first waits to lead."""
         if self.leader is not None:
             await self._wait_for_leadership()
+        # Before the pools: the warm sandboxes they start need their images.
+        if self.control.images is not None:
+            await self.control.images.start()
         await self.control.start()
         if self.telemetry is not None:
             await self.telemetry.start()
@@ -250,6 +254,8 @@ class App:
         if self.rollouts is not None:
             await self.rollouts.stop()
         await self.control.stop()
+        if self.control.images is not None:
+            await self.control.images.stop()
         if self.telemetry is not None:
             await self.telemetry.stop()
         if self._step_down is not None:
@@ -362,6 +368,14 @@ def build_app(
     state = make_state_store(settings, backend, persist)
     telemetry = telemetry or Telemetry(settings.telemetry)
     control = ControlPlane(settings, backend, state, clock or SystemClock(), meter=telemetry.meter)
+    control.images = ImageCache(
+        backend,
+        control.clock,
+        settings.images,
+        ledger_path=settings.state_dir / f"{settings.instance_id}-images.sqlite3" if persist else None,
+        meter=telemetry.meter,
+        environ=os.environ,
+    )
     telemetry.health_detail = control.reconciler.health.describe
     limit = settings.server.max_message_bytes
     server = grpc.aio.server(
