@@ -24,6 +24,7 @@ from opentelemetry.metrics import Meter
 from sandboxd.backends.base import Backend, Limits
 from sandboxd.clock import Clock
 from sandboxd.core import capacity
+from sandboxd.core.images import ImageCache
 from sandboxd.core.leases import Lease, LeaseTable
 from sandboxd.core.leasing import AcquireRequest, Leasing
 from sandboxd.core.lifecycle import SandboxRecord
@@ -62,6 +63,9 @@ class ControlPlane:
         self.leasing = Leasing(settings, backend, store, clock, self.quotas, self.registry, self.leases)
         self.operations = Operations(settings, backend, self.registry, self.leasing)
         self.pools = self.registry.pools
+        self.images: ImageCache | None = None
+        """The image cache, when the server runs one: pools pull the images
+        acquires and announcements name through it, and pin them while used."""
 
         # The face callers have always used; each name is a part's own method.
         registry, leasing, operations = self.registry, self.leasing, self.operations
