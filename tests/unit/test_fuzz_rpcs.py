@@ -69,6 +69,17 @@ TRICKY = [
     "KEY",
     "1BAD",
     "SANDBOXD_X",
+    # Whole-string validation: a trailing or embedded newline, CR, NUL, wide text.
+    "name\n",
+    "fuzz\n",
+    "a\nb",
+    "A\n",
+    "p\r",
+    "KEY\x00",
+    "\u2028",
+    "é" * 70_000,
+    "sandboxd.snapshot",
+    "sandboxd.pool",
 ]
 INTS = [0, 1, -1, 2, 7, 64, 2**31 - 1, -(2**31), 2**62, -(2**62)]
 FLOATS = [0.0, 0.001, 0.5, 1.0, -1.0, 1e12, float("inf"), float("nan"), 86400.0 * 365]
@@ -510,6 +521,88 @@ async def _download(app: App, request: Any) -> tuple[grpc.StatusCode, str]:
             return grpc.StatusCode.OK, ""
         except grpc.aio.AioRpcError as e:
             return e.code(), e.details() or ""
+
+
+# -- bytes that are not UTF-8 in every string field ---------------------------------
+
+_MARK = b"ZQ0MARK0QZ"
+_BAD = b"ZQ\xffMARK\xc3Z"  # same length: the field's length prefix stays right
+
+
+def _string_paths(desc: d.Descriptor, depth: int = 0) -> list[tuple[d.FieldDescriptor, ...]]:
+    """Every string field reachable from ``desc`` (map keys and values, nested messages)."""
+    out: list[tuple[d.FieldDescriptor, ...]] = []
+    if depth > 2 or desc.full_name.startswith("google.protobuf."):
+        return out
+    for field in desc.fields:
+        if field.type == d.FieldDescriptor.TYPE_STRING:
+            out.append((field,))
+        elif field.message_type is not None:
+            out.extend((field, *rest) for rest in _string_paths(field.message_type, depth + 1))
+    return out
+
+
+def _with_mark(desc: d.Descriptor, path: tuple[d.FieldDescriptor, ...]) -> bytes:
+    """A message of type ``desc`` whose field at ``path`` holds the marker, serialized."""
+    msg = message_factory.GetMessageClass(desc)()
+    target, mark, i = msg, _MARK.decode(), 0
+    while i < len(path) - 1:
+        field = path[i]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry, container = path[i + 1], getattr(target, field.name)
+            key_field = field.message_type.fields_by_name["key"]
+            key: Any = "k" if key_field.type == d.FieldDescriptor.TYPE_STRING else 1
+            if entry.name == "key":
+                container[mark]  # naming a key makes its entry
+                return bytes(msg.SerializeToString())
+            if entry.type == d.FieldDescriptor.TYPE_STRING:
+                container[key] = mark
+                return bytes(msg.SerializeToString())
+            target, i = container[key], i + 2
+            continue
+        target = getattr(target, field.name).add() if _repeated(field) else getattr(target, field.name)
+        i += 1
+    last = path[-1]
+    if _repeated(last):
+        getattr(target, last.name).append(mark)
+    else:
+        setattr(target, last.name, mark)
+    return bytes(msg.SerializeToString())
+
+
+async def _raw_call(app: App, method: d.MethodDescriptor, payload: bytes) -> grpc.StatusCode:
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    kw: dict[str, Any] = dict(request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    async with grpc.aio.insecure_channel(app.address) as channel:
+        try:
+            if method.client_streaming:
+                await channel.stream_unary(path, **kw)(iter([payload]), timeout=5)
+            elif method.server_streaming:
+                async for _ in channel.unary_stream(path, **kw)(payload, timeout=5):
+                    pass
+            else:
+                await channel.unary_unary(path, **kw)(payload, timeout=5)
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: f"{m.containing_service.name}.{m.name}")
+def test_every_string_field_that_is_not_utf8_is_invalid_argument(
+    live: Live, method: d.MethodDescriptor
+) -> None:
+    """Bytes a client can put on the wire in any string field (a proto
+    library does not check them all): INVALID_ARGUMENT, never UNKNOWN or a
+    call that is not answered."""
+    paths = _string_paths(method.input_type)
+    if not paths:
+        pytest.skip(f"{method.input_type.full_name} has no string field")
+    for path in paths:
+        good = _with_mark(method.input_type, path)
+        assert _MARK in good, path
+        code = live.run(_raw_call(live.app, method, good.replace(_MARK, _BAD)))
+        where = ".".join(f.name for f in path)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, f"{method.full_name} {where}: {code}"
 
 
 def test_nothing_leaked_after_fuzzing(live: Live) -> None:
