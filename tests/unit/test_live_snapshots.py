@@ -249,6 +249,7 @@ def unpack(archive: bytes, dest: Path, piece: int = 700) -> None:
         ("pages.img", tarfile.REGTYPE, "no checkpoint.img"),
         ("checkpoint.img", tarfile.DIRTYPE, "not a checkpoint file"),
         ("x" * 120, tarfile.REGTYPE, "not a checkpoint file"),
+        ("pages.img\n", tarfile.REGTYPE, "not a checkpoint file"),
     ],
 )
 def test_foreign_images_are_refused(tmp_path: Path, name: str, kind: bytes, problem: str) -> None:

@@ -22,7 +22,7 @@ from sandboxd.core.snapshots.manifest import UnsafeSnapshot
 
 _BLOCK = tarfile.BLOCKSIZE
 _CHUNK = 1 << 20
-_MEMBER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_MEMBER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 REQUIRED = "checkpoint.img"
 _MAX_MEMBERS = 16
 
@@ -116,7 +116,7 @@ class Unpacker:
             member = tarfile.TarInfo.frombuf(block, "utf-8", "strict")
         except (tarfile.HeaderError, UnicodeDecodeError) as e:
             raise UnsafeSnapshot(f"its image is not a readable archive: {e}") from e
-        if member.type != tarfile.REGTYPE or not _MEMBER.match(member.name) or member.name in self._names:
+        if member.type != tarfile.REGTYPE or not _MEMBER.fullmatch(member.name) or member.name in self._names:
             raise UnsafeSnapshot(f"its image holds {member.name[:80]!r}, which is not a checkpoint file")
         self._names.add(member.name)
         if len(self._names) > _MAX_MEMBERS:
