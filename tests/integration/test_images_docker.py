@@ -258,3 +258,48 @@ async def test_eviction_under_a_small_budget_spares_used_wanted_and_foreign_imag
         assert {e.reference for e in cache.entries()} == {used, wanted}
     finally:
         await cache.stop()
+
+
+async def test_builds_offline_cached_by_hash_with_the_failing_step_named(
+    engine: docker.DockerClient,
+    registry: Registry,
+    published: list[str],
+    backend: CountingBackend,
+    image: str,
+    tmp_path: Path,
+) -> None:
+    from sandboxd.errors import BuildFailed
+
+    base, _ = publish(engine, registry, "build-base:v1", MB, published)
+    context = tmp_path / "recipe"
+    context.mkdir()
+    (context / "task.txt").write_text("repository checkout\n")
+    # One base only in the local registry, one only on the engine: nothing
+    # comes from the internet.
+    (context / "Dockerfile").write_text(f"FROM {base} AS files\nFROM {image}\nCOPY task.txt /task.txt\n")
+    cache = ImageCache(backend, SystemClock(), settings())
+    await cache.start()
+    try:
+        lines: list[str] = []
+        tag = await cache.build(
+            context, build_args={"TASK": "1"}, repository=f"{PREFIX}-build", on_log=lines.append
+        )
+        published.append(engine.images.get(tag).id)
+        assert tag.startswith(f"{PREFIX}-build:")
+        assert any("COPY task.txt" in line for line in lines)
+        assert engine.images.get(tag).labels["sandboxd.build"].startswith(tag.rsplit(":", 1)[1])
+        again: list[str] = []
+        assert (
+            await cache.build(
+                context, build_args={"TASK": "1"}, repository=f"{PREFIX}-build", on_log=again.append
+            )
+            == tag
+        )
+        assert again == []  # found by its hash: no build ran
+        (context / "Dockerfile").write_text(f"FROM {image}\nRUN true\nRUN exit 3\n")
+        with pytest.raises(BuildFailed) as caught:
+            await cache.build(context, repository=f"{PREFIX}-build")
+        assert caught.value.step == "RUN exit 3"
+        assert "returned a non-zero code: 3" in caught.value.message
+    finally:
+        await cache.stop()

@@ -318,3 +318,58 @@ def test_unavailable_carries_its_retry_hint_to_the_client() -> None:
         grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "busy"
     )
     assert type(translate(plain)) is TransientBackendError
+
+
+def _recipe(directory: Path, dockerfile: str, files: dict[str, str] | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "Dockerfile").write_text(dockerfile)
+    for name, text in (files or {}).items():
+        (directory / name).write_text(text)
+    return directory
+
+
+async def test_builds_are_cached_by_the_recipe_hash(backend: FakeBackend, tmp_path: Path) -> None:
+    cache = ImageCache(backend, SystemClock(), settings())
+    await cache.start()
+    try:
+        context = _recipe(tmp_path / "ctx", "FROM base\nCOPY app.py /app.py\n", {"app.py": "print(1)\n"})
+        lines: list[str] = []
+        first, second = await asyncio.gather(
+            cache.build(context, on_log=lines.append), cache.build(context, build_args=None)
+        )
+        assert first == second and first.startswith("sandboxd-build:")
+        assert backend.builds[first] == 1
+        assert any("COPY app.py" in line for line in lines)
+        assert cache.present(first)
+        assert {e.reference: e.how for e in cache.entries()} == {first: "built"}
+        # Found again: no build.
+        assert await cache.build(context) == first
+        assert backend.builds[first] == 1
+        # A changed file or build argument is another recipe.
+        (context / "app.py").write_text("print(2)\n")
+        changed = await cache.build(context)
+        with_arg = await cache.build(context, build_args={"PY": "3.12"})
+        assert len({first, changed, with_arg}) == 3
+    finally:
+        await cache.stop()
+
+
+async def test_a_failed_build_names_its_step(backend: FakeBackend, tmp_path: Path) -> None:
+    from sandboxd.errors import BuildFailed
+
+    cache = ImageCache(backend, SystemClock(), settings())
+    await cache.start()
+    try:
+        context = _recipe(tmp_path / "bad", "FROM base\nRUN true\nRUN false\nRUN never\n")
+        with pytest.raises(BuildFailed) as caught:
+            await cache.build(context)
+        assert caught.value.step == "RUN false"
+        assert "step 3" in caught.value.message
+        assert "RUN true" in caught.value.log_tail
+        assert cache.entries() == []
+        with pytest.raises(InvalidArgument, match="dockerfile"):
+            await cache.build(context, dockerfile="Nope")
+        with pytest.raises(InvalidArgument, match="context"):
+            await cache.build(tmp_path / "absent")
+    finally:
+        await cache.stop()

@@ -10,17 +10,18 @@ import contextlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry.metrics import Meter
 
-from sandboxd.backends.base import EngineImage, ImageStore
+from sandboxd.backends.base import LABEL_IMAGE_BUILD, BuildSpec, EngineImage, ImageStore
 from sandboxd.clock import Clock
+from sandboxd.core.images.builds import DEFAULT_REPOSITORY, Builds, build_labels
 from sandboxd.core.images.credentials import Credentials, config_dir
 from sandboxd.core.images.eviction import Footprint, cache_bytes, choose_victims
-from sandboxd.core.images.ledger import PULLED, Entry, ImageLedger
+from sandboxd.core.images.ledger import BUILT, PULLED, Entry, ImageLedger
 from sandboxd.core.images.meters import ImageMeters
 from sandboxd.core.images.progress import DONE, FAILED, PULLING, QUEUED, PullProgress
 from sandboxd.core.images.references import normalize
@@ -105,6 +106,7 @@ class ImageCache:
         self._evicting: asyncio.Lock = asyncio.Lock()
         self._background: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self._builds = Builds(self._store, self._slots)
         self.meters = ImageMeters(meter, self.gauges)
 
     # -- start and stop ---------------------------------------------------------
@@ -136,6 +138,7 @@ class ImageCache:
             if flight.task is not None:
                 flight.task.cancel()
                 tasks.append(flight.task)
+        tasks += self._builds.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._ledger.save(list(self._entries.values()))
         await self._ledger.close()
@@ -215,8 +218,60 @@ class ImageCache:
         return self._demand.images()
 
     def progress(self) -> list[PullProgress]:
-        """Pulls in flight (first), then the latest ended ones, newest first."""
-        return [f.view() for f in self._flights.values()] + list(reversed(self._recent))
+        """Pulls and builds in flight (first), then the latest ended pulls, newest first."""
+        building = [
+            PullProgress(tag, PULLING, 0, 0, 0.0, f"building: {line}")
+            for tag, line in self._builds.in_flight()
+        ]
+        return [f.view() for f in self._flights.values()] + building + list(reversed(self._recent))
+
+    async def build(
+        self,
+        context: Path,
+        *,
+        dockerfile: str = "Dockerfile",
+        build_args: Mapping[str, str] | None = None,
+        repository: str = DEFAULT_REPOSITORY,
+        on_log: Callable[[str], None] | None = None,
+    ) -> str:
+        """The tag of the image built from ``context`` (a directory holding
+        ``dockerfile``) with ``build_args``: ``repository:<hash>``, the hash
+        of the Dockerfile, every file of the context and the arguments. An
+        image of that tag already on the engine answers at once (no build);
+        else it is built through the engine once however many ask, its log
+        lines streamed to ``on_log``, and recorded as sandboxd's own (the
+        cache may evict it when unused; building again gives the same tag).
+        Bases come from the engine or a registry it reaches, so it works
+        offline. Raises InvalidArgument (no such context or Dockerfile),
+        BuildFailed naming the failing step (with the log's tail),
+        FailedPrecondition when the backend cannot build."""
+        args = dict(build_args or {})
+        tag, digest = await self._builds.tag_for(context, dockerfile, args, repository)
+        if self._store is None:
+            raise FailedPrecondition("this backend does not build images")
+        found = await self._store.inspect_image(tag)
+        if found is not None and found.labels.get(LABEL_IMAGE_BUILD) == digest:
+            self.meters.builds.add(1, {"result": "cached"})
+            self._present.add(tag)
+            self._touch(tag)
+            return tag
+        spec = BuildSpec(context, tag, dockerfile, args, build_labels(digest))
+        try:
+            await self._builds.build(spec, on_log)
+        except SandboxdError:
+            self.meters.builds.add(1, {"result": "failed"})
+            raise
+        built = await self._store.inspect_image(tag)
+        if built is None:
+            raise TransientBackendError(f"image {tag!r} built but the engine does not list it")
+        self.meters.builds.add(1, {"result": "built"})
+        entry = Entry(tag, built.image_id, BUILT, built.size_bytes, self._clock.time())
+        self._entries[tag] = entry
+        self._present.add(tag)
+        self._ensured[tag] = self._clock.monotonic() + ENSURE_GRACE_SECONDS
+        await self._ledger.save([entry])
+        self._spawn(self.enforce_budget())
+        return tag
 
     def gauges(self) -> dict[str, float]:
         """Figures for metrics and status: cache and budget bytes, pulls in flight."""
@@ -297,12 +352,6 @@ class ImageCache:
         await self._ledger.save([entry])
         self._present.add(image)
         self._spawn(self.enforce_budget())
-
-    def record(self, entry: Entry) -> None:
-        """Records an image sandboxd put on the engine by other means (a build)."""
-        self._entries[entry.reference] = entry
-        self._present.add(entry.reference)
-        self._spawn(self._ledger.save([entry]))
 
     def _touch(self, image: str) -> None:
         entry = self._entries.get(image)
