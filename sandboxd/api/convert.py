@@ -59,6 +59,7 @@ def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
         max_ready=spec.max_ready,
         idle_seconds=spec.idle_seconds,
         runtime=spec.runtime or RUNC,
+        images=list(spec.images),
     )
 
 
@@ -77,6 +78,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             max_ready=c.max_ready,
             idle_seconds=c.idle_seconds,
             runtime=c.runtime,
+            images=c.images,
         ),
         status=pools_pb2.PoolStatus(
             ready=pool.ready,

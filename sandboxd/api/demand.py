@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from sandboxd.api.convert import ts
 from sandboxd.core import capacity
 from sandboxd.core import validation as v
 from sandboxd.core.control import ControlPlane
+from sandboxd.core.images import PullProgress
 from sandboxd.core.lifecycle import State
 from sandboxd.core.pools import WarmPool
 from sandboxd.core.tenancy import split_pool_key
@@ -19,8 +20,37 @@ from sandboxd.v1 import demand_pb2, demand_pb2_grpc
 _MIN_INTERVAL, _MAX_INTERVAL = 0.05, 60.0
 
 
-def scaling_to(pool: WarmPool) -> demand_pb2.PoolScaling:
-    """A pool's scaling state now (counts, targets, estimates), named as its tenant knows it."""
+def pulls_to(pulls: Sequence[PullProgress], wall_minus_monotonic: float) -> list[demand_pb2.ImagePull]:
+    """Image pulls as WatchPool shows them; ``started`` (monotonic) turned wall time."""
+    return [
+        demand_pb2.ImagePull(
+            image=p.image,
+            state=p.state,
+            bytes_done=p.bytes_done,
+            bytes_total=p.bytes_total,
+            started=ts(p.started + wall_minus_monotonic),
+            detail=p.detail,
+        )
+        for p in pulls
+    ]
+
+
+def images_to(pool: WarmPool) -> list[demand_pb2.ImageScaling]:
+    """Per-image counts of a pool that serves several images (none for one that serves its own only)."""
+    if not pool.config.images:
+        return []
+    targets = pool.warm_targets()
+    return [
+        demand_pb2.ImageScaling(
+            image=image, ready=ready, starting=starting, waiting=waiting, warm_target=targets.get(image, 0)
+        )
+        for image, (ready, starting, waiting) in sorted(pool.image_counts().items())
+    ]
+
+
+def scaling_to(pool: WarmPool, pulls: Sequence[demand_pb2.ImagePull] = ()) -> demand_pb2.PoolScaling:
+    """A pool's scaling state now (counts, targets, estimates, per image, and
+    the server's image ``pulls``), named as its tenant knows it."""
     c = pool.config
     gauges = pool.gauges()
     return demand_pb2.PoolScaling(
@@ -46,6 +76,8 @@ def scaling_to(pool: WarmPool) -> demand_pb2.PoolScaling:
         in_doubt=int(gauges["in_doubt"]),
         engine_degraded=pool.engine_degraded,
         start_window=int(gauges["start_window"]),
+        images=images_to(pool),
+        pulls=pulls,
     )
 
 
@@ -62,8 +94,17 @@ class DemandServicer(demand_pb2_grpc.DemandServiceServicer):
         (the pool does not follow demand)."""
         pool = self._control.get_pool(request.pool, "pool")
         source = v.name_text("source", request.source) or "default"
-        pool.announce(source, request.count, request.in_seconds, request.ttl_seconds)
-        return demand_pb2.SetDemandResponse(pool=scaling_to(pool))
+        images = tuple(sorted(request.images.items()))
+        count = request.count or sum(max(n, 0) for _, n in images)
+        pool.announce(source, count, request.in_seconds, request.ttl_seconds, images)
+        return demand_pb2.SetDemandResponse(pool=scaling_to(pool, self._pulls()))
+
+    def _pulls(self) -> list[demand_pb2.ImagePull]:
+        images = self._control.images
+        if images is None:
+            return []
+        clock = self._control.clock
+        return pulls_to(images.progress(), clock.time() - clock.monotonic())
 
     async def Prewarm(self, request: demand_pb2.PrewarmRequest, context: Any) -> demand_pb2.PrewarmResponse:
         """As SetDemand; with ``wait``, RESOURCE_EXHAUSTED at once when ``count`` cannot fit under the
@@ -103,7 +144,7 @@ class DemandServicer(demand_pb2_grpc.DemandServiceServicer):
                         + ")"
                     )
                 await pool.wait_changed(min(1.0, deadline - loop.time()))
-        return demand_pb2.PrewarmResponse(pool=scaling_to(pool))
+        return demand_pb2.PrewarmResponse(pool=scaling_to(pool, self._pulls()))
 
     def _check_fits(self, name: str, pool: WarmPool, count: int) -> None:
         """RESOURCE_EXHAUSTED when ``count`` READY sandboxes of ``pool`` cannot
@@ -144,7 +185,8 @@ class DemandServicer(demand_pb2_grpc.DemandServiceServicer):
             pools = (
                 [self._control.get_pool(request.pool, "pool")] if request.pool else self._control.list_pools()
             )
+            pulls = self._pulls()
             yield demand_pb2.WatchPoolResponse(
-                at=ts(self._control.clock.time()), pools=[scaling_to(p) for p in pools]
+                at=ts(self._control.clock.time()), pools=[scaling_to(p, pulls) for p in pools]
             )
             await asyncio.sleep(interval)

@@ -105,6 +105,8 @@ class ControlPlane:
         reconciler and the reaper."""
         await self.store.open()
         await self.backend.ping()
+        # Set before the pools exist: each pool is handed the cache when made.
+        self.registry.images = self.images
         await self.registry.load()
         await self.leasing.adopt()
         await self.registry.sync_tenant_quotas()
@@ -140,6 +142,7 @@ class ControlPlane:
         timeout: float,
         call_remaining: float | None,
         limits: Limits | None = None,
+        image: str = "",
     ) -> tuple[Lease, list[SandboxRecord]]: ...
 
     async def acquire(
@@ -152,11 +155,14 @@ class ControlPlane:
         timeout: float = 0.0,
         call_remaining: float | None = None,
         limits: Limits | None = None,
+        image: str = "",
     ) -> tuple[Lease, list[SandboxRecord]]:
         """``Leasing.acquire``. The positional form (pool name first) is kept
         for callers written before ``AcquireRequest``."""
         if isinstance(request, str):
-            request = AcquireRequest(request, n, min_n, labels, ttl, timeout, call_remaining, limits)
+            request = AcquireRequest(
+                request, n, min_n, labels, ttl, timeout, call_remaining, limits, image=image
+            )
         return await self.leasing.acquire(request)
 
     # -- read-only views kept for tests that look inside ------------------------

@@ -57,6 +57,10 @@ class AcquireRequest:
     request_id: str = ""
     """The client's id for this acquire ("" = none): a repeat answers the
     lease it was granted, and release_request frees it."""
+    image: str = ""
+    """The image of these sandboxes ("" = the pool's own); the pool must
+    serve it (``PoolConfig.images``). Pulled first when absent, within the
+    acquire's deadline."""
 
 
 class Leasing:
@@ -211,6 +215,7 @@ class Leasing:
             v.non_negative("lease_ttl_seconds", req.ttl, leases.max_ttl_seconds) or leases.default_ttl_seconds
         )
         timeout = v.non_negative("timeout_seconds", req.timeout)
+        image = pool.config.image_for(req.image)
         need = min_n or n
         if need > pool.config.max_size:
             raise FailedPrecondition(
@@ -240,7 +245,7 @@ class Leasing:
         self._reserve(tenant, grant, memory_each)
         try:
             try:
-                records = await pool.acquire(grant, min_n, wait)
+                records = await pool.acquire(grant, min_n, wait, image)
             except BaseException:
                 self._quotas.refund(tenant, grant)
                 raise

@@ -24,6 +24,8 @@ from sandboxd.core import validation as v
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
+from sandboxd.core.pools.config import check_images
+from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
 from sandboxd.core.runtimes import check_runtime, fit_limits, runtime_name
@@ -56,6 +58,9 @@ class SandboxRegistry:
         self._quotas = quotas
         self._reconciler = reconciler
         self.pools: dict[str, WarmPool] = {}
+        self.images: ImageSource | None = None
+        """The image cache the pools pull through and pin images in (None = none:
+        a pool's other images must already be on the backend)."""
         # Records from READY until GONE (a CREATING one is not visible yet).
         self._records: dict[str, SandboxRecord] = {}
         self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()
@@ -178,6 +183,7 @@ class SandboxRegistry:
             on_change=self._track,
             tuning=self._reconciler.tuning,
             meters=self._reconciler.meters,
+            images=self.images,
         )
         self.pools[config.name] = pool
         return pool
@@ -221,6 +227,7 @@ class SandboxRegistry:
         v.image_ref("spec.image", config.image)
         self._check_sizes(config.min_ready, config.max_size)
         check_scaling(config)
+        check_images(config)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)
         runtime = runtime_name(config.runtime)

@@ -53,8 +53,10 @@ __all__ = [
     "ScalerState",
     "Signals",
     "active_announcements",
+    "announced_images",
     "consume",
     "decide",
+    "image_targets",
     "share",
 ]
 
@@ -111,6 +113,13 @@ class Announcement:
     """Monotonic seconds when the acquires are expected."""
     expires: float
     """Monotonic seconds after which what is left stops counting."""
+    images: tuple[tuple[str, int], ...] = ()
+    """How many of ``remaining`` are of which image, by name; what the
+    counts leave out is of the pool's own image."""
+
+    def of_image(self, image: str) -> int:
+        """Announced acquires of ``image`` still expected (never above ``remaining``)."""
+        return min(self.remaining, sum(n for name, n in self.images if name == image))
 
 
 @dataclass(frozen=True)
@@ -233,20 +242,65 @@ def decide(signals: Signals, bounds: Bounds, config: PolicyConfig, state: Scaler
 
 
 def consume(
-    announcements: tuple[Announcement, ...], n: int, now: float
+    announcements: tuple[Announcement, ...], n: int, now: float, image: str = ""
 ) -> tuple[tuple[Announcement, ...], int]:
-    """Charges ``n`` acquires to unexpired announcements, earliest due first.
-    Returns the announcements left (spent and expired ones dropped) and how
-    many of the ``n`` they covered; the rest is unannounced traffic."""
-    live = sorted((a for a in announcements if a.remaining > 0 and now < a.expires), key=lambda a: a.due)
+    """Charges ``n`` acquires (of ``image``, "" = the pool's own) to unexpired
+    announcements, earliest due first; those that name ``image`` are charged
+    before those that do not, and their count of it goes down with their
+    total. Returns the announcements left (spent and expired ones dropped)
+    and how many of the ``n`` they covered; the rest is unannounced traffic."""
+    live = sorted(
+        (a for a in announcements if a.remaining > 0 and now < a.expires),
+        key=lambda a: (not (image and a.of_image(image)), a.due),
+    )
     covered = 0
     out = []
     for a in live:
         take = min(a.remaining, n - covered)
         covered += take
         if a.remaining - take > 0:
-            out.append(replace(a, remaining=a.remaining - take))
+            out.append(replace(a, remaining=a.remaining - take, images=_charge(a.images, image, take)))
     return tuple(out), covered
+
+
+def _charge(images: tuple[tuple[str, int], ...], image: str, n: int) -> tuple[tuple[str, int], ...]:
+    """``images`` with ``n`` taken off ``image``'s count (entries that reach 0 dropped)."""
+    out = []
+    for name, count in images:
+        if name == image and n > 0:
+            take = min(count, n)
+            count, n = count - take, n - take
+        if count > 0:
+            out.append((name, count))
+    return tuple(out)
+
+
+def announced_images(announcements: list[Announcement]) -> dict[str, int]:
+    """Acquires still expected per named image across ``announcements``."""
+    wants: dict[str, int] = {}
+    for a in announcements:
+        left = a.remaining
+        for name in dict.fromkeys(name for name, _ in a.images):
+            take = min(left, a.of_image(name))
+            if take > 0:
+                wants[name] = wants.get(name, 0) + take
+            left -= take
+    return wants
+
+
+def image_targets(target: int, wants: Mapping[str, int], own: str, floor: int = 0) -> dict[str, int]:
+    """Splits a pool's warm ``target`` over images: the announced ``wants``
+    (image -> acquires expected) share it max-min fair (``share``), and what
+    they leave goes to the pool's ``own`` image, which always keeps at least
+    ``floor`` (the pool's min_ready) when the target allows. Pure."""
+    floor = min(floor, target)
+    others = {name: n for name, n in wants.items() if name != own}
+    grants = share({}, others, target - max(floor, min(wants.get(own, 0), target)))
+    rest = target - sum(grants.values())
+    out = {name: n for name, n in grants.items() if n > 0}
+    if rest > 0:
+        out[own] = rest
+    return out
 
 
 def share(levels: Mapping[str, int], wants: Mapping[str, int], room: int) -> dict[str, int]:

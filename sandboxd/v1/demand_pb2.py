@@ -25,27 +25,35 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/demand.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc1\x03\n\x0bPoolScaling\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x05\x12\x0e\n\x06leased\x18\x03 \x01(\x05\x12\x10\n\x08starting\x18\x04 \x01(\x05\x12\x11\n\treleasing\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x13\n\x0bwarm_target\x18\x07 \x01(\x05\x12\x11\n\twarm_keep\x18\x08 \x01(\x05\x12\x11\n\tmin_ready\x18\t \x01(\x05\x12\x11\n\tmax_ready\x18\n \x01(\x05\x12\x10\n\x08max_size\x18\x0b \x01(\x05\x12\x14\n\x0c\x61\x63quire_rate\x18\x0c \x01(\x01\x12\x17\n\x0fstartup_seconds\x18\r \x01(\x01\x12\x11\n\tannounced\x18\x0e \x01(\x05\x12\x0e\n\x06reason\x18\x0f \x01(\t\x12\x14\n\x0c\x66\x61iled_total\x18\x10 \x01(\x05\x12\x12\n\nlast_error\x18\x11 \x01(\t\x12\x15\n\rcreated_total\x18\x12 \x01(\x03\x12\x1b\n\x13oldest_wait_seconds\x18\x13 \x01(\x01\x12\x10\n\x08in_doubt\x18\x14 \x01(\x05\x12\x17\n\x0f\x65ngine_degraded\x18\x15 \x01(\t\x12\x14\n\x0cstart_window\x18\x16 \x01(\x05\"h\n\x10SetDemandRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x12\n\nin_seconds\x18\x04 \x01(\x01\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x01\";\n\x11SetDemandResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.sandboxd.v1.PoolScaling\"y\n\x0ePrewarmRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\x12\x0e\n\x06source\x18\x06 \x01(\t\"9\n\x0fPrewarmResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.sandboxd.v1.PoolScaling\":\n\x10WatchPoolRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x18\n\x10interval_seconds\x18\x02 \x01(\x01\"d\n\x11WatchPoolResponse\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05pools\x18\x02 \x03(\x0b\x32\x18.sandboxd.v1.PoolScaling2\xef\x01\n\rDemandService\x12J\n\tSetDemand\x12\x1d.sandboxd.v1.SetDemandRequest\x1a\x1e.sandboxd.v1.SetDemandResponse\x12\x44\n\x07Prewarm\x12\x1b.sandboxd.v1.PrewarmRequest\x1a\x1c.sandboxd.v1.PrewarmResponse\x12L\n\tWatchPool\x12\x1d.sandboxd.v1.WatchPoolRequest\x1a\x1e.sandboxd.v1.WatchPoolResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/demand.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x04\n\x0bPoolScaling\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x05\x12\x0e\n\x06leased\x18\x03 \x01(\x05\x12\x10\n\x08starting\x18\x04 \x01(\x05\x12\x11\n\treleasing\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x13\n\x0bwarm_target\x18\x07 \x01(\x05\x12\x11\n\twarm_keep\x18\x08 \x01(\x05\x12\x11\n\tmin_ready\x18\t \x01(\x05\x12\x11\n\tmax_ready\x18\n \x01(\x05\x12\x10\n\x08max_size\x18\x0b \x01(\x05\x12\x14\n\x0c\x61\x63quire_rate\x18\x0c \x01(\x01\x12\x17\n\x0fstartup_seconds\x18\r \x01(\x01\x12\x11\n\tannounced\x18\x0e \x01(\x05\x12\x0e\n\x06reason\x18\x0f \x01(\t\x12\x14\n\x0c\x66\x61iled_total\x18\x10 \x01(\x05\x12\x12\n\nlast_error\x18\x11 \x01(\t\x12\x15\n\rcreated_total\x18\x12 \x01(\x03\x12\x1b\n\x13oldest_wait_seconds\x18\x13 \x01(\x01\x12\x10\n\x08in_doubt\x18\x14 \x01(\x05\x12\x17\n\x0f\x65ngine_degraded\x18\x15 \x01(\t\x12\x14\n\x0cstart_window\x18\x16 \x01(\x05\x12)\n\x06images\x18\x17 \x03(\x0b\x32\x19.sandboxd.v1.ImageScaling\x12%\n\x05pulls\x18\x18 \x03(\x0b\x32\x16.sandboxd.v1.ImagePull\"d\n\x0cImageScaling\x12\r\n\x05image\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x05\x12\x10\n\x08starting\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x13\n\x0bwarm_target\x18\x05 \x01(\x05\"\x8f\x01\n\tImagePull\x12\r\n\x05image\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x12\n\nbytes_done\x18\x03 \x01(\x03\x12\x13\n\x0b\x62ytes_total\x18\x04 \x01(\x03\x12+\n\x07started\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\xd2\x01\n\x10SetDemandRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x12\n\nin_seconds\x18\x04 \x01(\x01\x12\x13\n\x0bttl_seconds\x18\x05 \x01(\x01\x12\x39\n\x06images\x18\x06 \x03(\x0b\x32).sandboxd.v1.SetDemandRequest.ImagesEntry\x1a-\n\x0bImagesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\";\n\x11SetDemandResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.sandboxd.v1.PoolScaling\"y\n\x0ePrewarmRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x05\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12\x0c\n\x04wait\x18\x04 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\x12\x0e\n\x06source\x18\x06 \x01(\t\"9\n\x0fPrewarmResponse\x12&\n\x04pool\x18\x01 \x01(\x0b\x32\x18.sandboxd.v1.PoolScaling\":\n\x10WatchPoolRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x18\n\x10interval_seconds\x18\x02 \x01(\x01\"d\n\x11WatchPoolResponse\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05pools\x18\x02 \x03(\x0b\x32\x18.sandboxd.v1.PoolScaling2\xef\x01\n\rDemandService\x12J\n\tSetDemand\x12\x1d.sandboxd.v1.SetDemandRequest\x1a\x1e.sandboxd.v1.SetDemandResponse\x12\x44\n\x07Prewarm\x12\x1b.sandboxd.v1.PrewarmRequest\x1a\x1c.sandboxd.v1.PrewarmResponse\x12L\n\tWatchPool\x12\x1d.sandboxd.v1.WatchPoolRequest\x1a\x1e.sandboxd.v1.WatchPoolResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandboxd.v1.demand_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SETDEMANDREQUEST_IMAGESENTRY']._loaded_options = None
+  _globals['_SETDEMANDREQUEST_IMAGESENTRY']._serialized_options = b'8\001'
   _globals['_POOLSCALING']._serialized_start=75
-  _globals['_POOLSCALING']._serialized_end=524
-  _globals['_SETDEMANDREQUEST']._serialized_start=526
-  _globals['_SETDEMANDREQUEST']._serialized_end=630
-  _globals['_SETDEMANDRESPONSE']._serialized_start=632
-  _globals['_SETDEMANDRESPONSE']._serialized_end=691
-  _globals['_PREWARMREQUEST']._serialized_start=693
-  _globals['_PREWARMREQUEST']._serialized_end=814
-  _globals['_PREWARMRESPONSE']._serialized_start=816
-  _globals['_PREWARMRESPONSE']._serialized_end=873
-  _globals['_WATCHPOOLREQUEST']._serialized_start=875
-  _globals['_WATCHPOOLREQUEST']._serialized_end=933
-  _globals['_WATCHPOOLRESPONSE']._serialized_start=935
-  _globals['_WATCHPOOLRESPONSE']._serialized_end=1035
-  _globals['_DEMANDSERVICE']._serialized_start=1038
-  _globals['_DEMANDSERVICE']._serialized_end=1277
+  _globals['_POOLSCALING']._serialized_end=606
+  _globals['_IMAGESCALING']._serialized_start=608
+  _globals['_IMAGESCALING']._serialized_end=708
+  _globals['_IMAGEPULL']._serialized_start=711
+  _globals['_IMAGEPULL']._serialized_end=854
+  _globals['_SETDEMANDREQUEST']._serialized_start=857
+  _globals['_SETDEMANDREQUEST']._serialized_end=1067
+  _globals['_SETDEMANDREQUEST_IMAGESENTRY']._serialized_start=1022
+  _globals['_SETDEMANDREQUEST_IMAGESENTRY']._serialized_end=1067
+  _globals['_SETDEMANDRESPONSE']._serialized_start=1069
+  _globals['_SETDEMANDRESPONSE']._serialized_end=1128
+  _globals['_PREWARMREQUEST']._serialized_start=1130
+  _globals['_PREWARMREQUEST']._serialized_end=1251
+  _globals['_PREWARMRESPONSE']._serialized_start=1253
+  _globals['_PREWARMRESPONSE']._serialized_end=1310
+  _globals['_WATCHPOOLREQUEST']._serialized_start=1312
+  _globals['_WATCHPOOLREQUEST']._serialized_end=1370
+  _globals['_WATCHPOOLRESPONSE']._serialized_start=1372
+  _globals['_WATCHPOOLRESPONSE']._serialized_end=1472
+  _globals['_DEMANDSERVICE']._serialized_start=1475
+  _globals['_DEMANDSERVICE']._serialized_end=1714
 # @@protoc_insertion_point(module_scope)

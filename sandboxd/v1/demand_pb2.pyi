@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PoolScaling(_message.Message):
-    __slots__ = ("pool", "ready", "leased", "starting", "releasing", "waiting", "warm_target", "warm_keep", "min_ready", "max_ready", "max_size", "acquire_rate", "startup_seconds", "announced", "reason", "failed_total", "last_error", "created_total", "oldest_wait_seconds", "in_doubt", "engine_degraded", "start_window")
+    __slots__ = ("pool", "ready", "leased", "starting", "releasing", "waiting", "warm_target", "warm_keep", "min_ready", "max_ready", "max_size", "acquire_rate", "startup_seconds", "announced", "reason", "failed_total", "last_error", "created_total", "oldest_wait_seconds", "in_doubt", "engine_degraded", "start_window", "images", "pulls")
     POOL_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class PoolScaling(_message.Message):
     IN_DOUBT_FIELD_NUMBER: _ClassVar[int]
     ENGINE_DEGRADED_FIELD_NUMBER: _ClassVar[int]
     START_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     ready: int
     leased: int
@@ -55,21 +57,62 @@ class PoolScaling(_message.Message):
     in_doubt: int
     engine_degraded: str
     start_window: int
-    def __init__(self, pool: _Optional[str] = ..., ready: _Optional[int] = ..., leased: _Optional[int] = ..., starting: _Optional[int] = ..., releasing: _Optional[int] = ..., waiting: _Optional[int] = ..., warm_target: _Optional[int] = ..., warm_keep: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., acquire_rate: _Optional[float] = ..., startup_seconds: _Optional[float] = ..., announced: _Optional[int] = ..., reason: _Optional[str] = ..., failed_total: _Optional[int] = ..., last_error: _Optional[str] = ..., created_total: _Optional[int] = ..., oldest_wait_seconds: _Optional[float] = ..., in_doubt: _Optional[int] = ..., engine_degraded: _Optional[str] = ..., start_window: _Optional[int] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[ImageScaling]
+    pulls: _containers.RepeatedCompositeFieldContainer[ImagePull]
+    def __init__(self, pool: _Optional[str] = ..., ready: _Optional[int] = ..., leased: _Optional[int] = ..., starting: _Optional[int] = ..., releasing: _Optional[int] = ..., waiting: _Optional[int] = ..., warm_target: _Optional[int] = ..., warm_keep: _Optional[int] = ..., min_ready: _Optional[int] = ..., max_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., acquire_rate: _Optional[float] = ..., startup_seconds: _Optional[float] = ..., announced: _Optional[int] = ..., reason: _Optional[str] = ..., failed_total: _Optional[int] = ..., last_error: _Optional[str] = ..., created_total: _Optional[int] = ..., oldest_wait_seconds: _Optional[float] = ..., in_doubt: _Optional[int] = ..., engine_degraded: _Optional[str] = ..., start_window: _Optional[int] = ..., images: _Optional[_Iterable[_Union[ImageScaling, _Mapping]]] = ..., pulls: _Optional[_Iterable[_Union[ImagePull, _Mapping]]] = ...) -> None: ...
+
+class ImageScaling(_message.Message):
+    __slots__ = ("image", "ready", "starting", "waiting", "warm_target")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    WARM_TARGET_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    ready: int
+    starting: int
+    waiting: int
+    warm_target: int
+    def __init__(self, image: _Optional[str] = ..., ready: _Optional[int] = ..., starting: _Optional[int] = ..., waiting: _Optional[int] = ..., warm_target: _Optional[int] = ...) -> None: ...
+
+class ImagePull(_message.Message):
+    __slots__ = ("image", "state", "bytes_done", "bytes_total", "started", "detail")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    state: str
+    bytes_done: int
+    bytes_total: int
+    started: _timestamp_pb2.Timestamp
+    detail: str
+    def __init__(self, image: _Optional[str] = ..., state: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class SetDemandRequest(_message.Message):
-    __slots__ = ("pool", "source", "count", "in_seconds", "ttl_seconds")
+    __slots__ = ("pool", "source", "count", "in_seconds", "ttl_seconds", "images")
+    class ImagesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     POOL_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     IN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     pool: str
     source: str
     count: int
     in_seconds: float
     ttl_seconds: float
-    def __init__(self, pool: _Optional[str] = ..., source: _Optional[str] = ..., count: _Optional[int] = ..., in_seconds: _Optional[float] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+    images: _containers.ScalarMap[str, int]
+    def __init__(self, pool: _Optional[str] = ..., source: _Optional[str] = ..., count: _Optional[int] = ..., in_seconds: _Optional[float] = ..., ttl_seconds: _Optional[float] = ..., images: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class SetDemandResponse(_message.Message):
     __slots__ = ("pool",)

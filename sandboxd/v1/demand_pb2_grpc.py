@@ -67,8 +67,14 @@ class DemandServiceServicer:
         count 0 withdraws it.
         NOT_FOUND: no such pool.
         INVALID_ARGUMENT: negative count or times, count above max_size, a source
-        over 128 characters or with control characters (the field is named).
-        FAILED_PRECONDITION: the pool does not follow demand (max_ready <= min_ready).
+        over 128 characters or with control characters (the field is named),
+        a malformed image or image counts that add up to more than count.
+        FAILED_PRECONDITION: the pool does not follow demand (max_ready <= min_ready),
+        or does not serve an image named (PoolSpec.images).
+        With images, the pool's warm sandboxes are spread over those images
+        (each gets up to its count, within max_ready, max_size and the host's
+        capacity); images not on the engine are pulled ahead and not evicted
+        while announced.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

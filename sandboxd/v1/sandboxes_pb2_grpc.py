@@ -95,6 +95,17 @@ class SandboxServiceServicer:
         RESOURCE_EXHAUSTED: n (or min_n) does not fit the tenant's quotas now;
         the retry-after-seconds trailer (and RetryInfo) says when to ask again.
         DEADLINE_EXCEEDED: not enough sandboxes in time; nothing stays leased.
+        With image set, also: its pull did not finish in time (the message
+        names the pull and its progress).
+        With image set (a pool that serves several images, PoolSpec.images): a
+        READY sandbox of that image is handed over at once; otherwise the image
+        is made present first (pulled when absent) and a sandbox of it started,
+        both within the same deadline.
+        INVALID_ARGUMENT: a malformed image reference.
+        FAILED_PRECONDITION: the pool does not serve that image, or the
+        registry has no such image (or refuses access): answered at once.
+        UNAVAILABLE: the registry cannot be reached; RetryInfo says when to
+        ask again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -5,11 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sandboxd.backends.base import RUNC, Limits
+from sandboxd.core import validation as v
+from sandboxd.core.images.references import normalize
 from sandboxd.core.scaling import Bounds, PolicyConfig
 from sandboxd.errors import FailedPrecondition, InvalidArgument
 
 MAX_ANNOUNCE_SECONDS = 24 * 3600.0
 """Longest lead time, lifetime or scale-down delay a request may ask for."""
+ANY_IMAGE = "*"
+"""In a pool's ``images``: acquires may name any image."""
+MAX_POOL_IMAGES = 1024
+"""Most images a pool's ``images`` may list (beyond that, use ``*``)."""
 
 
 @dataclass
@@ -32,6 +38,35 @@ class PoolConfig:
     destroyed (the scale-down delay); 0 = the server's default."""
     runtime: str = RUNC
     """Isolation runtime of the pool's sandboxes (sandboxd.backends.base.RUNTIMES)."""
+    images: list[str] = field(default_factory=list)
+    """Images an acquire or an announcement may name besides ``image``: empty
+    = the pool serves its own image only; ``["*"]`` = any image (the pool is
+    a template: limits, runtime, network and users, the image chosen per
+    acquire)."""
+
+    def serves(self, image: str) -> bool:
+        """Whether an acquire may ask this pool for ``image``."""
+        listed = {normalize(i) for i in self.images if i != ANY_IMAGE}
+        return image == self.image or ANY_IMAGE in self.images or normalize(image) in listed
+
+    def image_for(self, image: str, field_name: str = "image") -> str:
+        """The image an acquire naming ``image`` gets ("" = the pool's own).
+        INVALID_ARGUMENT for a malformed reference, FAILED_PRECONDITION for
+        one the pool does not serve."""
+        if not image or image == self.image:
+            return self.image
+        v.image_ref(field_name, image)
+        # One line per image however it is spelled ("repo" and "repo:latest").
+        image = normalize(image)
+        if image == normalize(self.image):
+            return self.image
+        if not self.serves(image):
+            allowed = "only its own image" if not self.images else f"{len(self.images) + 1} images"
+            raise FailedPrecondition(
+                f"pool {self.name} serves {allowed} ({self.image!r}), not {image!r}; "
+                'a pool that serves it lists it in spec.images (or "*" for any image)'
+            )
+        return image
 
     def bounds(self) -> Bounds:
         """The size bounds the scaling policy keeps this pool within."""
@@ -60,12 +95,35 @@ def check_scaling(config: PoolConfig) -> None:
         )
 
 
+def check_images(config: PoolConfig) -> None:
+    """Validates a pool spec's ``images`` (INVALID_ARGUMENT naming ``spec.images``)."""
+    if len(config.images) > MAX_POOL_IMAGES:
+        raise InvalidArgument("spec.images", f'at most {MAX_POOL_IMAGES} images (or "*" for any)')
+    for i, image in enumerate(config.images):
+        if image != ANY_IMAGE:
+            v.image_ref(f"spec.images[{i}]", image)
+
+
 def check_announcement(
-    config: PoolConfig, source: str, count: int, in_seconds: float, ttl_seconds: float
+    config: PoolConfig,
+    source: str,
+    count: int,
+    in_seconds: float,
+    ttl_seconds: float,
+    images: tuple[tuple[str, int], ...] = (),
 ) -> None:
-    """Validates an announcement of demand for the pool ``config`` describes."""
+    """Validates an announcement of demand for the pool ``config`` describes;
+    ``images`` (image, count) say how many of ``count`` are of which image."""
     if count < 0:
         raise InvalidArgument("count", f"must be >= 0, got {count}")
+    for image, n in images:
+        if n < 0:
+            raise InvalidArgument(f"images[{image[:80]!r}]", f"must be >= 0, got {n}")
+        config.image_for(image, f"images[{image[:80]!r}]")
+    if sum(n for _, n in images) > count:
+        raise InvalidArgument(
+            "images", f"counts add up to {sum(n for _, n in images)}, above count ({count})"
+        )
     if count > config.max_size:
         raise InvalidArgument("count", f"({count}) must not exceed the pool's max_size ({config.max_size})")
     for name, value in (("in_seconds", in_seconds), ("ttl_seconds", ttl_seconds)):

@@ -19,8 +19,11 @@ from sandboxd.core.scaling import (
     PolicyConfig,
     ScalerState,
     Signals,
+    active_announcements,
+    announced_images,
     consume,
     decide,
+    image_targets,
 )
 from sandboxd.core.tuning import PoolTuning
 
@@ -29,10 +32,14 @@ class Demand:
     """What one pool has seen of its demand, and the warm target and keep the
     policy last chose from it."""
 
-    def __init__(self, tuning: PoolTuning, min_ready: int) -> None:
+    def __init__(self, tuning: PoolTuning, min_ready: int, image: str = "") -> None:
         self._tuning = tuning
+        self._image = image
+        self._min_ready = min_ready
         self.warm_target = min_ready
         self.warm_keep = min_ready
+        self.targets: dict[str, int] = {image: min_ready} if min_ready else {}
+        """The warm target split over images (the pool's own image included)."""
         self.plan: Plan | None = None
         self._state = ScalerState()
         self._rate = DecayingRate(tuning.rate_window_seconds)
@@ -56,9 +63,10 @@ class Demand:
         """One backend create of the pool took ``seconds``."""
         self._startup.add(seconds)
 
-    def acquired(self, n: int, now: float) -> None:
-        """Counts ``n`` acquires: first against announcements, the rest as rate."""
-        self.announcements, covered = consume(self.announcements, n, now)
+    def acquired(self, n: int, now: float, image: str = "") -> None:
+        """Counts ``n`` acquires (of ``image``, "" = the pool's own): first
+        against announcements, the rest as rate."""
+        self.announcements, covered = consume(self.announcements, n, now, image)
         if n > covered:
             self._rate.add(n - covered, now)
 
@@ -73,19 +81,33 @@ class Demand:
         self.plan = plan
         self.warm_target = plan.target
         self.warm_keep = plan.keep
+        active = active_announcements(signals, policy, plan.state.warming)
+        self.targets = image_targets(plan.target, announced_images(active), self._image, bounds.min_ready)
         return plan
 
+    def wanted_images(self, now: float) -> dict[str, int]:
+        """Acquires expected per named image from every unexpired announcement,
+        due or not (what is worth pulling ahead)."""
+        return announced_images([a for a in self.announcements if now < a.expires])
+
     def announce(
-        self, source: str, count: int, now: float, in_seconds: float, ttl_seconds: float
+        self,
+        source: str,
+        count: int,
+        now: float,
+        in_seconds: float,
+        ttl_seconds: float,
+        images: tuple[tuple[str, int], ...] = (),
     ) -> Announcement | None:
         """Replaces ``source``'s announcement with "``count`` acquires in
-        ~``in_seconds``" (0 withdraws it); returns the new one, if any."""
+        ~``in_seconds``, ``images`` saying how many of which image" (0
+        withdraws it); returns the new one, if any."""
         kept = tuple(a for a in self.announcements if a.source != source)
         made = None
         if count:
             due = now + in_seconds
             made = Announcement(
-                source, count, due, due + (ttl_seconds or self._tuning.announcement_ttl_seconds)
+                source, count, due, due + (ttl_seconds or self._tuning.announcement_ttl_seconds), images
             )
             kept += (made,)
         self.announcements = kept

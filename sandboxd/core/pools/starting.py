@@ -108,11 +108,18 @@ class Starter:
         return str(error) or type(error).__name__
 
     async def create(
-        self, spec: SandboxSpec, *, rename: Callable[[], str], deferrable: Callable[[], bool]
+        self,
+        spec: SandboxSpec,
+        *,
+        rename: Callable[[], str],
+        deferrable: Callable[[], bool],
+        pool_wide: bool = True,
     ) -> str:
         """Creates ``spec`` on the backend and returns its handle, retrying
         transient failures; each retry runs under the id ``rename()`` gives.
-        ``deferrable()``: nobody waits for this sandbox right now."""
+        ``deferrable()``: nobody waits for this sandbox right now.
+        ``pool_wide``: a permanent failure stops the whole pool (its own
+        image); otherwise it is raised for the caller to stop that image only."""
         t = self._tuning
         retrying = AsyncRetrying(
             retry=retry_if_exception(self._retryable),
@@ -141,7 +148,7 @@ class Starter:
                         self._in_doubt(spec.sandbox_id)
                     else:
                         self._engine_call(Call.CREATE, self._clock.monotonic() - began, failed=True)
-                    self._attempt_failed(e)
+                    self._attempt_failed(e, pool_wide)
                     raise
                 took = max(0.0, self._clock.monotonic() - began)
                 self._engine_call(Call.CREATE, took)
@@ -164,7 +171,7 @@ class Starter:
             and not self._halted
         )
 
-    def _attempt_failed(self, error: Exception) -> None:
+    def _attempt_failed(self, error: Exception, pool_wide: bool = True) -> None:
         reason = self.describe(error)
         permanent = isinstance(error, PermanentBackendError)
         kind = "permanent" if permanent else "timeout" if isinstance(error, TimeoutError) else "transient"
@@ -172,6 +179,9 @@ class Starter:
         self.failed_total += 1
         self.last_error = reason
         log.warning("pool %s: create failed (%s): %s", self._pool, kind, reason)
+        if permanent and not pool_wide:
+            # One of the images a template pool serves: the others go on.
+            return
         if permanent:
             # Retrying cannot help (missing image, rejected spec): fail fast.
             self.permanent_error = reason

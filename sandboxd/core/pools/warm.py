@@ -19,13 +19,15 @@ from sandboxd.core.meters import PoolMeters
 from sandboxd.core.pools.config import PoolConfig, check_announcement
 from sandboxd.core.pools.congestion import Call
 from sandboxd.core.pools.demand import Demand
-from sandboxd.core.pools.handout import Handout, Shortfall
+from sandboxd.core.pools.handout import Shortfall
 from sandboxd.core.pools.host import PoolHost
+from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.pools.indoubt import destroy_or_book
+from sandboxd.core.pools.lines import ImageLines
 from sandboxd.core.pools.starting import Starter, new_sandbox_id
 from sandboxd.core.scaling import Announcement, Plan, Signals
 from sandboxd.core.tuning import PoolTuning
-from sandboxd.errors import DeadlineExceeded, FailedPrecondition, ResourceExhausted
+from sandboxd.errors import DeadlineExceeded, FailedPrecondition, PermanentBackendError, ResourceExhausted
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,10 @@ class WarmPool:
         on_change: Callable[[SandboxRecord], None] = lambda rec: None,
         tuning: PoolTuning | None = None,
         meters: PoolMeters | None = None,
+        images: ImageSource | None = None,
     ) -> None:
         self.config = config
+        self._images = images
         self._backend = backend
         self._clock = clock
         self._max_starting = max_starting
@@ -57,8 +61,13 @@ class WarmPool:
         self._tuning = tuning or PoolTuning()
         self._meters = meters or PoolMeters()
         self.records: dict[str, SandboxRecord] = {}
-        self._handout = Handout(clock, self.poke)
-        self._demand = Demand(self._tuning, config.min_ready)
+        self._lines = ImageLines(clock, config.image, self.poke)
+        self._demand = Demand(self._tuning, config.min_ready, config.image)
+        # Other images whose creates fail permanently, until when their warm
+        # creates are held back (their acquirers are failed at once).
+        self._failing: dict[str, tuple[float, str]] = {}
+        self._fetching: set[str] = set()
+        self._wanted: dict[str, int] = {}
         self._starter = Starter(
             config.name,
             backend,
@@ -98,7 +107,12 @@ class WarmPool:
     @property
     def ready(self) -> int:
         """READY sandboxes waiting to be handed out."""
-        return self._handout.ready
+        return self._lines.ready
+
+    def ready_of(self, image: str) -> int:
+        """READY sandboxes of ``image`` ("" = the pool's own)."""
+        image = image or self.config.image
+        return self._lines.line(image).ready if image in self._lines.images() else 0
 
     @property
     def max_starting(self) -> int:
@@ -108,12 +122,12 @@ class WarmPool:
     @property
     def oldest_wait(self) -> float:
         """Seconds the longest-waiting acquirer has waited (0 = none waits)."""
-        return self._handout.oldest_wait()
+        return self._lines.oldest_wait()
 
     @property
     def waiting(self) -> int:
         """Acquirers waiting for sandboxes."""
-        return self._handout.waiting
+        return self._lines.waiting
 
     @property
     def destroying(self) -> int:
@@ -146,33 +160,48 @@ class WarmPool:
 
     def _in_use(self) -> int:
         """Leased (or handed over and about to be), in O(1)."""
-        return max(0, self._occupied() - self._handout.ready - self.creating)
+        return max(0, self._occupied() - self._lines.ready - self.creating)
 
     def _room(self) -> int:
         starting = max(self._max_starting, self._host.start_window())
         return max(0, min(self.config.max_size - self._occupied(), starting - self.creating))
 
+    def _blocked(self) -> set[str]:
+        """Images that get no warm creates now: not on the engine yet (being
+        pulled ahead) or failing."""
+        now = self._clock.monotonic()
+        blocked = {image for image, (until, _) in self._failing.items() if now < until}
+        if self._images is not None:
+            blocked |= {
+                i for i in self._lines.targets if i != self.config.image and not self._images.present(i)
+            }
+        return blocked
+
     def creates_needed(self) -> int:
-        """Creates this pool wants now: its warm target plus what waiters are
-        owed, less what is READY or already being created, within max_size
-        and max_starting."""
+        """Creates this pool wants now: per image, its warm target plus what
+        waiters are owed, less what is READY or already being created of it,
+        within max_size and max_starting."""
         if self._closed or self.permanent_error:
             return 0
-        missing = self.warm_target + self._handout.outstanding() - self._handout.ready - self.creating
+        missing = sum(self._lines.shortfalls(warm=True, blocked=self._blocked()).values())
         return max(0, min(missing, self._room()))
 
     def urgent_needed(self) -> int:
         """The part of ``creates_needed`` that waiting acquirers are owed."""
         if self._closed or self.permanent_error:
             return 0
-        missing = self._handout.outstanding() - self._handout.ready - self.creating
+        missing = sum(self._lines.shortfalls(warm=False).values())
         return max(0, min(missing, self._room()))
 
     def surplus(self) -> int:
-        """READY sandboxes above what the policy keeps (none while anyone waits)."""
-        if self._handout.waiting:
-            return 0
-        return max(0, self._handout.ready - self.warm_keep)
+        """READY sandboxes above what the policy keeps; while acquirers wait,
+        only those of other images that stand in the way of theirs (the pool
+        is at max_size)."""
+        if self._lines.waiting:
+            owed = sum(self._lines.shortfalls(warm=False).values())
+            free = self.config.max_size - self._occupied()
+            return max(0, min(owed - free - self.destroying, self._lines.spare()))
+        return max(0, self._lines.ready - self.warm_keep)
 
     def backoff_remaining(self, now: float) -> float:
         """Seconds left before this pool may start creates again after failures."""
@@ -180,7 +209,19 @@ class WarmPool:
 
     def ready_records(self) -> list[SandboxRecord]:
         """The READY records, oldest first."""
-        return self._handout.records()
+        return self._lines.records()
+
+    def warm_targets(self) -> dict[str, int]:
+        """The warm target split over images (the pool's own included)."""
+        return dict(self._lines.targets)
+
+    def image_counts(self) -> dict[str, tuple[int, int, int]]:
+        """(READY, creating, waiting) per image with any of them or a target."""
+        out: dict[str, tuple[int, int, int]] = {}
+        for image in {*self._lines.images(), *self._lines.targets}:
+            line = self._lines.line(image)
+            out[image] = (line.ready, self._lines.creating[image], line.outstanding())
+        return out
 
     # -- demand signals and the policy -------------------------------------
 
@@ -203,10 +244,10 @@ class WarmPool:
         """The demand signals the policy reads, as of ``now``."""
         return Signals(
             now=now,
-            ready=self._handout.ready,
+            ready=self._lines.ready,
             creating=self.creating,
             leased=self._in_use(),
-            waiting=self._handout.outstanding(),
+            waiting=self._lines.outstanding(),
             acquire_rate=self._demand.acquire_rate(now),
             startup_seconds=self.startup_seconds,
             announcements=self._demand.announcements,
@@ -216,13 +257,62 @@ class WarmPool:
         """Runs the policy on the current signals and adopts its plan."""
         self._demand.expire(now)
         policy = self.config.policy(self._tuning.policy, self._max_starting)
-        return self._demand.replan(self.signals(now), self.config.bounds(), policy)
+        plan = self._demand.replan(self.signals(now), self.config.bounds(), policy)
+        self._lines.targets = self._demand.targets
+        self._lines.prune()
+        self._want(now)
+        return plan
 
-    def announce(self, source: str, count: int, in_seconds: float, ttl_seconds: float) -> Announcement | None:
+    def _want(self, now: float) -> None:
+        """Tells the image cache which images announcements expect (pulled
+        ahead, never evicted), and pulls those not on the engine so that
+        warm creates of them can start."""
+        wanted = {i: n for i, n in self._demand.wanted_images(now).items() if i != self.config.image}
+        if self._images is None or wanted == self._wanted:
+            return
+        self._wanted = wanted
+        self._images.want(f"pool:{self.name}", wanted)
+        for image in wanted:
+            if image not in self._fetching and not self._images.present(image):
+                self._fetching.add(image)
+                self._spawn(self._fetch(image), self._creates)
+
+    async def _fetch(self, image: str) -> None:
+        assert self._images is not None
+        try:
+            await self._images.ensure(image)
+        except Exception as e:  # the cause is kept and shown; acquirers of it get it typed from ensure
+            self._image_failed(image, str(e) or type(e).__name__)
+        finally:
+            self._fetching.discard(image)
+            self.poke()
+
+    def _image_failed(self, image: str, reason: str) -> None:
+        """``image`` cannot be started: its acquirers fail now, and its warm
+        creates wait a while (the pool's other images go on)."""
+        log.warning("pool %s: image %s cannot be started: %s", self.name, image, reason)
+        self._failing[image] = (self._clock.monotonic() + self._tuning.announcement_ttl_seconds, reason)
+        self._lines.fail_waiters(
+            lambda: FailedPrecondition(f"pool {self.name}: image {image!r} cannot be started: {reason}"),
+            image=image,
+        )
+
+    def announce(
+        self,
+        source: str,
+        count: int,
+        in_seconds: float,
+        ttl_seconds: float,
+        images: tuple[tuple[str, int], ...] = (),
+    ) -> Announcement | None:
         """Records "in ~in_seconds, ``source`` will acquire ``count`` sandboxes
-        here", replacing that source's previous announcement; count 0 withdraws it."""
-        check_announcement(self.config, source, count, in_seconds, ttl_seconds)
-        made = self._demand.announce(source, count, self._clock.monotonic(), in_seconds, ttl_seconds)
+        here, ``images`` (image, count) of which image", replacing that
+        source's previous announcement; count 0 withdraws it."""
+        images = tuple((self.config.image_for(i), n) for i, n in images if n)
+        check_announcement(self.config, source, count, in_seconds, ttl_seconds, images)
+        now = self._clock.monotonic()
+        made = self._demand.announce(source, count, now, in_seconds, ttl_seconds, images)
+        self._want(now)
         self.poke()
         return made
 
@@ -234,18 +324,18 @@ class WarmPool:
         """Current figures for the metrics exporter."""
         now = self._clock.monotonic()
         return {
-            "sandboxes_ready": self._handout.ready,
+            "sandboxes_ready": self._lines.ready,
             "sandboxes_leased": self.count(State.LEASED),
             "sandboxes_starting": self.creating,
             "sandboxes_releasing": self.count(State.RELEASING) + self.count(State.FAILED),
             "warm_target": self.warm_target,
             "warm_keep": self.warm_keep,
-            "waiting_acquirers": self._handout.waiting,
+            "waiting_acquirers": self._lines.waiting,
             "acquire_rate_per_second": self._demand.acquire_rate(now),
             "startup_estimate_seconds": self.startup_seconds,
             "announced_sandboxes": self._demand.announced_total(now),
             "failed_total": self.failed_total,
-            "oldest_wait_seconds": self._handout.oldest_wait(),
+            "oldest_wait_seconds": self._lines.oldest_wait(),
             "in_doubt": self._host.engine_view(self.name)[2],
             "start_window": self._host.engine_view(self.name)[1],
         }
@@ -301,6 +391,8 @@ class WarmPool:
     def adopt(self, record: SandboxRecord) -> None:
         """Takes over a sandbox found on the backend after a restart."""
         self.records[record.sandbox_id] = record
+        if self._images is not None:
+            self._images.use(record.image)
 
     async def close(self, *, destroy_leased: bool) -> None:
         """Stops the pool: cancels creates in flight (their containers are
@@ -308,9 +400,11 @@ class WarmPool:
         self._closed = True
         self._starter.halt()
         self._host.detach(self)
-        self._handout.fail_waiters(
+        self._lines.fail_waiters(
             lambda: FailedPrecondition(f"pool {self.config.name} is shutting down"), forget=True
         )
+        if self._images is not None and self._wanted:
+            self._images.want(f"pool:{self.name}", {})
         for task in list(self._creates):
             task.cancel()
         await asyncio.gather(*self._creates, return_exceptions=True)
@@ -324,7 +418,7 @@ class WarmPool:
         doomed = [r for r in self.records.values() if r.state is State.READY]
         if destroy_leased:
             doomed += [r for r in self.records.values() if r.state is State.LEASED]
-        self._handout.clear()
+        self._lines.clear()
         await asyncio.gather(*(self._destroy(r) for r in doomed), return_exceptions=True)
         self._notify()
 
@@ -333,11 +427,16 @@ class WarmPool:
     def start_creates(self, n: int) -> int:
         """Starts ``n`` creates (the reconciler's grant); returns how many."""
         n = min(n, self.creates_needed())
-        for _ in range(n):
-            # Reserved (counted as creating) before the task first runs, so
-            # a pass that comes before it starts cannot create it again.
-            self._spawn(self._create_one(self._reserve()), self._creates)
-        return max(n, 0)
+        if n <= 0:
+            return 0
+        urgent = self._lines.shortfalls(warm=False)
+        warm = self._lines.shortfalls(warm=True, blocked=self._blocked())
+        images = self._lines.order(urgent, warm, n)
+        for image in images:
+            # Reserved (counted as creating, per image) before the task first
+            # runs, so a pass that comes before it starts cannot create it again.
+            self._spawn(self._create_one(self._reserve(image)), self._creates)
+        return len(images)
 
     @staticmethod
     def _spawn(coro: Coroutine[Any, Any, None], into: set[asyncio.Task[None]]) -> None:
@@ -345,17 +444,20 @@ class WarmPool:
         into.add(task)
         task.add_done_callback(into.discard)
 
-    def _reserve(self) -> SandboxRecord:
+    def _reserve(self, image: str) -> SandboxRecord:
         rec = SandboxRecord(
             sandbox_id=new_sandbox_id(),
             pool=self.config.name,
-            image=self.config.image,
+            image=image,
             limits=self.config.limits,
             labels=dict(self.config.labels),
         )
         rec.entered[State.CREATING] = self._clock.time()
         self.records[rec.sandbox_id] = rec
         self.creating += 1
+        self._lines.creating[image] += 1
+        if self._images is not None:
+            self._images.use(image)
         return rec
 
     def _rename(self, rec: SandboxRecord) -> str:
@@ -370,23 +472,27 @@ class WarmPool:
         self._host.observe_startup(seconds)
 
     def _permanent_failure(self, reason: str) -> None:
-        self._handout.fail_waiters(lambda: FailedPrecondition(f"pool {self.config.name}: {reason}"))
+        self._lines.fail_waiters(lambda: FailedPrecondition(f"pool {self.config.name}: {reason}"))
         self._notify()
 
     async def _create_one(self, rec: SandboxRecord) -> None:
         spec = SandboxSpec(
             sandbox_id=rec.sandbox_id,
             pool=self.config.name,
-            image=self.config.image,
+            image=rec.image,
             limits=self.config.limits,
             env=self.config.env,
             labels=self.config.labels,
             runtime=self.config.runtime,
         )
+        own = rec.image == self.config.image
         began = self._clock.monotonic()
         try:
             rec.handle = await self._starter.create(
-                spec, rename=lambda: self._rename(rec), deferrable=lambda: not self._handout.waiting
+                spec,
+                rename=lambda: self._rename(rec),
+                deferrable=lambda: not self._lines.line(rec.image).waiting,
+                pool_wide=own,
             )
         except asyncio.CancelledError:
             self._meters.create_failures.add(1, {"pool": self.name, "reason": "cancelled"})
@@ -396,9 +502,12 @@ class WarmPool:
         except Exception as e:
             rec.move(State.FAILED, self._clock.time(), self._starter.describe(e))
             self._forget(rec)
+            if not own and isinstance(e, PermanentBackendError):
+                self._image_failed(rec.image, self._starter.describe(e))
             return
         finally:
             self.creating -= 1
+            self._lines.creating[rec.image] -= 1
             self.poke()
         self._starter.succeeded()
         self._meters.startup_latency.record(self._clock.monotonic() - began, {"pool": self.name})
@@ -407,20 +516,25 @@ class WarmPool:
         if self._closed:
             await self._destroy(rec)
             return
-        self._handout.put(rec)
+        self._lines.put(rec)
         self._notify()
 
     def _forget(self, rec: SandboxRecord) -> None:
         rec.move(State.GONE, self._clock.time())
-        self.records.pop(rec.sandbox_id, None)
+        if self.records.pop(rec.sandbox_id, None) is not None and self._images is not None:
+            self._images.unuse(rec.image)
         self._on_change(rec)
         self._notify()
 
     # -- acquire ------------------------------------------------------------
 
-    async def acquire(self, n: int, min_n: int, timeout: float) -> list[SandboxRecord]:
-        """Takes n READY sandboxes (or at least min_n at the timeout). The
-        caller must lease them at once (``mark_leased``)."""
+    async def acquire(self, n: int, min_n: int, timeout: float, image: str = "") -> list[SandboxRecord]:
+        """Takes n READY sandboxes of ``image`` ("" = the pool's own; one the
+        pool serves, ``PoolConfig.image_for``), or at least min_n at the
+        timeout. The image is made present first (pulled if absent, within
+        the same timeout), so a missing one fails at once. The caller must
+        lease them at once (``mark_leased``)."""
+        image = self.config.image_for(image)
         if self.permanent_error:
             raise FailedPrecondition(
                 f"pool {self.config.name} cannot create sandboxes: {self.permanent_error}"
@@ -434,23 +548,39 @@ class WarmPool:
                 f"pool {self.config.name}: {min_n or n} sandboxes asked, the host holds at most {ceiling}"
             )
         began = self._clock.monotonic()
-        self._demand.acquired(n, began)
+        line = self._lines.line(image)
+        if image != self.config.image and not line.ready:
+            await self._ensure_image(image, began + timeout)
+            timeout = max(0.0, began + timeout - self._clock.monotonic())
+            line = self._lines.line(image)
+        self._demand.acquired(n, began, "" if image == self.config.image else image)
         try:
-            records = await self._handout.acquire(n, min_n, timeout)
+            records = await line.acquire(n, min_n, timeout)
         except Shortfall as e:
             cause = self._host.refusal_cause() or self.last_error or self._start_rate_cause(n - e.got)
+            of = "" if image == self.config.image else f" of {image}"
             raise DeadlineExceeded(
-                f"pool {self.name}: got {e.got} of {n} sandboxes before the deadline (ready "
-                f"{self._handout.ready}, creating {self.creating}{'; ' + cause if cause else ''})"
+                f"pool {self.name}: got {e.got} of {n} sandboxes{of} before the deadline (ready "
+                f"{line.ready}, creating {self._lines.creating[image]}{'; ' + cause if cause else ''})"
             ) from None
         self._meters.acquire_latency.record(max(0.0, self._clock.monotonic() - began), {"pool": self.name})
         return records
+
+    async def _ensure_image(self, image: str, deadline: float) -> None:
+        """Makes ``image`` present before its acquirer waits in line: FAILED_PRECONDITION
+        (no such image), UNAVAILABLE (registry unreachable), DEADLINE_EXCEEDED (the
+        pull outlasted ``deadline``) come from the cache, typed, at once."""
+        if self._images is not None:
+            await self._images.ensure(image, deadline)
+        elif not await self._backend.image_exists(image):
+            raise FailedPrecondition(f"pool {self.name}: image {image!r} is not present on the backend")
+        self._failing.pop(image, None)
 
     def _start_rate_cause(self, short: int) -> str:
         """Why waiters are not served when nothing failed and nothing is full:
         sandboxes are being started as fast as the engine's window lets them.
         ``short``: what the acquirer that gave up still lacked."""
-        owed = self._handout.outstanding() + short
+        owed = self._lines.outstanding() + short
         if not owed:
             return ""
         window = self._host.start_window()
@@ -477,7 +607,7 @@ class WarmPool:
         if rec.state not in (State.LEASED, State.READY):
             return
         if rec.state is State.READY:
-            self._handout.discard(rec)
+            self._lines.discard(rec)
         rec.move(State.RELEASING, self._clock.time(), reason)
         self._leaving.add(rec.sandbox_id)
         self._on_change(rec)
@@ -487,7 +617,7 @@ class WarmPool:
     def trim(self, n: int) -> int:
         """Destroys up to ``n`` READY sandboxes (the newest first), as the
         policy scales the pool down; returns how many."""
-        doomed = self._handout.records()[-n:] if n > 0 else []
+        doomed = self._lines.victims(n) if n > 0 else []
         for rec in doomed:
             self.release(rec, "scaled down")
         return len(doomed)
@@ -498,7 +628,7 @@ class WarmPool:
             return
         kind = "died_warm" if rec.state is State.READY else "lost_leased"
         if rec.state is State.READY:
-            self._handout.discard(rec)
+            self._lines.discard(rec)
         rec.move(State.FAILED, self._clock.time(), reason)
         self._leaving.add(rec.sandbox_id)
         self._lost += 1
@@ -516,7 +646,8 @@ class WarmPool:
                 await destroy_or_book(self._backend, self._clock, self._host, self._call_timeout, rec)
         finally:
             rec.move(State.GONE, self._clock.time())
-            self.records.pop(rec.sandbox_id, None)
+            if self.records.pop(rec.sandbox_id, None) is not None and self._images is not None:
+                self._images.unuse(rec.image)
             self._leaving.discard(rec.sandbox_id)
             self._on_change(rec)
             self.poke()
