@@ -332,6 +332,20 @@ class SnapshotSettings:
     """How often expired snapshots and unreferenced blobs are removed."""
     exec_timeout_seconds: float = 300.0
     """Timeout of the listing, state and restore commands run inside sandboxes."""
+    inotify_watches_per_sandbox: int = 0
+    """Directories of one sandbox's workspace the control plane watches to
+    know what changed between snapshots (0: an eighth of
+    inotify_watches_total); a workspace with more is walked whole at each
+    snapshot instead, exactly as before."""
+    inotify_watches_total: int = 0
+    """Such watches over every sandbox (0: half of the host's
+    fs.inotify.max_user_watches, which root shares with the engine and the
+    system); past it, further sandboxes are walked."""
+    inotify_instances: int = 0
+    """inotify instances the control plane holds (0: a quarter of the host's
+    fs.inotify.max_user_instances). While sandboxes are fewer, each has one of
+    its own, so an event flood that overflows one sandbox's queue sends only
+    that sandbox's snapshots to walks."""
 
 
 @dataclass

@@ -11,6 +11,13 @@ file on the descriptor that is read. A symlink, however placed, is read as a
 link and never followed, so nothing outside the workspace can be reached.
 A path below the root is opened with one openat2 call (RESOLVE_BENEATH, no
 links) where the kernel has it, else one component at a time.
+
+An entry that is gone (or became something else) since it was listed is
+left out, as if it had been deleted first; one that is there but cannot be
+read exactly (a write lease held on it, an I/O error, no descriptor left)
+fails the call naming it (Unreadable): a snapshot never answers OK without
+it. A file that grows while it is read is read as of its open, as ``cat``
+would: the size it had then.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+from sandboxd.backends import hostmaps
 from sandboxd.backends.layout import WORKSPACE
 from sandboxd.errors import BackendError, FailedPrecondition
 
@@ -85,13 +93,52 @@ class Large:
 
 LARGE = Large()
 
+# What an open or stat of a listed name answers when the name is gone or now
+# names something else (a link: ELOOP; a socket: ENXIO; a directory where a
+# file was: EISDIR), or the way to it is refused (a link or ".." on it:
+# EXDEV from openat2, EINVAL from the component walk): the entry changed
+# since it was listed, or is none of the workspace's; nothing was lost.
+_GONE = frozenset(
+    {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EXDEV, errno.EINVAL}
+)
+
+
+class Unreadable(FailedPrecondition):
+    """A workspace entry that is there but cannot be read exactly; its
+    message names it and says what to do."""
+
+
+def unreadable(path: str, e: OSError) -> Unreadable:
+    """The Unreadable for ``path`` (relative to the workspace) failing with ``e``."""
+    where = f"{WORKSPACE}/{path}" if path else WORKSPACE
+    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        return Unreadable(
+            f"{where} is held under a write lease (fcntl F_SETLEASE) by a process in the sandbox, so it "
+            "cannot be read without breaking the lease; release the lease (F_UNLCK) or close the file, "
+            "then retry"
+        )
+    if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+        return Unreadable(f"{where} could not be opened ({e.strerror}): the host ran short; retry")
+    return Unreadable(f"{where} could not be read ({e.strerror or e}); nothing was captured from it")
+
+
+def _gone(path: str, e: OSError) -> None:
+    """Returns if ``e`` says the entry is gone or changed kind; else raises Unreadable."""
+    if e.errno not in _GONE:
+        raise unreadable(path, e) from e
+
 
 class HostWorkspace:
     """An open workspace directory; close() when done. Thread-safe: every
     call works on descriptors of its own below the root's."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, proc: int = -1, where: str = WORKSPACE) -> None:
+        """``proc``: a /proc/<pid> directory of the container's init
+        (owned: closed with the view), -1 where its processes are not seen;
+        ``where``: the workspace's path as those processes see it."""
         self.fd = fd
+        self.proc = proc
+        self.where = where
 
     @classmethod
     def open(cls, pid: int, container_id: str, workspace: str = WORKSPACE) -> HostWorkspace | None:
@@ -110,18 +157,32 @@ class HostWorkspace:
                 return None
             fd = os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
             try:
-                return cls(_open_dirs(fd, workspace.strip("/")))
+                view = cls(_open_dirs(fd, workspace.strip("/")), proc)
             finally:
                 os.close(fd)
         except OSError:
-            return None
-        finally:
             os.close(proc)
+            return None
+        return view
 
     def close(self) -> None:
-        """Closes the root descriptor; errors (already closed) are ignored."""
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        """Closes the root descriptor (and the process's); errors (already closed) are ignored."""
+        for fd in (self.fd, self.proc):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.fd = self.proc = -1
+
+    def mapped(self) -> frozenset[str] | None:
+        """Files (relative paths) that a process of the sandbox has mapped
+        shared and writable now (sandboxd.backends.hostmaps); None if that
+        cannot be told (no view of its processes, or one unreadable)."""
+        if self.proc < 0:
+            return None
+        try:
+            return hostmaps.mapped_files(self.proc, self.where)
+        except hostmaps.Unknown:
+            return None
 
     def __enter__(self) -> HostWorkspace:
         return self
@@ -145,7 +206,8 @@ class HostWorkspace:
         longer a directory)."""
         try:
             fd = _open_dirs(self.fd, rel)
-        except OSError:
+        except OSError as e:
+            _gone(rel, e)
             return []
         try:
             if on_dir is not None:
@@ -184,19 +246,22 @@ class HostWorkspace:
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
-            except OSError:
+            except OSError as e:
+                _gone(path, e)
                 continue  # gone since it was listed
             kind = stat.S_IFMT(st.st_mode)
             if kind == stat.S_IFLNK:
                 try:
                     yield record(st, path, os.readlink(name, dir_fd=dfd)), None
-                except OSError:
+                except OSError as e:
+                    _gone(path, e)  # EINVAL: no longer a link
                     continue
             elif kind == stat.S_IFDIR:
                 yield record(st, path), None
                 try:
                     cfd = os.open(name, _DIR, dir_fd=dfd)
-                except OSError:
+                except OSError as e:
+                    _gone(path, e)
                     continue  # replaced (by a link, say) since: not followed
                 try:
                     if on_dir is not None:
@@ -239,7 +304,8 @@ class HostWorkspace:
                 try:
                     st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                     target = os.readlink(name, dir_fd=pfd) if stat.S_ISLNK(st.st_mode) else ""
-                except OSError:
+                except OSError as e:
+                    _gone(rel, e)
                     yield rel, None
                     continue
                 yield rel, record(st, rel, target)
@@ -257,7 +323,7 @@ class HostWorkspace:
             for rel, size in paths:
                 parent, _, name = rel.rpartition("/")
                 pfd = parents.open(parent)
-                yield rel, (_read_regular(pfd, name, size, inline_max) if pfd >= 0 else None)
+                yield rel, (_read_regular(pfd, name, rel, size, inline_max) if pfd >= 0 else None)
 
     def open_file(self, rel: str) -> HostFile | None:
         """Regular file ``rel`` opened to be read in bounded chunks (None
@@ -265,19 +331,21 @@ class HostWorkspace:
         parent, _, name = rel.rpartition("/")
         try:
             pfd = _open_dirs(self.fd, parent)
-        except OSError:
+        except OSError as e:
+            _gone(parent, e)
             return None
         try:
             fd = os.open(name, _FILE, dir_fd=pfd)
-        except OSError:
+        except OSError as e:
+            _gone(rel, e)
             return None
         finally:
             os.close(pfd)
         try:
             st = os.fstat(fd)
-        except OSError:
+        except OSError as e:
             os.close(fd)
-            return None
+            raise unreadable(rel, e) from e
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             return None
@@ -319,12 +387,15 @@ class _Parents:
         self._fd = -1
 
     def open(self, rel: str) -> int:
-        """A descriptor of directory ``rel``; -1 if it cannot be opened."""
+        """A descriptor of directory ``rel``; -1 if it is gone (Unreadable if
+        it is there but cannot be opened)."""
         if rel != self._path:
             self.close()
             self._path = rel
-            with contextlib.suppress(OSError):
+            try:
                 self._fd = _open_dirs(self._root, rel)
+            except OSError as e:
+                _gone(rel, e)
         return self._fd
 
     def close(self) -> None:
@@ -423,21 +494,29 @@ def _read_at(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
-def _read_regular(dfd: int, name: str, size: int, inline_max: int = 0) -> bytes | Large | None:
-    """The content of regular file ``name``, read with one call when it still
-    has about the ``size`` it was listed with (LARGE above ``inline_max``).
-    No fstat: what else a name can
-    be here fails on read (a directory: EISDIR; a FIFO opened non-blocking
-    reads empty or EAGAIN; a socket does not open; devices do not open on the
-    nodev workspace), so the check would cost a call per file for nothing."""
+def _read_regular(dfd: int, name: str, path: str, size: int, inline_max: int = 0) -> bytes | Large | None:
+    """The content of regular file ``name`` (``path`` in the workspace),
+    read with one call when it still has about the ``size`` it was listed
+    with (LARGE above ``inline_max``). No fstat unless it turns out longer:
+    what else a name can be here fails on read (a directory: EISDIR; a FIFO
+    opened non-blocking reads empty or EAGAIN; a socket does not open;
+    devices do not open on the nodev workspace), so the check would cost a
+    call per file for nothing; a read that fails is told apart by one then."""
     try:
         fd = os.open(name, _FILE, dir_fd=dfd)
-    except OSError:
+    except OSError as e:
+        _gone(path, e)
         return None
     try:
         return _read_fd(fd, size, inline_max)
-    except OSError:
-        return None
+    except OSError as e:
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            regular = True
+        if not regular:
+            return None  # a directory or FIFO now stands there
+        raise unreadable(path, e) from e
     finally:
         os.close(fd)
 
@@ -445,56 +524,59 @@ def _read_regular(dfd: int, name: str, size: int, inline_max: int = 0) -> bytes 
 def _scan_file(dfd: int, name: str, path: str, inline_max: int = 0) -> tuple[Record, bytes | Large] | None:
     try:
         fd = os.open(name, _FILE, dir_fd=dfd)
-    except OSError:
+    except OSError as e:
+        _gone(path, e)
         return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None  # replaced since it was listed
-        return record(st, path), _read_fd(fd, st.st_size, inline_max)
-    except OSError:
-        return None
+        return record(st, path), _read_fd(fd, st.st_size, inline_max, exact=True)
+    except OSError as e:
+        raise unreadable(path, e) from e
     finally:
         os.close(fd)
 
 
-def _read_fd(fd: int, size: int, limit: int = 0) -> bytes | Large:
-    """The content up to its end; LARGE (left unread) once it is seen to
-    hold more than ``limit`` bytes (0: no limit)."""
+def _read_fd(fd: int, size: int, limit: int = 0, *, exact: bool = False) -> bytes | Large:
+    """The content, LARGE (left unread) above ``limit`` bytes (0: no
+    limit). ``exact``: ``size`` is its fstat size, and it is read up to that
+    (a file appended to meanwhile is read as of the fstat, as ``cat``
+    would); else ``size`` is a hint, and a file longer than it is read up
+    to the size an fstat then gives."""
     if limit and size > limit:
         return LARGE
-    want = min(size + 1 if size else 65536, _MAX_READ)
-    first = os.read(fd, want)
-    if len(first) < want:
+    want = min(size if exact else (size + 1 if size else 65536), _MAX_READ)
+    first = os.read(fd, want) if want else b""
+    if len(first) < want or (exact and len(first) == size):
         return first  # a short read (below the per-call cap) of a regular file is its end
+    end = size if exact else os.fstat(fd).st_size
+    if limit and end > limit:
+        return LARGE  # it grew since its size was taken: the caller streams it
     parts = [first]
     total = len(first)
-    while chunk := os.read(fd, CHUNK_BYTES):
+    while total < end and (chunk := os.read(fd, min(CHUNK_BYTES, end - total))):
         total += len(chunk)
-        if limit and total > limit:
-            return LARGE  # it grew since its size was taken: the caller streams it
         parts.append(chunk)
     return b"".join(parts)
 
 
 def read_chunks(fd: int, size: int, path: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """The content of the regular file open as ``fd``, which had ``size``
-    bytes, from its start to its end in pieces of at most ``chunk`` bytes.
-    FailedPrecondition naming ``path`` if it turns out to hold another count,
-    or its size moved while it was read: what was read is then neither the
-    old content nor the new."""
+    """The first ``size`` bytes (its size when opened) of the regular file
+    open as ``fd``, in pieces of at most ``chunk`` bytes: a file appended to
+    meanwhile is read as of its open, as ``cat`` would. FailedPrecondition
+    naming ``path`` if it ends before that (it was truncated while read:
+    what was read is then neither the old content nor the new)."""
     offset = 0
     try:
-        while data := os.pread(fd, min(chunk, _MAX_READ), offset):
+        while offset < size and (data := os.pread(fd, min(chunk, _MAX_READ, size - offset), offset)):
             offset += len(data)
-            if offset > size:
-                break
             yield data
-        now = os.fstat(fd).st_size
+        now = os.fstat(fd).st_size if offset < size else size
     except OSError as e:
         raise BackendError(f"reading {WORKSPACE}/{path} in place failed after {offset} bytes: {e}") from e
-    if offset != size or now != size:
+    if offset < size:
         raise FailedPrecondition(
-            f"{WORKSPACE}/{path} changed size while it was being snapshotted ({size} bytes when opened, "
-            f"{'more than that' if offset > size else offset} read, {now} now); retry"
+            f"{WORKSPACE}/{path} shrank while it was being snapshotted ({size} bytes when opened, {offset} "
+            f"read, {now} now); retry"
         )

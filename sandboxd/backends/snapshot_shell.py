@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sandboxd.backends.base import WORKSPACE
-from sandboxd.backends.shell import ansi_c_quote
+from sandboxd.backends.shell import ansi_c_quote, tar_create
 
 LIST_MARKER = "# sandboxd:list"
 STATE_MARKER = "# sandboxd:session-state"
@@ -86,7 +86,8 @@ RECORDS_SCRIPT = (
 
 # A tar of the files named on stdin (NUL-separated, relative to the
 # workspace), for small change sets read through a session: no exec start.
-TAR_SCRIPT = f"{TAR_MARKER}\n(cd {WORKSPACE} && tar -c -f - --null --no-recursion -T -)\n"
+# A file appended to meanwhile is stored as tar first found it (tar_create).
+TAR_SCRIPT = f"{TAR_MARKER}\n(cd {WORKSPACE} || exit 1\n{tar_create('--null --no-recursion -T -')})\n"
 
 _FIXUP = (
     "while IFS= read -r -d '' __sbxd_m && IFS= read -r -d '' __sbxd_p; do "

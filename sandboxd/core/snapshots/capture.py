@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from sandboxd.core.snapshots.reading import Prefetch, Rewalk, Scan
 from sandboxd.core.snapshots.sizes import PAGE_BYTES, SizeCheck
 from sandboxd.core.snapshots.workspaces import Workspaces
 from sandboxd.core.tenancy import current_tenant, split_pool_key
-from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from sandboxd.settings import SnapshotSettings
 
 if TYPE_CHECKING:
@@ -102,6 +103,12 @@ class Capture:
         """Snapshots the current tenant's leased sandbox ``sandbox_id``
         (and ``session``'s cwd and environment, if named)."""
         rec = self._control.leased(sandbox_id)
+        restoring = self._baselines.restore_of(rec)
+        if restoring:
+            raise FailedPrecondition(
+                f"sandbox {sandbox_id} is being restored from snapshot {restoring}; snapshot it once the "
+                "Restore call has answered"
+            )
         session = v.session_name("session", session)
         labels = v.labels("labels", labels or {})
         ttl = v.non_negative("ttl_seconds", ttl, self._settings.max_ttl_seconds)
@@ -161,17 +168,29 @@ class Capture:
                     listing: list[Listed] = []
                     changes = _journal_changes(baseline) if view is not None else None
                     captured = None
-                    if view is not None and changes is not None:
+                    # Files mapped shared and writable are looked at after the
+                    # capture's clock is read and before anything is: one mapped
+                    # later stamps a ctime past that clock (never trusted).
+                    started_at = time.time()
+                    mapped = await asyncio.to_thread(view.mapped) if view is not None else frozenset()
+                    recheck = _rechecked(baseline, mapped)
+                    compared = baseline
+                    if view is not None and changes is not None and recheck is not None:
                         # A journal says what changed since the baseline: look at that only.
                         assert baseline is not None and baseline.journal is not None
                         journal, cutoff = baseline.journal, baseline.cutoff
                         try:
                             captured = await self._contents.from_journal(
-                                ns, view, baseline, changes, pinned, check, self._workspaces.owner(rec)
-                            )
+                                ns, view, baseline, _with_recheck(changes, recheck, baseline.linked), pinned,
+                                check, self._workspaces.owner(rec), started=started_at,
+                            )  # fmt: skip
                         except Rewalk:
                             journal, cutoff = None, 0.0
                             baseline.journal.close()
+                    elif changes is not None:
+                        # Which files were mapped is unknown: every one is read again, after a walk.
+                        assert baseline is not None and baseline.journal is not None
+                        baseline.journal.close()
                     if captured is not None:
                         when, by_path, stored, stamps = (
                             captured.when,
@@ -190,18 +209,21 @@ class Capture:
                                 journal.watch if journal is not None else None,
                                 check,
                                 self._workspaces.owner(rec),
+                                when=started_at,
                             )
                             when = scan.when
                         elif view is not None:
-                            when, listing = await self._workspaces.list_in_place(
+                            _, listing = await self._workspaces.list_in_place(
                                 view, journal, self._workspaces.owner(rec)
                             )
+                            when = started_at
+                            compared = _distrusting(baseline, recheck, listing)
                         else:
                             cwd, env, when, listing, carried, prefetch = await self._workspaces.list_through(
                                 rec, baseline, session
                             )
                         by_path, stored, stamps = await self._contents.read(
-                            rec, ns, when, listing, baseline, pinned, session, prefetch, carried, view, scan,
+                            rec, ns, when, listing, compared, pinned, session, prefetch, carried, view, scan,
                             check,
                         )  # fmt: skip
                         several = (
@@ -275,6 +297,7 @@ class Capture:
                 since=when - RACY_SECONDS - DELTA_SLACK,
                 journal=journal,
                 linked=linked,
+                mapped=mapped,
             ),
         )
         rec.labels[LABEL_SNAPSHOT] = info.id
@@ -311,6 +334,41 @@ class Capture:
         ns = tenant_namespace(info.tenant)
         refs = {blob_key(ns, e.digest): e.size for e in ordered if e.kind == FILE and e.size}
         await self._catalog.insert(info, mf.encode(ordered), refs, quota)
+
+
+def _rechecked(baseline: Baseline | None, mapped: frozenset[str] | None) -> frozenset[str] | None:
+    """Files to read whatever their stamps say: mapped shared and writable
+    now or at the baseline's capture (None: any file may be)."""
+    if mapped is None or (baseline is not None and baseline.mapped is None):
+        return None
+    return mapped | baseline.mapped if baseline is not None and baseline.mapped else mapped
+
+
+def _with_recheck(changes: Changes, recheck: frozenset[str], linked: frozenset[str]) -> Changes:
+    """``changes`` with ``recheck`` read again; a file with several names
+    changes under all of them, so all are then read again."""
+    if not recheck:
+        return changes
+    if recheck & linked:
+        recheck |= linked
+    return Changes(changes.touched | recheck, changes.written | recheck, changes.fresh)
+
+
+def _distrusting(
+    baseline: Baseline | None, recheck: frozenset[str] | None, listing: list[Listed]
+) -> Baseline | None:
+    """``baseline`` as a walked capture compares against it: no stamp of a
+    file in ``recheck`` (None: of any file) vouches for its content. A
+    restore's cutoff still does: nothing was mapped before it, and the first
+    write through a mapping made since moved the file's ctime past it."""
+    if baseline is None or recheck == frozenset():
+        return baseline
+    if recheck is None:
+        return dataclasses.replace(baseline, files={})
+    several = {i.path for i in listing if i.links > 1}
+    if recheck & several:
+        recheck |= several
+    return dataclasses.replace(baseline, files={p: v for p, v in baseline.files.items() if p not in recheck})
 
 
 def _journal_changes(baseline: Baseline | None) -> Changes | None:

@@ -121,11 +121,14 @@ class Contents:
         pinned: list[str],
         check: SizeCheck,
         sandbox: Owner = SANDBOX_OWNER,
+        *,
+        started: float | None = None,
     ) -> Changed:
         """The snapshot from what a journal recorded: only the touched paths
         (and files with several names) are looked at, directories made since
         whole, and only those that changed are read. Everything else is the
-        baseline's, carried. Rewalk if a file got another name."""
+        baseline's, carried. Rewalk if a file got another name. ``started``:
+        the capture's clock, if read before (no stamp after it is trusted)."""
         assert baseline.entries is not None and baseline.journal is not None
         if await self._catalog.depth(baseline.snapshot_id) is None:
             # The baseline's snapshot is gone, and with it perhaps the blobs of
@@ -134,7 +137,7 @@ class Contents:
         if len(changes.touched) > max(_REWALK_TOUCHED, len(baseline.entries) // 2):
             raise Rewalk  # most of it changed: one walk costs less than a look per path
         base = baseline.entries
-        when = time.time()
+        when = time.time() if started is None else started
         stats = await asyncio.to_thread(
             stat_touched, view, changes, base, baseline.journal.watch, baseline.linked
         )

@@ -76,6 +76,11 @@ class Baseline:
     linked: frozenset[str] = frozenset()
     """Files with more than one name (all of them): a write through one name
     leaves no event for the others, so they are looked at every time."""
+    mapped: frozenset[str] | None = frozenset()
+    """Files a process of the sandbox had mapped shared and writable when it
+    was taken (None: that could not be told, so every file may be): a write
+    through the mapping since moved neither events nor stamps, so the next
+    snapshot reads them again (sandboxd.backends.hostmaps)."""
 
     def unchanged(self, item: Listed, digest: str | None = None) -> Entry | None:
         """The recorded entry of ``item`` if the listing shows it untouched

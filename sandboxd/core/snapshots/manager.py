@@ -21,6 +21,7 @@ from sandboxd.core.snapshots.capture import Capture
 from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
 from sandboxd.core.snapshots.contents import Contents
 from sandboxd.core.snapshots.gc import GcResult, Pins, collect
+from sandboxd.core.snapshots.journal import Budget, Watcher
 from sandboxd.core.snapshots.listing import Baseline
 from sandboxd.core.snapshots.live import LiveSnapshots
 from sandboxd.core.snapshots.packs import PackedBlobs
@@ -59,7 +60,10 @@ class SnapshotManager:
         self.settings = settings
         self._clock = clock
         self._pins = Pins()
-        self._baselines = Baselines()
+        budget = Budget.from_host(
+            settings.inotify_watches_per_sandbox, settings.inotify_watches_total, settings.inotify_instances
+        )
+        self._baselines = Baselines(budget)
         self._tars = Tars(self.blobs)
         self._workspaces = Workspaces(control, settings)
         self._capture = Capture(
@@ -209,6 +213,11 @@ class SnapshotManager:
     def pinned(self) -> int:
         """Blob pins held by operations in flight (0 when idle)."""
         return self._pins.count()
+
+    @property
+    def watcher(self) -> Watcher:
+        """The change journals' inotify instances, their budget and the journals that fell back to walks."""
+        return self._baselines.watcher
 
     def baseline_of(self, sandbox_id: str) -> Baseline | None:
         """What the next snapshot of ``sandbox_id`` builds on, if anything."""

@@ -66,7 +66,9 @@ class Scan:
         on_dir: OnDir | None = None,
         check: SizeCheck | None = None,
         sandbox: Owner = SANDBOX_OWNER,
+        when: float | None = None,
     ) -> None:
+        """``when``: the capture's start, if taken before (no stamp after it is trusted)."""
         self._sandbox = sandbox
         self._loop = asyncio.get_running_loop()
         self._on_dir = on_dir
@@ -76,7 +78,7 @@ class Scan:
         self._queue: asyncio.Queue[list[tuple[Listed, bytes, str]] | None] = asyncio.Queue()
         self._gate = threading.Semaphore(self._AHEAD)
         self._stop = threading.Event()
-        self.when = time.time()
+        self.when = time.time() if when is None else when
         self._future = asyncio.ensure_future(asyncio.to_thread(self._run, view))
 
     def _run(self, view: HostWorkspace) -> list[Listed]:

@@ -163,10 +163,12 @@ class Restore:
             lineage = lineage_labels(info)
             # Refills of the warm buffer this acquire drains wait until the
             # archive is extracted: on a small host they would take its CPU.
-            with self._control.reconciler.urgent():
+            # Until they answer, a snapshot of the targets is refused (it would see a workspace half written).
+            with self._control.reconciler.urgent(), self._baselines.restoring(info.id) as restoring:
                 lease, records = await self._control.acquire(
                     pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
                 )
+                restoring.update(r.sandbox_id for r in records)
                 try:
                     # Shared by every target: its baseline's entries and the mode fix-ups.
                     by_path = {e.path: e for e in entries}
