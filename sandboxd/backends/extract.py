@@ -87,6 +87,9 @@ undo() {
 }
 finish() {
   rc=$?
+  # A refusal before tar read the archive still takes it all: the sender
+  # then sees the exit status, not a broken pipe.
+  [ $rc -eq 0 ] || cat >/dev/null 2>&1
   if [ -z "$stage" ]; then
     [ $rc -eq 0 ] || [ -z "$first_made" ] || rm -rf -- "$first_made"
     exit $rc

@@ -199,3 +199,34 @@ async def test_lifetime_ends_the_sandbox_and_its_lease(
         assert (await sdk.get(sb.id)).status == "TIMEOUT"
     finally:
         await sdk.aclose()
+
+
+async def test_uploads_cannot_touch_a_grader_root_put_there(prime_url: str) -> None:
+    from prime_sandboxes import APIError, AsyncSandboxClient, CreateSandboxRequest
+
+    sdk = AsyncSandboxClient()
+    try:
+        sb = await sdk.create(CreateSandboxRequest(name="graded", docker_image=MAPPED))
+        await sdk.wait_for_creation(sb.id)
+        grader = (
+            "cd /workspace && mkdir tests && printf 'assert 1\\n' > tests/test.py"
+            " && chmod 0755 tests && chmod 0644 tests/test.py"
+        )
+        made = await sdk.execute_command(sb.id, grader, user="root")
+        assert made.exit_code == 0, made
+        # Small (WriteFiles, from the host where it can) and large (a tar
+        # through the sandbox): the same refusal.
+        for data in (b"assert True\n", b"#" * (17 << 20)):
+            for path in ("/workspace/tests/test.py", "/workspace/tests/conftest.py"):
+                with pytest.raises(APIError, match="HTTP 403.*permission denied"):
+                    await sdk.upload_bytes(sb.id, path, data, "f.py")
+        shown = await sdk.execute_command(
+            sb.id,
+            "cd /workspace && stat -c '%u %a %s' tests/test.py && ls -A tests"
+            " && find / -xdev -name '.sandboxd-put*' 2>/dev/null",
+            user="root",
+        )
+        assert shown.stdout.split() == ["0", "644", "9", "test.py"], shown
+        await sdk.delete(sb.id)
+    finally:
+        await sdk.aclose()

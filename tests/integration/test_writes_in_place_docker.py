@@ -1,8 +1,9 @@
 """Small uploads into runc sandboxes are written from the host
 (sandboxd.backends.hostwrite), with the result the in-sandbox extraction
 gives, and everything that is not the plain case goes through the sandbox
-as before: links on the way refused, a directory in a file's place refused,
-a full workspace RESOURCE_EXHAUSTED."""
+as before: links on the way refused; a directory in a file's place refused
+by both the same way (FAILED_PRECONDITION); a full workspace
+RESOURCE_EXHAUSTED."""
 
 from __future__ import annotations
 
@@ -84,11 +85,15 @@ async def test_what_is_not_plain_goes_through_the_sandbox_and_is_refused_the_sam
         for files, match in (
             ({"linked/passwd": b"x"}, "link"),
             ({"alias/f": b"x"}, "link"),
-            ({"d": b"x"}, "directory"),
         ):
             with pytest.raises(errors.InvalidArgument, match=match):
                 await sb.write_files(files)
-        assert in_place == [False, False, False], "checked first, nothing written from the host"
+        assert in_place == [False, False], "checked first, nothing written from the host"
+        # A directory where a file goes is refused by either path, the same way.
+        for size in (1, 5 << 20):
+            with pytest.raises(errors.FailedPrecondition, match="/workspace/d is a directory"):
+                await sb.write_files({"d": b"x" * size})
+        assert in_place == [False, False, "FailedPrecondition"], "the large one went through the sandbox"
         assert (await sb.exec("test ! -e real/f && test -d d/sub && ls /etc/passwd")).ok
 
 

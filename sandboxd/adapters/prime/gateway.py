@@ -227,6 +227,10 @@ def _refusal(e: errors.SandboxdError) -> Refused:
         return Refused(404, e.message)
     if isinstance(e, errors.ResourceExhausted):
         return Refused(507, e.message)
+    # The sandbox's user may not write there: the same answer however large
+    # the file (and never retried, as a 5xx would be).
+    if isinstance(e, errors.PermissionDenied):
+        return Refused(403, e.message)
     return Refused(502, e.message)
 
 
