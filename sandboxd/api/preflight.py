@@ -29,6 +29,7 @@ class PreflightServicer(preflight_pb2_grpc.PreflightServiceServicer):
             runtime=request.template.runtime if which == "template" else "",
             concurrent=request.concurrent,
             duration=request.expected_duration_seconds,
+            images=list(request.images),
         )
         return preflight_pb2.PreflightResponse(
             ok=report.ok,

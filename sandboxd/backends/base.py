@@ -544,6 +544,17 @@ class PullStatus:
 
 
 @dataclass(frozen=True)
+class RemoteImage:
+    """An image as its registry serves it, known without pulling it."""
+
+    reference: str
+    digest: str
+    """The manifest's digest (of the linux/amd64 one under an index)."""
+    compressed_bytes: int
+    """Its layers and config as fetched; unpacked on disk it takes more."""
+
+
+@dataclass(frozen=True)
 class ImageDisk:
     """The filesystem holding the engine's images: its size, what is free, where."""
 
@@ -581,6 +592,12 @@ class ImageStore(Protocol):
 
     async def inspect_image(self, reference: str) -> EngineImage | None:
         """The image ``reference`` names on the engine, or None when absent."""
+        ...
+
+    async def registry_image(self, reference: str, auth: RegistryAuth | None) -> RemoteImage:
+        """What the registry serving ``reference`` says of it, without a
+        pull. Raises FailedPrecondition (no such image, credentials refused)
+        or Unavailable (registry unreachable), as ``pull_image`` does."""
         ...
 
     async def list_images(self) -> list[EngineImage]:

@@ -16,11 +16,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sandboxd.backends.base import BuildSpec, EngineImage, ImageDisk, PullStatus, RegistryAuth
+from sandboxd.backends.base import BuildSpec, EngineImage, ImageDisk, PullStatus, RegistryAuth, RemoteImage
 from sandboxd.errors import BuildFailed, FailedPrecondition, Unavailable
 
 if TYPE_CHECKING:
     from sandboxd.backends.fake import FakeSandbox
+
+
+def _spellings(reference: str) -> tuple[str, ...]:
+    if "@" in reference:
+        return (reference,)
+    if reference.endswith(":latest"):
+        return (reference, reference.removesuffix(":latest"))
+    if ":" not in reference.rsplit("/", 1)[-1]:
+        return (reference, f"{reference}:latest")
+    return (reference,)
 
 
 @dataclass(frozen=True)
@@ -78,9 +88,7 @@ class FakeImages:
         if self.images is not None:
             self.images.add(reference)
 
-    async def pull_image(self, reference: str, auth: RegistryAuth | None) -> AsyncIterator[PullStatus]:
-        """Pulls from ``registry``: Unavailable while unreachable,
-        FailedPrecondition for an unknown reference or wrong credentials."""
+    def _serve(self, reference: str, auth: RegistryAuth | None) -> RegistryImage:
         registry = self.registry
         if registry.unreachable:
             raise Unavailable(f"registry for {reference!r} cannot be reached (connection refused)")
@@ -92,6 +100,18 @@ class FakeImages:
         found = registry.images.get(reference)
         if found is None:
             raise FailedPrecondition(f"registry has no image {reference!r} (manifest unknown)")
+        return found
+
+    async def registry_image(self, reference: str, auth: RegistryAuth | None) -> RemoteImage:
+        """What ``registry`` serves; the compressed size is the image's size."""
+        found = self._serve(reference, auth)
+        return RemoteImage(reference, "sha256:" + hashlib.sha256(reference.encode()).hexdigest(), found.size)
+
+    async def pull_image(self, reference: str, auth: RegistryAuth | None) -> AsyncIterator[PullStatus]:
+        """Pulls from ``registry``: Unavailable while unreachable,
+        FailedPrecondition for an unknown reference or wrong credentials."""
+        registry = self.registry
+        found = self._serve(reference, auth)
         registry.pulls[reference] += 1
         yield PullStatus(0, found.size, "Downloading")
         await registry._open.wait()
@@ -99,11 +119,15 @@ class FakeImages:
         yield PullStatus(found.size, found.size, "Pull complete")
 
     async def inspect_image(self, reference: str) -> EngineImage | None:
-        """The engine's image; with ``images`` None (every image exists) one of size 0."""
-        found = self.engine_images.get(reference)
-        if found is None and (self.images is None or reference in self.images):
-            return EngineImage("sha256:" + hashlib.sha256(reference.encode()).hexdigest(), (reference,))
-        return found
+        """The engine's image; with ``images`` None (every image exists) one
+        of size 0. A name without a tag is its ``:latest``, as on an engine."""
+        for name in _spellings(reference):
+            found = self.engine_images.get(name)
+            if found is not None:
+                return found
+            if self.images is None or name in self.images:
+                return EngineImage("sha256:" + hashlib.sha256(name.encode()).hexdigest(), (reference,))
+        return None
 
     async def list_images(self) -> builtins.list[EngineImage]:
         """The images pulled or built (those ``images`` names alone are listed with size 0)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from sandboxd.client.rpc import Connection, rpc_errors
 from sandboxd.v1 import common_pb2, demand_pb2, pools_pb2, preflight_pb2
@@ -143,10 +143,15 @@ class PoolCalls(Connection):
         limits: Mapping[str, int] | None = None,
         duration: float = 0.0,
         runtime: str = "",
+        images: Sequence[str] = (),
     ) -> preflight_pb2.PreflightResponse:
         """Checks a planned run (an existing pool, or an image and limits)
-        before anything is created; the answer lists every problem found."""
-        request = preflight_pb2.PreflightRequest(concurrent=concurrent, expected_duration_seconds=duration)
+        before anything is created; the answer lists every problem found.
+        ``images``: further images the run takes (per-task images), each
+        checked to be pullable and to fit the server's image cache."""
+        request = preflight_pb2.PreflightRequest(
+            concurrent=concurrent, expected_duration_seconds=duration, images=list(images)
+        )
         if pool:
             request.pool = pool
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sandboxd.backends.base import HostCapacity, Limits, TenantQuotas
@@ -15,7 +16,7 @@ from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.core.runtimes import fit_limits, runtime_name, runtime_refusal
 from sandboxd.core.tenancy import current_tenant
-from sandboxd.errors import BackendError, InvalidArgument
+from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument, Unavailable
 
 # Until a start has been measured, assume what a container start costs on a
 # small machine (PRIOR-ART: create+start 155 ms, plus the health check).
@@ -36,6 +37,7 @@ class ProblemKind(enum.IntEnum):
     POOL_TOO_SMALL = 6
     LIFETIME_TOO_SHORT = 7
     RUNTIME_UNAVAILABLE = 8
+    IMAGE_TOO_LARGE = 9
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,12 @@ async def preflight(
     concurrent: int,
     duration: float,
     runtime: str = "",
+    images: Sequence[str] = (),
 ) -> Report:
     """Checks a run of ``concurrent`` sandboxes (of ``pool``, or of ``image``,
-    ``limits`` and ``runtime``) lasting ``duration`` seconds; reads only, creates nothing."""
+    ``limits`` and ``runtime``) lasting ``duration`` seconds; ``images`` are
+    further images the run's sandboxes take (per-task images), checked like
+    ``image``. Reads only, creates nothing."""
     if concurrent < 1:
         raise InvalidArgument("concurrent", f"must be >= 1, got {concurrent}")
     if duration < 0 or math.isnan(duration):
@@ -127,14 +132,7 @@ async def preflight(
     if control.reconciler.health.degraded:
         add(Problem(ProblemKind.BACKEND_UNHEALTHY, control.reconciler.health.describe()))
     if healthy:
-        if not await control.backend.image_exists(image):
-            add(
-                Problem(
-                    ProblemKind.IMAGE_MISSING,
-                    f"image {image!r} is not on the backend; build or load it before the run",
-                    "image",
-                )
-            )
+        report.problems += await image_problems(control, [image, *images])
         refusal = await runtime_refusal(control.backend, runtime, Limits() if pool else (limits or Limits()))
         if refusal is not None:
             add(Problem(ProblemKind.RUNTIME_UNAVAILABLE, refusal, "runtime"))
@@ -245,3 +243,49 @@ async def preflight(
     per_wave = max(1, control.reconciler.start_window())
     report.predicted_warm_seconds = math.ceil(missing / per_wave) * (start or DEFAULT_START_SECONDS)
     return report
+
+
+async def image_problems(control: ControlPlane, images: Sequence[str]) -> list[Problem]:
+    """Each image that is neither on the engine nor in a registry it reaches
+    (IMAGE_MISSING), or larger than the image cache's budget (IMAGE_TOO_LARGE:
+    it could never be kept). Asks the registry without pulling."""
+    cache = control.images
+    problems: list[Problem] = []
+    for image in dict.fromkeys(i for i in images if i):
+        if cache is None:
+            if not await control.backend.image_exists(image):
+                problems.append(
+                    Problem(
+                        ProblemKind.IMAGE_MISSING,
+                        f"image {image!r} is not on the backend; build or load it before the run",
+                        "image",
+                    )
+                )
+            continue
+        try:
+            size, on_engine = await cache.size_of(image)
+        except FailedPrecondition as e:
+            problems.append(
+                Problem(ProblemKind.IMAGE_MISSING, f"{e.message}; push it or fix the name", "image")
+            )
+            continue
+        except Unavailable as e:
+            problems.append(
+                Problem(
+                    ProblemKind.IMAGE_MISSING,
+                    f"{e.message}; the run cannot pull it until it answers",
+                    "image",
+                )
+            )
+            continue
+        if cache.budget and size > cache.budget:
+            where = "on the engine" if on_engine else "compressed in its registry, more unpacked"
+            problems.append(
+                Problem(
+                    ProblemKind.IMAGE_TOO_LARGE,
+                    f"image {image!r} takes {size} bytes ({where}); the image cache may hold "
+                    f"{cache.budget}: raise images.cache_bytes or use a smaller image",
+                    "images.cache_bytes",
+                )
+            )
+    return problems

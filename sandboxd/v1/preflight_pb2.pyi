@@ -19,6 +19,7 @@ class ProblemKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROBLEM_KIND_POOL_TOO_SMALL: _ClassVar[ProblemKind]
     PROBLEM_KIND_LIFETIME_TOO_SHORT: _ClassVar[ProblemKind]
     PROBLEM_KIND_RUNTIME_UNAVAILABLE: _ClassVar[ProblemKind]
+    PROBLEM_KIND_IMAGE_TOO_LARGE: _ClassVar[ProblemKind]
 PROBLEM_KIND_UNSPECIFIED: ProblemKind
 PROBLEM_KIND_IMAGE_MISSING: ProblemKind
 PROBLEM_KIND_LIMITS_INVALID: ProblemKind
@@ -28,18 +29,21 @@ PROBLEM_KIND_BACKEND_UNHEALTHY: ProblemKind
 PROBLEM_KIND_POOL_TOO_SMALL: ProblemKind
 PROBLEM_KIND_LIFETIME_TOO_SHORT: ProblemKind
 PROBLEM_KIND_RUNTIME_UNAVAILABLE: ProblemKind
+PROBLEM_KIND_IMAGE_TOO_LARGE: ProblemKind
 
 class PreflightRequest(_message.Message):
-    __slots__ = ("pool", "template", "concurrent", "expected_duration_seconds")
+    __slots__ = ("pool", "template", "concurrent", "expected_duration_seconds", "images")
     POOL_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     CONCURRENT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     pool: str
     template: Template
     concurrent: int
     expected_duration_seconds: float
-    def __init__(self, pool: _Optional[str] = ..., template: _Optional[_Union[Template, _Mapping]] = ..., concurrent: _Optional[int] = ..., expected_duration_seconds: _Optional[float] = ...) -> None: ...
+    images: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., template: _Optional[_Union[Template, _Mapping]] = ..., concurrent: _Optional[int] = ..., expected_duration_seconds: _Optional[float] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Template(_message.Message):
     __slots__ = ("image", "limits", "runtime")

@@ -303,3 +303,37 @@ async def test_builds_offline_cached_by_hash_with_the_failing_step_named(
         assert "returned a non-zero code: 3" in caught.value.message
     finally:
         await cache.stop()
+
+
+async def test_sizes_from_the_registry_without_a_pull(
+    engine: docker.DockerClient,
+    registry: Registry,
+    auth_registry: Registry,
+    published: list[str],
+    backend: CountingBackend,
+    cache: ImageCache,
+    tmp_path: Path,
+) -> None:
+    tag, digest = publish(engine, registry, "task-sized:v1", 3 * MB, published)
+    remote, on_engine_now = await cache.size_of(tag)
+    assert not on_engine_now and 3 * MB <= remote < 4 * MB  # random bytes do not compress
+    assert (await cache.size_of(digest))[0] == remote
+    assert backend.pulls == {}
+    with pytest.raises(FailedPrecondition, match="no image"):
+        await cache.size_of(registry.reference("absent:v1"))
+    with pytest.raises(Unavailable):
+        await cache.size_of(f"127.0.0.1:{closed_port()}/task:v1")
+    await cache.ensure(tag)
+    local, on_engine_now = await cache.size_of(tag)
+    assert on_engine_now and local >= 3 * MB
+    private, _ = publish(engine, auth_registry, "task-private-sized:v1", MB, published)
+    with pytest.raises(FailedPrecondition, match="credentials"):
+        await cache.size_of(private)
+    token = base64.b64encode(f"{auth_registry.username}:{auth_registry.password}".encode()).decode()
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {auth_registry.address: {"auth": token}}}))
+    with_auth = ImageCache(backend, SystemClock(), settings(docker_config=str(tmp_path)))
+    await with_auth.start()
+    try:
+        assert (await with_auth.size_of(private))[0] >= MB
+    finally:
+        await with_auth.stop()

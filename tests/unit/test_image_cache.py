@@ -17,11 +17,11 @@ import pytest
 from sandboxd.api.errors import status_for
 from sandboxd.backends.base import ImageStore, RegistryAuth
 from sandboxd.backends.fake import FakeBackend
+from sandboxd.backends.image_refs import normalize, registry_of
 from sandboxd.clock import FakeClock, SystemClock
 from sandboxd.core.images import DONE, FAILED, PULLING, ImageCache
 from sandboxd.core.images.credentials import Credentials, read_auths
 from sandboxd.core.images.eviction import Footprint, cache_bytes
-from sandboxd.core.images.references import normalize, registry_of
 from sandboxd.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from sandboxd.settings import ImageSettings
 from tests.unit.conftest import wait_for

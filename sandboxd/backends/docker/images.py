@@ -19,7 +19,8 @@ from typing import Any
 import docker.errors
 import requests
 
-from sandboxd.backends.base import BuildSpec, EngineImage, ImageDisk, PullStatus, RegistryAuth
+from sandboxd.backends.base import BuildSpec, EngineImage, ImageDisk, PullStatus, RegistryAuth, RemoteImage
+from sandboxd.backends.registry_api import remote_image
 from sandboxd.errors import BuildFailed, FailedPrecondition, TransientBackendError, Unavailable
 
 # What the engine says when the registry answered but has no such image or
@@ -199,6 +200,12 @@ class DockerImages:
             size_bytes=int(found.get("Size") or 0),
             labels=dict((found.get("Config") or {}).get("Labels") or {}),
         )
+
+    async def registry_image(self, reference: str, auth: RegistryAuth | None) -> RemoteImage:
+        """The registry's manifest facts, over its API from this host (with
+        the engine's rule: plain HTTP to loopback registries)."""
+        found: RemoteImage = await self._call(remote_image, reference, auth)
+        return found
 
     async def list_images(self) -> list[EngineImage]:
         """Every image with its size and the part of it other images share

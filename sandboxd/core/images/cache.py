@@ -17,6 +17,7 @@ from pathlib import Path
 from opentelemetry.metrics import Meter
 
 from sandboxd.backends.base import LABEL_IMAGE_BUILD, BuildSpec, EngineImage, ImageStore
+from sandboxd.backends.image_refs import normalize
 from sandboxd.clock import Clock
 from sandboxd.core.images.builds import DEFAULT_REPOSITORY, Builds, build_labels
 from sandboxd.core.images.credentials import Credentials, config_dir
@@ -24,7 +25,6 @@ from sandboxd.core.images.eviction import Footprint, cache_bytes, choose_victims
 from sandboxd.core.images.ledger import BUILT, PULLED, Entry, ImageLedger
 from sandboxd.core.images.meters import ImageMeters
 from sandboxd.core.images.progress import DONE, FAILED, PULLING, QUEUED, PullProgress
-from sandboxd.core.images.references import normalize
 from sandboxd.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -178,6 +178,29 @@ class ImageCache:
         finally:
             flight.waiters -= 1
         self._touch(image)
+
+    async def size_of(self, image: str) -> tuple[int, bool]:
+        """(bytes, on the engine): the image's size on the engine when it is
+        there, else what its registry serves (compressed: unpacked it takes
+        more), without pulling. Raises FailedPrecondition (no such image,
+        access denied, or a backend that does not pull and lacks it) and
+        Unavailable with retry info (registry unreachable)."""
+        image = normalize(image)
+        if self._store is None:
+            if await self._backend.image_exists(image):  # type: ignore[attr-defined]
+                return 0, True
+            raise FailedPrecondition(f"image {image!r} is not on the engine (this backend does not pull)")
+        found = await self._store.inspect_image(image)
+        if found is not None:
+            return found.size_bytes, True
+        auth = await asyncio.to_thread(self._credentials.for_reference, image)
+        try:
+            remote = await self._store.registry_image(image, auth)
+        except Unavailable as e:
+            raise Unavailable(
+                e.message, retry_after=e.retry_after or self.settings.unavailable_retry_seconds
+            ) from e
+        return remote.compressed_bytes, False
 
     def present(self, image: str) -> bool:
         """Whether ``image`` is known to be on the engine now (no I/O)."""

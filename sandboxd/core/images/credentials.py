@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.backends.base import RegistryAuth
-from sandboxd.core.images.references import auth_keys, registry_of
+from sandboxd.backends.image_refs import auth_keys, registry_of
 from sandboxd.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
