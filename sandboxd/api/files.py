@@ -23,7 +23,8 @@ class FileServicer(files_pb2_grpc.FileServiceServicer):
         self, request: files_pb2.WriteFilesRequest, context: Any
     ) -> files_pb2.WriteFilesResponse:
         """INVALID_ARGUMENT (path, link, mode, size, user), NOT_FOUND, FAILED_PRECONDITION (not leased,
-        root unavailable), RESOURCE_EXHAUSTED (workspace full)."""
+        root unavailable, a directory where a file goes), PERMISSION_DENIED (the user may not write
+        there), RESOURCE_EXHAUSTED (workspace full); all or nothing."""
         files = [FileData(f.path, f.content, f.mode) for f in request.files]
         written = await self._control.write_files(request.sandbox_id, files, user=request.user)
         return files_pb2.WriteFilesResponse(bytes_written=written)
@@ -44,7 +45,7 @@ class FileServicer(files_pb2_grpc.FileServiceServicer):
         self, request_iterator: AsyncIterator[files_pb2.UploadChunk], context: Any
     ) -> files_pb2.UploadDirectoryResponse:
         """INVALID_ARGUMENT (header, path, link, bad member), NOT_FOUND, FAILED_PRECONDITION,
-        RESOURCE_EXHAUSTED (over the disk limit); a refused archive extracts nothing."""
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED (over the disk limit); a refused archive extracts nothing."""
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("part") != "header":
             raise InvalidArgument("header", "the first message must carry the header")
