@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     pa.add_argument("--host", default="127.0.0.1")
     pa.add_argument("--port", type=int, default=8000)
     pa.add_argument("--image-pool", action="append", default=[], metavar="IMAGE=POOL", help="IMAGE's pool")
+    pa.add_argument("--template-pool", default="", help="a pool serving any image, acquired from by image")
     pa.add_argument("--api-key", action="append", default=[], help="an accepted PRIME_API_KEY (repeatable)")
     pa.add_argument("--min-ready", type=int, default=0, help="warm sandboxes of each pool made on first use")
     pa.add_argument("--max-ready", type=int, default=0, help="such pools follow demand up to this many warm")

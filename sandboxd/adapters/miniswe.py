@@ -42,6 +42,10 @@ class SandboxdEnvironmentConfig:
 
     pool: str
     """The sandboxd pool to lease from."""
+    image: str = ""
+    """The task's image (what ``DockerEnvironment``'s ``image`` is: mini-swe-agent's
+    SWE-bench runner sets it per instance); empty = the pool's own. The pool
+    must serve it (its spec.images, ``["*"]`` for any); it is pulled when absent."""
     target: str = "127.0.0.1:50051"
     """The sandboxd server."""
     token: str | None = None
@@ -87,6 +91,7 @@ class SandboxdEnvironment:
         self._client = client if client is not None else Client(self.config.target, token=self.config.token)
         self._held: Any = self._client.acquire(
             self.config.pool,
+            image=self.config.image,
             labels=self.config.labels,
             lease_ttl=self.config.lease_ttl,
             timeout=self.config.acquire_timeout,

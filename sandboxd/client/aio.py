@@ -186,9 +186,11 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         lease_ttl: float,
         timeout: float | None,
         limits: Mapping[str, int] | None,
+        image: str = "",
     ) -> sandboxes_pb2.AcquireRequest:
         request = sandboxes_pb2.AcquireRequest(
             pool=pool,
+            image=image,
             n=n,
             min_n=min_n,
             labels=labels or {},
@@ -210,10 +212,13 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         lease_ttl: float = 0.0,
         timeout: float | None = None,
         limits: Mapping[str, int] | None = None,
+        image: str = "",
     ) -> HeldLease:
         """``async with client.acquire(pool) as sandbox``: one sandbox.
-        ``limits`` (memory_bytes, cpu_millis, pids, ...) lowers the pool's."""
-        request = self._acquire_request(pool, 1, 0, labels, lease_ttl, timeout, limits)
+        ``limits`` (memory_bytes, cpu_millis, pids, ...) lowers the pool's;
+        ``image`` picks one of the images the pool serves ("" = its own),
+        pulled first when the engine lacks it."""
+        request = self._acquire_request(pool, 1, 0, labels, lease_ttl, timeout, limits, image)
         return HeldLease(self, request, timeout, single=True)
 
     def acquire_group(
@@ -226,10 +231,11 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         lease_ttl: float = 0.0,
         timeout: float | None = None,
         limits: Mapping[str, int] | None = None,
+        image: str = "",
     ) -> HeldLease:
         """``async with client.acquire_group(pool, n=8) as group``: a Lease of n
-        sandboxes (all-or-nothing, or at least min_n)."""
-        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits)
+        sandboxes (all-or-nothing, or at least min_n), of ``image`` as ``acquire``."""
+        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image)
         return HeldLease(self, request, timeout, single=False)
 
     async def lease(
@@ -242,9 +248,10 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         lease_ttl: float = 0.0,
         timeout: float | None = None,
         limits: Mapping[str, int] | None = None,
+        image: str = "",
     ) -> Lease:
         """Acquire without a context manager: the caller heartbeats and releases."""
-        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits)
+        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image)
         return await self._acquire(request, timeout)
 
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:

@@ -24,10 +24,12 @@ class PoolCalls(Connection):
         max_ready: int = 0,
         idle_seconds: float = 0.0,
         runtime: str = "",
+        images: Sequence[str] = (),
     ) -> pools_pb2.Pool:
         """``max_ready`` above ``min_ready`` makes the pool follow demand
         between the two; ``idle_seconds`` is its scale-down delay; ``runtime``
-        is runc (the default) or gvisor."""
+        is runc (the default) or gvisor; ``images`` are those an acquire may
+        name besides ``image`` (``["*"]``: any)."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -39,6 +41,7 @@ class PoolCalls(Connection):
             max_ready=max_ready,
             idle_seconds=idle_seconds,
             runtime=runtime,
+            images=list(images),
         )
         with rpc_errors():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(
@@ -87,12 +90,21 @@ class PoolCalls(Connection):
             )
 
     async def set_demand(
-        self, pool: str, count: int, *, in_seconds: float = 0.0, ttl: float = 0.0, source: str = ""
+        self,
+        pool: str,
+        count: int,
+        *,
+        in_seconds: float = 0.0,
+        ttl: float = 0.0,
+        source: str = "",
+        images: Mapping[str, int] | None = None,
     ) -> demand_pb2.PoolScaling:
         """Announces "in ~in_seconds I will acquire ``count`` sandboxes of
-        ``pool``" (replacing this source's previous announcement; 0 withdraws)."""
+        ``pool``, ``images`` saying how many of which image" (replacing this
+        source's previous announcement; 0 withdraws; with ``images`` and
+        count 0, count is their sum)."""
         request = demand_pb2.SetDemandRequest(
-            pool=pool, source=source, count=count, in_seconds=in_seconds, ttl_seconds=ttl
+            pool=pool, source=source, count=count, in_seconds=in_seconds, ttl_seconds=ttl, images=images or {}
         )
         with rpc_errors():
             response: demand_pb2.SetDemandResponse = await self.demand.SetDemand(

@@ -47,6 +47,7 @@ def run_cli(args: argparse.Namespace) -> int:
         return 2
     settings = PrimeSettings(
         image_pools=pools,
+        template_pool=args.template_pool,
         min_ready=args.min_ready,
         max_ready=args.max_ready,
         max_size=args.max_size,

@@ -139,10 +139,17 @@ class PrimeServer:
 
     # -- pools ------------------------------------------------------------
 
-    async def _pool_for(self, box: PrimeSandbox) -> str:
+    async def _pool_for(self, box: PrimeSandbox) -> tuple[str, str]:
+        """The pool a sandbox is leased from, and the image to ask it for
+        ("" = the pool's own)."""
         mapped = self.settings.image_pools.get(box.image)
         if mapped:
-            return mapped
+            return mapped, ""
+        if self.settings.template_pool:
+            return self.settings.template_pool, box.image
+        return await self._own_pool(box), ""
+
+    async def _own_pool(self, box: PrimeSandbox) -> str:
         key = (box.image, box.cpu_cores, box.memory_gb, box.disk_size_gb)
         if key in self._pools:
             return self._pools[key]
@@ -173,9 +180,10 @@ class PrimeServer:
     async def _provision(self, box: PrimeSandbox) -> None:
         lease: Lease | None = None
         try:
-            pool = await self._pool_for(box)
+            pool, image = await self._pool_for(box)
             lease = await self.client.lease(
                 pool,
+                image=image,
                 labels={"prime.sandbox": box.id},
                 lease_ttl=self.settings.lease_ttl,
                 timeout=self.settings.acquire_timeout,
@@ -190,6 +198,9 @@ class PrimeServer:
         except errors.FailedPrecondition as e:
             kind = "IMAGE_PULL_FAILED" if "image" in e.message.lower() else "PROVISIONING_FAILED"
             await self.end(box, "ERROR", kind, e.message, "error")
+        except errors.Unavailable as e:
+            # The registry could not be reached for the image's pull.
+            await self.end(box, "ERROR", "IMAGE_PULL_FAILED", e.message, "error")
         except errors.DeadlineExceeded as e:
             await self.end(box, "ERROR", "PROVISIONING_TIMEOUT", e.message, "error")
         except errors.SandboxdError as e:

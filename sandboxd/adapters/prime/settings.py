@@ -15,6 +15,11 @@ class PrimeSettings:
     image_pools: Mapping[str, str] = field(default_factory=dict)
     """Image name (as the SDK sends it) -> an existing pool; the pool's own
     limits then apply. Other images get pools created on first use."""
+    template_pool: str = ""
+    """An existing pool that serves any image (its spec.images ``["*"]``):
+    a ``docker_image`` that ``image_pools`` does not map is acquired from it
+    by image (pulled when absent) instead of getting a pool of its own, so
+    thousands of per-task images share one pool's limits and warm capacity."""
     min_ready: int = 0
     """Warm sandboxes of each pool created on first use."""
     max_ready: int = 0
