@@ -32,7 +32,7 @@ from sandboxd.backends.shell import (
     SESSION_TAG_VAR,
     Tree,
     ansi_c_quote,
-    bash_argv,
+    oneshot_argv,
     session_command,
     session_frame,
     stdin_frames,
@@ -172,16 +172,21 @@ class OneShot:
         self._spawn = spawn
         self._tag = secrets.token_hex(8)
         self._started = 0.0
+        self._stdin = b""
         self._explain: Explain = unchanged
 
     async def start(self) -> None:
         """Starts the process, its tree contained so a timeout can find it all."""
         spec = self._spec
         self._explain = self._transport.watch_limits()
-        argv = list(spec.argv) if spec.argv else bash_argv(spec.shell)
+        argv, script = (list(spec.argv), b"") if spec.argv else oneshot_argv(spec.shell)
+        self._stdin = script + spec.stdin
         self._started = time.monotonic()
         await self._transport.open(
-            argv, env={**spec.env, EXEC_TAG_VAR: self._tag}, cwd=spec.cwd or WORKSPACE, stdin=bool(spec.stdin)
+            argv,
+            env={**spec.env, EXEC_TAG_VAR: self._tag},
+            cwd=spec.cwd or WORKSPACE,
+            stdin=bool(self._stdin),
         )
 
     async def follow(self) -> AsyncIterator[ExecEvent]:
@@ -189,8 +194,8 @@ class OneShot:
         transport, spec = self._transport, self._spec
         tree = Tree(EXEC_TAG_VAR, self._tag)
         feeder: asyncio.Task[None] | None = None
-        if spec.stdin:
-            feeder = asyncio.create_task(_feed(transport, spec.stdin))
+        if self._stdin:
+            feeder = asyncio.create_task(_feed(transport, self._stdin))
         budget = OutputBudget(spec.output_limit)
         deadline = self._started + spec.timeout
         stopped: ExecOutcome | None = None

@@ -96,6 +96,25 @@ _JOIN_ARGS = (
 )
 
 
+SCRIPT_ON_STDIN = 64 << 10
+"""Bytes past which a one-shot shell command on a stream of its own reaches
+bash on its stdin, ahead of the command's own stdin: Kubernetes carries an
+exec's arguments in the request's URL, which its API server caps."""
+# bash reads exactly the script's bytes off a pipe (read -N takes no more
+# than it is asked for), so what follows is the command's stdin untouched.
+_READ_SCRIPT = 'LC_ALL=C IFS= read -r -N {n} __sbx_c || exit 126; eval "unset __sbx_c; $__sbx_c"'
+
+
+def oneshot_argv(command: str) -> tuple[list[str], bytes]:
+    """(argv, bytes to send before the command's stdin) that run ``command``
+    as a process of its own: ``bash -c`` for a short one; a long one is read
+    by bash from its stdin first."""
+    script = command.encode("utf-8", "surrogateescape")
+    if len(script) <= SCRIPT_ON_STDIN:
+        return ["bash", "-c", command], b""
+    return ["bash", "-c", _READ_SCRIPT.format(n=len(script))], script
+
+
 def bash_argv(command: str) -> list[str]:
     """bash running ``command``: ``bash -c command`` where it fits in one
     argument; a longer one (the API takes 1 MiB) in pieces that bash joins

@@ -83,6 +83,10 @@ async def test_commands_up_to_the_limit_run_one_shot_and_in_sessions(client: Asy
             # With stdin that goes through the same shells.
             r = await sb.exec(_command_of(size - 6) + "wc -c\n", stdin=b"abc")
             assert r.text == "start\nend 42\n3\n", size
+            # Past 64 KiB of stdin a one-shot command runs on an exec of its own.
+            big = os.urandom(100_000)
+            r = await sb.exec(_command_of(size - 10) + "sha256sum\n", stdin=big)
+            assert r.text == f"start\nend 42\n{hashlib.sha256(big).hexdigest()}  -\n", (size, r.stderr[-300:])
         for session in ("", "s"):
             with pytest.raises(errors.InvalidArgument, match="shell"):
                 await sb.exec(_command_of(v.MAX_COMMAND + 1), session=session)

@@ -15,9 +15,11 @@ import pytest
 
 from sandboxd.backends.shell import (
     MAX_ARG,
+    SCRIPT_ON_STDIN,
     SESSION_PRELUDE,
     SESSION_SHELL,
     bash_argv,
+    oneshot_argv,
     session_command,
     session_frame,
     stdin_frames,
@@ -182,3 +184,21 @@ def test_commands_past_the_limit_are_refused() -> None:
     with pytest.raises(InvalidArgument, match=r"argv\[1\]: .*kernel"):
         v.argv("argv", ["echo", "x" * (MAX_ARG + 1)])
     assert v.argv("argv", ["echo", "x" * MAX_ARG]) == ("echo", "x" * MAX_ARG)
+
+
+@pytest.mark.parametrize("size", [100, SCRIPT_ON_STDIN, SCRIPT_ON_STDIN + 1, v.MAX_COMMAND])
+@pytest.mark.parametrize("stdin", [b"", b"abc\x00def\n", os.urandom(200_000)])
+def test_a_long_one_shot_command_reaches_bash_on_its_stdin_before_the_commands_own(
+    size: int, stdin: bytes
+) -> None:
+    head = 'echo start; x=$(( 6 * 7 ))\n'
+    tail = '\necho "end $x"; sha256sum\n'
+    command = head + "#" + "é" * ((size - len(head) - len(tail) - 2) // 2)
+    command += "p" * (size - len(command.encode()) - len(tail) - 1) + "\n" + tail
+    assert len(command.encode()) == size
+    argv, script = oneshot_argv(command)
+    assert all(len(a.encode()) <= SCRIPT_ON_STDIN for a in argv)
+    env = {"PATH": "/usr/bin:/bin"}
+    result = subprocess.run(argv, input=script + stdin, capture_output=True, timeout=60, env=env, check=False)
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert result.stdout.decode() == f"start\nend 42\n{hashlib.sha256(stdin).hexdigest()}  -\n"
