@@ -67,7 +67,31 @@ def format_table(pools: Sequence[demand_pb2.PoolScaling], at: datetime | None = 
         if p.last_error:
             note += f"  [last error: {p.last_error}]"
         lines.append(note)
+        for i in p.images:
+            lines.append(
+                f"    image {i.image}: ready {i.ready} starting {i.starting} waiting {i.waiting} "
+                f"target {i.warm_target}"
+            )
+    lines += image_pull_lines(pools)
     return "\n".join(lines)
+
+
+def image_pull_lines(pools: Sequence[demand_pb2.PoolScaling]) -> list[str]:
+    """One line per image pull in flight or recently ended; every pool's
+    update carries the server's pulls, so each is shown once."""
+    seen: dict[str, demand_pb2.ImagePull] = {}
+    for p in pools:
+        for pull in p.pulls:
+            seen.setdefault(pull.image, pull)
+    lines = []
+    for pull in seen.values():
+        if pull.bytes_total:
+            amount = f"{pull.bytes_done / 1e6:.1f} of {pull.bytes_total / 1e6:.1f} MB"
+        else:
+            amount = f"{pull.bytes_done / 1e6:.1f} MB"
+        detail = f" ({pull.detail})" if pull.detail else ""
+        lines.append(f"pull {pull.image}: {pull.state}, {amount}{detail}")
+    return lines
 
 
 async def _run_line(client: AsyncClient, run: str) -> str:

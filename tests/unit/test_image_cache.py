@@ -373,3 +373,21 @@ async def test_a_failed_build_names_its_step(backend: FakeBackend, tmp_path: Pat
             await cache.build(tmp_path / "absent")
     finally:
         await cache.stop()
+
+
+def test_status_shows_each_pull_once_and_the_images_of_a_pool() -> None:
+    from sandboxd.telemetry.status import format_table
+    from sandboxd.v1 import demand_pb2
+
+    pull = demand_pb2.ImagePull(
+        image=A, state="pulling", bytes_done=5 * MB, bytes_total=10 * MB, detail="Downloading"
+    )
+    pools = [
+        demand_pb2.PoolScaling(
+            pool="p1", images=[demand_pb2.ImageScaling(image=A, ready=1, warm_target=2)], pulls=[pull]
+        ),
+        demand_pb2.PoolScaling(pool="p2", pulls=[pull]),
+    ]
+    text = format_table(pools)
+    assert text.count(f"pull {A}: pulling, 5.2 of 10.5 MB (Downloading)") == 1
+    assert f"image {A}: ready 1 starting 0 waiting 0 target 2" in text
