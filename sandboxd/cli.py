@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandboxd import cli_snapshots
+from sandboxd import cli_images, cli_snapshots
 from sandboxd.settings import Settings, load_settings
 
 
@@ -227,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--once", action="store_true", help="print one table and exit")
     st.add_argument("--run", action="append", default=[], help="also show this rollout run's figures")
     cli_snapshots.add_parser(sub)
-    image = sub.add_parser("image", help="the default sandbox image")
+    image = sub.add_parser("image", help="the default sandbox image, or one from a recipe (--context)")
     image.add_argument("action", choices=["build", "tag"])
     image.add_argument("--force", action="store_true")
+    cli_images.add_arguments(image)
     sub.add_parser(
         "bench",
         add_help=False,
@@ -293,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "snapshot":
         return asyncio.run(cli_snapshots.run(args))
+    if args.command == "image" and args.action == "build" and args.context is not None:
+        return asyncio.run(cli_images.build_recipe(args, _settings(args)))
     if args.command == "image":
         from sandboxd.images.build import default_image_tag, ensure_default_image
 

@@ -83,10 +83,14 @@ class ImageCache:
         ledger_path: Path | None = None,
         meter: Meter | None = None,
         environ: Mapping[str, str] | None = None,
+        evicts: bool = True,
     ) -> None:
         """``backend`` manages images when it is an ImageStore; otherwise
         ``ensure`` only checks that an image is there (``image_exists``).
-        ``ledger_path`` None keeps the record of sandboxd's images in memory."""
+        ``ledger_path`` None keeps the record of sandboxd's images in memory.
+        ``evicts`` False: never removes anything by itself (a command-line
+        build beside a server, which alone knows what is in use and wanted)."""
+        self._evicts = evicts
         self.settings = settings or ImageSettings()
         self._backend = backend
         self._store = backend if isinstance(backend, ImageStore) else None
@@ -126,7 +130,7 @@ class ImageCache:
             entries = [e for e in entries if e not in gone]
             self._present.update(on_engine)
         self._entries = {e.reference: e for e in entries}
-        if self._store is not None and self.settings.evict_interval_seconds > 0:
+        if self._store is not None and self._evicts and self.settings.evict_interval_seconds > 0:
             self._ticker = asyncio.create_task(self._tick(), name="image-cache-budget")
 
     async def stop(self) -> None:
@@ -293,7 +297,8 @@ class ImageCache:
         self._present.add(tag)
         self._ensured[tag] = self._clock.monotonic() + ENSURE_GRACE_SECONDS
         await self._ledger.save([entry])
-        self._spawn(self.enforce_budget())
+        if self._evicts:
+            self._spawn(self.enforce_budget())
         return tag
 
     def gauges(self) -> dict[str, float]:
@@ -374,7 +379,8 @@ class ImageCache:
         self._entries[image] = entry
         await self._ledger.save([entry])
         self._present.add(image)
-        self._spawn(self.enforce_budget())
+        if self._evicts:
+            self._spawn(self.enforce_budget())
 
     def _touch(self, image: str) -> None:
         entry = self._entries.get(image)
