@@ -281,3 +281,19 @@ async def test_swapping_roots_directory_in_while_the_host_writes_gains_nothing(
             assert where.text.split() == ["0:0", "700", "0:0", "600", "marker", "s3"], (where, outcomes)
             assert "written" in host_writes, "the host wrote some rounds itself"
         await client.delete_pool("race", force=True)
+
+
+async def test_a_sticky_directory_keeps_its_rule(client: AsyncClient, pool: str) -> None:
+    async with client.acquire(pool, timeout=60) as sb:
+        made = await sb.exec("printf r > /tmp/roots && chmod 0644 /tmp/roots && stat -c %a /tmp", user="root")
+        assert made.ok and made.text.strip() == "1777", made
+        for size in (1, LARGE):
+            with pytest.raises(errors.PermissionDenied, match="/tmp/roots: permission denied"):
+                await sb.write_files({"/tmp/roots": b"x" * size, "/tmp/mine": b"m"})
+            shown = await sb.exec("stat -c '%u %s' /tmp/roots; test ! -e /tmp/mine && echo none")
+            assert shown.text.split() == ["0", "1", "none"], (size, shown)
+        # A name of its own there, and its own file replaced, it may.
+        await sb.write_files({"/tmp/mine": b"m"})
+        await sb.write_files({"/tmp/mine": b"mm"})
+        assert (await sb.exec("cat /tmp/mine")).text == "mm"
+        assert (await sb.exec(TEMPS, user="root")).text.strip() == ""
