@@ -141,3 +141,23 @@ async def test_session_state_that_is_not_utf8_round_trips_and_lists_after_a_rest
         listed = await client.list_snapshots()
         assert [s.id for s in listed] == [snap.id] and listed[0].env_bytes["ODD"] == ODD_VALUE
         await _check_restored(client, snap.id)
+
+
+async def test_environment_at_its_limits_reaches_the_command(client: AsyncClient, pool: str) -> None:
+    # The largest variable and the largest total, with the longest command:
+    # together still within what the kernel passes to a program.
+    one = {"BIG": "v" * (v.MAX_ENV_ENTRY - len("BIG=") - 1)}
+    total = {f"E{i}": "w" * (120 << 10) for i in range(4)}
+    command = _command_of(v.MAX_COMMAND - 40) + 'printenv | wc -c | sed "s/^/n=/"\n'
+    async with client.acquire(pool) as sb:
+        for env in (one, total):
+            want = sum(len(k) + 1 + len(val) + 1 for k, val in env.items())
+            for session, stdin in (("", b""), ("", b"x" * 100_000), ("s", b"")):
+                r = await sb.exec(command, env=env, session=session, stdin=stdin)
+                assert r.outcome == "EXITED" and r.exit_code == 0, (session, len(stdin), r.stderr[-300:])
+                lines = r.text.splitlines()
+                assert lines[:2] == ["start", "end 42"] and int(lines[2][2:]) >= want, (session, lines)
+        with pytest.raises(errors.InvalidArgument, match="BIG"):
+            await sb.exec("true", env={"BIG": "v" * v.MAX_ENV_ENTRY})
+        with pytest.raises(errors.InvalidArgument, match="env: variables total"):
+            await sb.exec("true", env={**total, "E9": "w" * (120 << 10)})
