@@ -72,7 +72,9 @@ async def test_sdk_lifecycle_commands_and_files(prime_url: str, tmp_path: Path) 
             working_dir="/tmp",
             env={"EXTRA": "x"},
         )
-        assert (r.stdout, r.stderr, r.exit_code) == ("t1 s3cret x\n/tmp\n1000\n", "err\n", 3)
+        uid = (await sdk.execute_command(sb.id, "id -u")).stdout
+        assert (r.stdout, r.stderr, r.exit_code) == (f"t1 s3cret x\n/tmp\n{uid}", "err\n", 3)
+        assert uid != "1000\n" and int(uid) > 0, "the sandbox's own non-root uid"
         r = await sdk.execute_command(sb.id, "id -u; whoami", user="root")
         assert (r.stdout, r.exit_code) == ("0\nroot\n", 0)
         with pytest.raises(prime_sandboxes.APIError, match="does not exist"):

@@ -142,7 +142,9 @@ async def test_slimes_exec_and_wait_runs_unchanged(client: AsyncClient, pool: st
             workdir="/workspace",
             want_output=True,
         )
-        assert (code, output) == (0, "x1 1000 /workspace\n")
+        _, uid, _ = await sb.exec("id -u", user="", timeout=15)
+        uid = uid.strip()
+        assert (code, output) == (0, f"x1 {uid} /workspace\n") and uid != "1000"
         # A command that outlives its budget: slime's own sentinel.
         code, _ = await exec_and_wait(sb, cmd="sleep 30", time_budget_sec=1, tag="slow")
         assert code == EXIT_TIME_BUDGET_EXCEEDED

@@ -18,6 +18,7 @@ import pytest
 from sandboxd import errors
 from sandboxd.adapters.rllm import SandboxdSandbox
 from sandboxd.app import App
+from sandboxd.backends.uids import DEFAULT_UIDS
 from sandboxd.client import Client
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
@@ -222,4 +223,5 @@ async def test_rllm_oracle_shape(app: App, pool: str, tmp_path: Path) -> None:
         await asyncio.to_thread(_rllm_oracle, app.address, pool, solution_dir, None)
     # Mapping rLLM's root onto the sandbox's user is the explicit way through.
     out = await asyncio.to_thread(_rllm_oracle, app.address, pool, solution_dir, {"root": ""})
-    assert out == "solved\n1000\n"
+    solved, uid = out.splitlines()
+    assert solved == "solved" and int(uid) >= DEFAULT_UIDS.base, "run as the sandbox's own user"

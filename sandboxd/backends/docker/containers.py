@@ -8,7 +8,8 @@ SDK on a bounded thread pool, never on the event loop.
 Containers are hardened by default: no network, non-root, no capabilities,
 no-new-privileges, read-only root, and a size- and inode-limited tmpfs as the
 workspace, so the kernel enforces disk bytes and file count. Each sandbox
-runs as a host uid of its own (sandboxd.backends.uids), recorded in a label
+runs as a host uid of its own (sandboxd.backends.uids; under runc: gVisor
+counts nothing per host uid, so its sandboxes share one), recorded in a label
 for adoption; the workspace is owned by it, and the image's /etc/passwd and
 /etc/group, with the sandbox user's line made to name it, are bind-mounted
 read-only from the inbox so that tools that look the user up (id, whoami,
@@ -249,7 +250,10 @@ class Containers:
         host uid of its own; returns the container's id and its init
         process's host pid (0: unknown). A half-made container is left for
         discard(), which frees the uid."""
-        user = self.users.allocate(spec.sandbox_id)
+        # gVisor's sentry is a kernel of its own per sandbox: nothing there is
+        # counted per host uid, and a live restore needs every sandbox's spec
+        # (its mounts' uid= included) to be alike, so all share one user.
+        user = None if spec.runtime == GVISOR else self.users.allocate(spec.sandbox_id)
         handle, pid = await self.run(self._create_sync, spec, user)
         self._inboxes[handle] = self.inbox_path(spec.sandbox_id)
         self.users.created(handle, spec.sandbox_id, user)
