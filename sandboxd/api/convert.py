@@ -9,6 +9,7 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.pools import PoolConfig, WarmPool
 from sandboxd.core.tenancy import split_pool_key
+from sandboxd.errors import printable
 from sandboxd.v1 import common_pb2, exec_pb2, pools_pb2, sandboxes_pb2
 
 
@@ -108,7 +109,7 @@ def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
         ready_at=ts(rec.entered.get(State.READY, 0.0)),
         leased_at=ts(rec.entered.get(State.LEASED, 0.0)),
         lease_expires_at=ts(lease.expires_wall if lease and rec.state is State.LEASED else 0.0),
-        failure_reason=rec.failure_reason,
+        failure_reason=printable(rec.failure_reason),
         paused=rec.paused,
     )
 
@@ -133,5 +134,6 @@ def exec_result_to(result: ExecResult, stdout: bytes = b"", stderr: bytes = b"")
         stderr=stderr,
         duration_seconds=result.duration,
         output_truncated=result.output_truncated,
-        detail=result.detail,
+        # It may quote what a sandbox printed or named, in bytes that are not UTF-8.
+        detail=printable(result.detail),
     )
