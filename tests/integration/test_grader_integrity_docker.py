@@ -297,3 +297,33 @@ async def test_a_sticky_directory_keeps_its_rule(client: AsyncClient, pool: str)
         await sb.write_files({"/tmp/mine": b"mm"})
         assert (await sb.exec("cat /tmp/mine")).text == "mm"
         assert (await sb.exec(TEMPS, user="root")).text.strip() == ""
+
+
+async def test_a_read_only_directory_uploads_and_restores_and_leaves_nothing(
+    client: AsyncClient, pool: str
+) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("ro", "ro/in"):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o555
+            tar.addfile(info)
+        info = tarfile.TarInfo("ro/in/f")
+        info.size, info.mode = 2, 0o444
+        tar.addfile(info, io.BytesIO(b"hi"))
+    show = "cd /workspace && find ro -printf '%m %p\\n' | LC_ALL=C sort && cat ro/in/f"
+    want = "444 ro/in/f\n555 ro\n555 ro/in\nhi"
+    async with client.acquire(pool, timeout=60) as sb:
+        await client.upload_dir(sb.id, buf.getvalue(), "/workspace")
+        assert (await sb.exec(show)).text.strip() == want
+        # Again: ro/in is read-only, so nothing may be made in it, as in the sandbox.
+        with pytest.raises(errors.PermissionDenied, match="/workspace/ro/in: permission denied"):
+            await client.upload_dir(sb.id, buf.getvalue(), "/workspace")
+        assert (await sb.exec(TEMPS, user="root")).text.strip() == ""
+        snap = await sb.snapshot()
+    restored = await client.restore(snap.id, timeout=90)
+    try:
+        assert (await restored[0].exec(show)).text.strip() == want
+        assert (await restored[0].exec(TEMPS, user="root")).text.strip() == ""
+    finally:
+        await restored.release()
