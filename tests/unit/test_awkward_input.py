@@ -208,6 +208,17 @@ def test_every_validator_refuses_newlines_nul_and_non_ascii(value: str) -> None:
     ]
     if value.isascii():  # free-form names (runs, trajectories) may be any text but control characters
         checks.append(lambda: v.name_text("run", value))
+    checks.append(lambda: v.exec_user("user", "root" + value))
+    if "\x00" in value:  # paths and values may hold any character but NUL
+        checks += [
+            lambda: v.workspace_path("path", "a" + value),
+            lambda: v.file_path("path", "/tmp/a" + value),
+            lambda: v.exec_cwd("cwd", "/a" + value),
+            lambda: v.labels("labels", {"k": value}),
+            lambda: v.env("env", {"A": value}),
+            lambda: v.shell("shell", "echo " + value),
+            lambda: v.argv("argv", ["echo", value]),
+        ]
     for i, check in enumerate(checks):
         with pytest.raises(errors.InvalidArgument):
             check()
