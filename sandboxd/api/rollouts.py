@@ -154,6 +154,7 @@ def slot_to(g: Group) -> pb.Slot:
         group_id=g.group_id,
         policy_version=g.start_version,
         prompt_id=g.prompt_id,
+        image=g.image,
         resume=[
             pb.ParkedTrajectory(
                 trajectory_id=t.trajectory_id,
@@ -223,9 +224,9 @@ class RolloutServicer(rollouts_pb2_grpc.RolloutServiceServicer):
         return pb.ConfigureRunResponse(config=config_to(queue.config), policy_version=queue.version)
 
     async def RequestSlots(self, request: pb.RequestSlotsRequest, context: Any) -> pb.RequestSlotsResponse:
-        """NOT_FOUND (unknown run), INVALID_ARGUMENT (count < 1), RESOURCE_EXHAUSTED (no capacity now,
-        with retry-after)."""
-        slots, version = await self._m.request_slots(request.run, request.count)
+        """NOT_FOUND (unknown run), INVALID_ARGUMENT (count < 1, a bad image), FAILED_PRECONDITION (an
+        image the run's pool does not serve), RESOURCE_EXHAUSTED (no capacity now, with retry-after)."""
+        slots, version = await self._m.request_slots(request.run, request.count, list(request.images))
         return pb.RequestSlotsResponse(slots=[slot_to(g) for g in slots], policy_version=version)
 
     async def ReportProgress(

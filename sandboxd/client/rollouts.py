@@ -78,11 +78,13 @@ class RolloutClient:
             )
         return response
 
-    async def request_slots(self, run: str, count: int = 1) -> list[pb.Slot]:
-        """Up to ``count`` slots; raises ResourceExhausted (with retry_after) when none."""
+    async def request_slots(self, run: str, count: int = 1, images: Sequence[str] = ()) -> list[pb.Slot]:
+        """Up to ``count`` slots; raises ResourceExhausted (with retry_after) when none.
+        ``images``: the images of the new slots' tasks, in order (each slot's
+        ``image`` says which it got); the queue announces them to the pool."""
         with rpc_errors():
             response: pb.RequestSlotsResponse = await self.stub.RequestSlots(
-                pb.RequestSlotsRequest(run=run, count=count), metadata=self._metadata
+                pb.RequestSlotsRequest(run=run, count=count, images=list(images)), metadata=self._metadata
             )
         return list(response.slots)
 

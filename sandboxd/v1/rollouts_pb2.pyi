@@ -136,24 +136,28 @@ class ParkedTrajectory(_message.Message):
     def __init__(self, trajectory_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., snapshot_id: _Optional[str] = ..., env_policy_version: _Optional[int] = ...) -> None: ...
 
 class Slot(_message.Message):
-    __slots__ = ("group_id", "policy_version", "resume", "prompt_id")
+    __slots__ = ("group_id", "policy_version", "resume", "prompt_id", "image")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     policy_version: int
     resume: _containers.RepeatedCompositeFieldContainer[ParkedTrajectory]
     prompt_id: str
-    def __init__(self, group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., resume: _Optional[_Iterable[_Union[ParkedTrajectory, _Mapping]]] = ..., prompt_id: _Optional[str] = ...) -> None: ...
+    image: str
+    def __init__(self, group_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., resume: _Optional[_Iterable[_Union[ParkedTrajectory, _Mapping]]] = ..., prompt_id: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
 
 class RequestSlotsRequest(_message.Message):
-    __slots__ = ("run", "count")
+    __slots__ = ("run", "count", "images")
     RUN_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     run: str
     count: int
-    def __init__(self, run: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+    images: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run: _Optional[str] = ..., count: _Optional[int] = ..., images: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RequestSlotsResponse(_message.Message):
     __slots__ = ("slots", "policy_version")

@@ -115,9 +115,14 @@ class RolloutServiceServicer:
         (slot.resume), then new groups. A slot is granted only while
         accepted + running <= (S + v + 1) * B (+ the over-sampling allowance),
         within the run's concurrency target and the pool's size.
-        NOT_FOUND: unknown run. INVALID_ARGUMENT: count < 1.
+        NOT_FOUND: unknown run. INVALID_ARGUMENT: count < 1, a malformed image
+        or more images than count.
+        FAILED_PRECONDITION: an image the run's pool does not serve.
         RESOURCE_EXHAUSTED: no capacity now; the retry-after-seconds trailer
         (and RetryInfo) says when to ask again.
+        With images, each granted slot carries its task's image, and the images
+        are announced to the run's pool (when it follows demand), consumed by
+        the acquires of them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

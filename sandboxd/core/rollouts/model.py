@@ -231,6 +231,9 @@ class Group:
     snapshots_ready: bool = True
     """Parked: whether its snapshots were taken (only then is it handed out)."""
     accepted_seq: int = 0
+    image: str = ""
+    """The image of the group's task, as the generator named it when asking
+    for the slot ("" = the pool's own); announced to the pool until leased."""
 
     def oldest_version(self) -> int:
         """The oldest policy version any of its trajectories' tokens came from (else start_version)."""
@@ -323,6 +326,7 @@ def group_from_json(d: dict[str, Any]) -> Group:
         resume=[trajectory_from(t) for t in d["resume"]],
         snapshots_ready=d["snapshots_ready"],
         accepted_seq=d["accepted_seq"],
+        image=d.get("image", ""),
     )
 
 

@@ -23,7 +23,7 @@ verifiers, persisting, announcing demand.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sandboxd.clock import Clock
@@ -184,10 +184,14 @@ class RolloutQueue:
         between two acknowledged batches (the trainer frees B slots per step)."""
         return self._flow.retry_after()
 
-    def request_slots(self, count: int) -> list[Group]:
-        """Starts up to ``count`` groups, parked ones first; RESOURCE_EXHAUSTED at capacity."""
+    def request_slots(self, count: int, images: Sequence[str] = ()) -> list[Group]:
+        """Starts up to ``count`` groups, parked ones first; RESOURCE_EXHAUSTED at
+        capacity. ``images``: the images of the new groups' tasks, in order
+        (resumed groups keep their own)."""
         if count < 1:
             raise InvalidArgument("count", f"must be >= 1, got {count}")
+        if len(images) > count:
+            raise InvalidArgument("images", f"{len(images)} images for {count} slots")
         self.tick()
         room = min(count, self.capacity())
         if room == 0:
@@ -217,11 +221,13 @@ class RolloutQueue:
                 prompt_id=parked.prompt_id,
                 resumed_from=parked.group_id,
                 resume=parked.trajectories,
+                image=parked.image,
             )
             self._end(parked, GroupState.DONE, Outcome.PARKED, f"resumed as {g.group_id}")
             out.append(g)
+        fresh = iter(images)
         while len(out) < room:
-            out.append(Group(new_id("grp"), self.version, self.now))
+            out.append(Group(new_id("grp"), self.version, self.now, image=next(fresh, "")))
         for g in out:
             self.running[g.group_id] = g
             self._touch(g)

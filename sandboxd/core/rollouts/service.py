@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sandboxd.clock import Clock
@@ -41,10 +42,16 @@ _ID_MAX = 256
 _IDLE_RECHECK_SECONDS = 0.5
 
 
+_GRANT_SOURCES = 64
+"""Announcements of granted slots' images kept per run at once (the oldest is replaced)."""
+
+
 @dataclass
 class _Run:
     key: str
     queue: RolloutQueue
+    grants: int = 0
+    """Grants of slots with images so far (which announcement source the next one takes)."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -147,15 +154,26 @@ class RolloutManager:
         run.queue.discarded_snapshots.clear()
         await self._flush(run)
 
-    def _announce(self, run: _Run) -> None:
+    def _announce(self, run: _Run, granted: Sequence[Group] = ()) -> None:
+        """Announces to the run's pool the images of the tasks of ``granted``
+        slots (one announcement per grant, consumed by the acquires of those
+        images: their sandboxes warm, the images pulled ahead, while the
+        generator prepares) and the run's concurrency beyond what those cover."""
         q = run.queue
         if not q.config.pool or self._control is None:
             return
+        ttl = min(3600.0, 2 * q.config.window_seconds)
         with acting_as(run.tenant):
             try:
                 pool = self._control.get_pool(q.config.pool)
-                count = min(pool.config.max_size, q.target * q.config.per_group)
-                pool.announce(f"rollouts:{q.run}", count, 0.0, min(3600.0, 2 * q.config.window_seconds))
+                images = _within(_slot_images(granted, q.config.per_group), pool.config.max_size)
+                if images:
+                    run.grants += 1
+                    source = f"rollouts:{q.run}:slots:{run.grants % _GRANT_SOURCES}"
+                    pool.announce(source, sum(n for _, n in images), 0.0, ttl, images)
+                covered = sum(pool.announced(f"rollouts:{q.run}:slots:{i}") for i in range(_GRANT_SOURCES))
+                count = max(0, min(pool.config.max_size, q.target * q.config.per_group) - covered)
+                pool.announce(f"rollouts:{q.run}", count, 0.0, ttl)
             except SandboxdError as e:
                 log.debug("run %s: demand not announced: %s", q.run, e)
 
@@ -202,18 +220,34 @@ class RolloutManager:
 
     # -- generator side ----------------------------------------------------------
 
-    async def request_slots(self, name: str, count: int) -> tuple[list[Group], int]:
-        """Up to ``count`` (>= 1) slots, and the policy version they start under."""
+    async def request_slots(
+        self, name: str, count: int, images: Sequence[str] = ()
+    ) -> tuple[list[Group], int]:
+        """Up to ``count`` (>= 1) slots, and the policy version they start
+        under; ``images`` are the new slots' tasks' images, announced to the pool."""
         v.positive_count("count", count)
         run = self.get(name)
+        images = self._check_images(run, images)
         async with run.lock:
             self._pool_cap(run)
             changed = run.queue.tick()
             try:
-                slots = run.queue.request_slots(count)
+                slots = run.queue.request_slots(count, images)
             finally:
                 await self._after(run, changed, [])
+            if any(g.image for g in slots):
+                self._announce(run, slots)
         return slots, run.queue.version
+
+    def _check_images(self, run: _Run, images: Sequence[str]) -> list[str]:
+        """The images as the run's pool names them: INVALID_ARGUMENT for a malformed one,
+        FAILED_PRECONDITION for one the pool does not serve."""
+        out = [v.image_ref(f"images[{i}]", image) for i, image in enumerate(images)]
+        if out and run.queue.config.pool and self._control is not None:
+            with acting_as(run.tenant):
+                config = self._control.get_pool(run.queue.config.pool, "config.pool").config
+            out = [config.image_for(image, f"images[{i}]") for i, image in enumerate(out)]
+        return out
 
     async def report_progress(
         self, name: str, group_id: str, lease_ids: list[str], trajectories: list[Trajectory]
@@ -369,3 +403,24 @@ def check_run_name(name: str) -> str:
 def _check_names(trajectories: list[Trajectory]) -> None:
     for i, t in enumerate(trajectories):
         v.name_text(f"trajectories[{i}].trajectory_id", t.trajectory_id, _ID_MAX)
+
+
+def _slot_images(groups: Iterable[Group], per_group: int) -> dict[str, int]:
+    """Sandboxes the slots ``groups`` will lease per named image, ``per_group`` each."""
+    wanted: Counter[str] = Counter()
+    for g in groups:
+        if g.image:
+            wanted[g.image] += per_group
+    return dict(wanted)
+
+
+def _within(images: dict[str, int], count: int) -> tuple[tuple[str, int], ...]:
+    """``images`` cut down, in order, so that their counts add up to at most ``count``."""
+    out: list[tuple[str, int]] = []
+    left = count
+    for image, n in sorted(images.items()):
+        take = min(n, left)
+        if take > 0:
+            out.append((image, take))
+        left -= take
+    return tuple(out)
