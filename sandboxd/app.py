@@ -135,6 +135,7 @@ def make_backend(settings: Settings) -> Backend:
                     tolerations=tuple(cfg.tolerations),
                     priority_class=cfg.priority_class,
                     image_pull_policy=cfg.image_pull_policy,
+                    image_pull_secrets=tuple(cfg.image_pull_secrets),
                     cpu_request_ratio=cfg.cpu_request_ratio,
                     memory_request_ratio=cfg.memory_request_ratio,
                     workspace=cfg.workspace,
@@ -146,6 +147,7 @@ def make_backend(settings: Settings) -> Backend:
                 check_node_images=cfg.check_node_images,
                 exec_health_check=cfg.exec_health_check,
                 tenant_quotas=cfg.tenant_quotas,
+                prefer_image_nodes=cfg.prefer_image_nodes,
             )
         )
     raise TypeError(f"unknown backend settings {cfg!r}")

@@ -228,6 +228,12 @@ class KubernetesBackendSettings:
     """Pod tolerations, as in the Pod spec."""
     priority_class: str | None = None
     image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: list[str] = field(default_factory=list)
+    """Secrets in the namespace (kubernetes.io/dockerconfigjson) every
+    sandbox Pod pulls its image with: a private registry's credentials."""
+    prefer_image_nodes: bool = True
+    """Pods prefer nodes whose status.images already list their image
+    (a preferred node affinity; the scheduler still decides)."""
     cpu_request_ratio: float = 1.0
     """CPU request = limit x this (below 1 overcommits nodes)."""
     memory_request_ratio: float = 1.0

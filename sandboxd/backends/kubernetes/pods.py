@@ -15,6 +15,7 @@ import asyncio
 import builtins
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,6 +24,7 @@ from sandboxd.backends.base import LABEL_SANDBOX, BackendSandbox, HostFacts, Lim
 from sandboxd.backends.kubernetes import hostcap
 from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, unreachable, wrap
+from sandboxd.backends.kubernetes.nodeimages import NodeImages
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
     ANNOTATION_POOL,
@@ -59,6 +61,8 @@ class KubernetesOptions:
     exec_health_check: bool = False
     tenant_quotas: bool = False
     """Enforce each tenant's quota with a ResourceQuota too (quotas.py)."""
+    prefer_image_nodes: bool = True
+    """Pods prefer nodes whose status.images list their image (no pull)."""
 
     def pod_options(self) -> PodOptions:
         """The Pod options, with this backend's tenant quota setting."""
@@ -88,6 +92,7 @@ class Pods:
         # The sandbox user's (uid, gid) of each Pod, and its sandbox id, by name.
         self._users: dict[str, tuple[int, int]] = {}
         self._sandbox_of: dict[str, str] = {}
+        self._node_images = NodeImages(self._nodes, time.monotonic)
 
     async def ensure_started(self) -> None:
         """Once: the namespace's NetworkPolicy (if asked for) and the watch cache."""
@@ -145,7 +150,8 @@ class Pods:
         if self._options.tenant_quotas:
             await self._quotas.ensure_class(tenant_of(spec.pool))
         user = None if self.uids.shared else self.uids.allocate(spec.sandbox_id)
-        body = build_pod(spec, self._pod_opts, user)
+        image_nodes = await self._node_images.holding(spec.image) if self._options.prefer_image_nodes else []
+        body = build_pod(spec, self._pod_opts, user, image_nodes)
         name = str(body["metadata"]["name"])
         self._users[name] = user or (self._pod_opts.uid, self._pod_opts.gid)
         self._sandbox_of[name] = spec.sandbox_id

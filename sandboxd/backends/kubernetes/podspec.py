@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +52,7 @@ from sandboxd.backends.base import (
     Limits,
     SandboxSpec,
 )
+from sandboxd.backends.kubernetes.nodeimages import prefer_nodes
 from sandboxd.backends.uids import DEFAULT_UIDS, SANDBOX_NAME, UidRange, group_for, passwd_for
 
 LABEL_TENANT = "sandboxd.tenant"
@@ -125,6 +126,8 @@ class PodOptions:
     """Pods name their tenant's PriorityClass, which scopes its ResourceQuota
     (quotas.py); replaces ``priority_class``."""
     image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (in the namespace) every Pod pulls its image with."""
     cpu_request_ratio: float = 1.0
     memory_request_ratio: float = 1.0
     workspace: WorkspaceKind = "emptydir"
@@ -214,9 +217,15 @@ def _workspace_volume(limits: Limits, opts: PodOptions) -> dict[str, Any]:
     return {"name": "workspace", "emptyDir": empty}
 
 
-def build_pod(spec: SandboxSpec, opts: PodOptions, user: tuple[int, int] | None = None) -> dict[str, Any]:
+def build_pod(
+    spec: SandboxSpec,
+    opts: PodOptions,
+    user: tuple[int, int] | None = None,
+    image_nodes: Sequence[str] = (),
+) -> dict[str, Any]:
     """The Pod manifest of one sandbox running as ``user`` (None: the shared
-    ``opts.uid``), hardened, labelled for adoption."""
+    ``opts.uid``), hardened, labelled for adoption; it prefers the nodes
+    ``image_nodes`` (they hold its image: no pull)."""
     uid, gid = user if user is not None else (opts.uid, opts.gid)
     labels = {
         LABEL_MANAGED: "true",
@@ -312,6 +321,10 @@ def build_pod(spec: SandboxSpec, opts: PodOptions, user: tuple[int, int] | None 
         pod_spec["priorityClassName"] = tenant_class(tenant_of(spec.pool))
     elif opts.priority_class:
         pod_spec["priorityClassName"] = opts.priority_class
+    if opts.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in opts.image_pull_secrets]
+    if image_nodes:
+        pod_spec["affinity"] = prefer_nodes(image_nodes)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

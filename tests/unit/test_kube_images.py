@@ -1,0 +1,81 @@
+"""Kubernetes image placement, without a cluster: Pods prefer the nodes
+whose status.images list their image, pull with the configured secrets, and
+a node list that cannot be read leaves the Pod placed as before."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.backends.base import Limits, SandboxSpec
+from sandboxd.backends.kubernetes.nodeimages import REFRESH_SECONDS, NodeImages, nodes_holding, spellings
+from sandboxd.backends.kubernetes.podspec import PodOptions, build_pod
+from sandboxd.errors import TransientBackendError
+from sandboxd.settings import load_settings
+
+
+def node(name: str, *images: list[str]) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"images": [{"names": names} for names in images]}}
+
+
+NODES = [
+    node("n1", ["docker.io/library/python:3.11", "docker.io/library/python@sha256:aa"]),
+    node("n2", ["127.0.0.1:5000/task-1:v1"], ["docker.io/library/python:3.11"]),
+    node("n3"),
+]
+
+
+def test_nodes_holding_an_image_under_any_of_its_names() -> None:
+    assert nodes_holding(NODES, "python:3.11") == ["n1", "n2"]
+    assert nodes_holding(NODES, "docker.io/library/python:3.11") == ["n1", "n2"]
+    assert nodes_holding(NODES, "127.0.0.1:5000/task-1:v1") == ["n2"]
+    assert nodes_holding(NODES, "127.0.0.1:5000/task-2:v1") == []
+    assert "docker.io/library/ubuntu:latest" in spellings("ubuntu")
+    assert spellings("127.0.0.1:5000/x") == {"127.0.0.1:5000/x", "127.0.0.1:5000/x:latest"}
+
+
+def test_the_pod_prefers_those_nodes_and_pulls_with_the_secrets() -> None:
+    spec = SandboxSpec("sb-1", "pool", "127.0.0.1:5000/task-1:v1", Limits(memory_bytes=1 << 30))
+    opts = PodOptions(namespace="ns", instance="i", image_pull_secrets=("regcred",))
+    pod = build_pod(spec, opts, image_nodes=["n2"])["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    [term] = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["preference"]["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}
+    ]
+    plain = build_pod(spec, PodOptions(namespace="ns", instance="i"))["spec"]
+    assert "affinity" not in plain and "imagePullSecrets" not in plain
+
+
+async def test_node_lists_are_read_at_most_every_refresh_and_a_failure_means_no_preference() -> None:
+    now = [0.0]
+    reads = [0]
+    fail = [False]
+
+    async def list_nodes() -> list[dict[str, Any]]:
+        reads[0] += 1
+        if fail[0]:
+            raise TransientBackendError("cannot list nodes: 403")
+        return NODES
+
+    images = NodeImages(list_nodes, lambda: now[0])
+    assert await images.holding("python:3.11") == ["n1", "n2"]
+    assert await images.holding("127.0.0.1:5000/task-1:v1") == ["n2"]
+    assert reads[0] == 1
+    now[0] += REFRESH_SECONDS
+    fail[0] = True
+    assert await images.holding("python:3.11") == []
+    assert reads[0] == 2
+    assert await images.holding("python:3.11") == []
+    assert reads[0] == 2  # a failed read is not retried on every create
+
+
+def test_settings_reach_the_backend() -> None:
+    settings = load_settings(
+        overrides={
+            "backend.kind": "kubernetes",
+            "backend.image_pull_secrets": ["regcred"],
+            "backend.prefer_image_nodes": False,
+        }
+    )
+    assert settings.backend.image_pull_secrets == ["regcred"]  # type: ignore[union-attr]
+    assert settings.backend.prefer_image_nodes is False  # type: ignore[union-attr]
