@@ -38,6 +38,7 @@ from sandboxd.core.rollouts.meters import register_rollout_gauges
 from sandboxd.core.rollouts.service import RolloutManager
 from sandboxd.core.rollouts.store import RolloutStore
 from sandboxd.core.snapshots import SnapshotCatalog, SnapshotManager
+from sandboxd.core.snapshots.meters import register_journal_meters
 from sandboxd.core.state import SqliteStateStore, StateStore
 from sandboxd.settings import DockerBackendSettings, FakeBackendSettings, KubernetesBackendSettings, Settings
 from sandboxd.stores.base import BlobStore
@@ -406,6 +407,7 @@ def build_app(
     )
     rollouts = RolloutManager(control, rollout_store, control.clock, snapshots=snapshots)
     register_rollout_gauges(telemetry.meter, rollouts)
+    register_journal_meters(telemetry.meter, snapshots.watcher)
     rollouts_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(rollouts), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

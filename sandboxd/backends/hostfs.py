@@ -32,16 +32,21 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 from sandboxd.backends import hostmaps
+from sandboxd.backends.hostread import CHUNK_BYTES as CHUNK_BYTES
+from sandboxd.backends.hostread import (
+    FILE_FLAGS,
+    gone_or_raise,
+    read_chunks,
+    read_fd,
+    read_regular,
+    unreadable,
+)
+from sandboxd.backends.hostread import LARGE as LARGE
+from sandboxd.backends.hostread import Large as Large
+from sandboxd.backends.hostread import Unreadable as Unreadable
 from sandboxd.backends.layout import WORKSPACE
-from sandboxd.errors import BackendError, FailedPrecondition
 
 OnDir = Callable[[int, str], None]
-
-CHUNK_BYTES = 1 << 20
-"""What one streamed read takes at most (HostFile.chunks)."""
-# One read(2) returns at most this on Linux, whatever was asked: a short
-# read of a file above it is not its end.
-_MAX_READ = 0x7FFFF000
 
 Record = tuple[str, int, int, str, str, str, str, int, int, int]
 """(kind, mode, size, mtime, ctime, path, target, links, uid, gid) as the
@@ -51,7 +56,6 @@ workspace, target for links; links is the inode's link count (a file with
 several names changes under all of them); uid and gid as the kernel has them."""
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _KINDS = {
     stat.S_IFREG: "f",
     stat.S_IFDIR: "d",
@@ -82,50 +86,6 @@ def record(st: os.stat_result, path: str, target: str = "") -> Record:
         st.st_uid,
         st.st_gid,
     )
-
-
-class Large:
-    """Stands for the content of a regular file above the caller's
-    ``inline_max``, left unread: stream it with HostWorkspace.open_file."""
-
-    __slots__ = ()
-
-
-LARGE = Large()
-
-# What an open or stat of a listed name answers when the name is gone or now
-# names something else (a link: ELOOP; a socket: ENXIO; a directory where a
-# file was: EISDIR), or the way to it is refused (a link or ".." on it:
-# EXDEV from openat2, EINVAL from the component walk): the entry changed
-# since it was listed, or is none of the workspace's; nothing was lost.
-_GONE = frozenset(
-    {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EXDEV, errno.EINVAL}
-)
-
-
-class Unreadable(FailedPrecondition):
-    """A workspace entry that is there but cannot be read exactly; its
-    message names it and says what to do."""
-
-
-def unreadable(path: str, e: OSError) -> Unreadable:
-    """The Unreadable for ``path`` (relative to the workspace) failing with ``e``."""
-    where = f"{WORKSPACE}/{path}" if path else WORKSPACE
-    if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-        return Unreadable(
-            f"{where} is held under a write lease (fcntl F_SETLEASE) by a process in the sandbox, so it "
-            "cannot be read without breaking the lease; release the lease (F_UNLCK) or close the file, "
-            "then retry"
-        )
-    if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
-        return Unreadable(f"{where} could not be opened ({e.strerror}): the host ran short; retry")
-    return Unreadable(f"{where} could not be read ({e.strerror or e}); nothing was captured from it")
-
-
-def _gone(path: str, e: OSError) -> None:
-    """Returns if ``e`` says the entry is gone or changed kind; else raises Unreadable."""
-    if e.errno not in _GONE:
-        raise unreadable(path, e) from e
 
 
 class HostWorkspace:
@@ -207,7 +167,7 @@ class HostWorkspace:
         try:
             fd = _open_dirs(self.fd, rel)
         except OSError as e:
-            _gone(rel, e)
+            gone_or_raise(rel, e)
             return []
         try:
             if on_dir is not None:
@@ -247,21 +207,21 @@ class HostWorkspace:
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError as e:
-                _gone(path, e)
+                gone_or_raise(path, e)
                 continue  # gone since it was listed
             kind = stat.S_IFMT(st.st_mode)
             if kind == stat.S_IFLNK:
                 try:
                     yield record(st, path, os.readlink(name, dir_fd=dfd)), None
                 except OSError as e:
-                    _gone(path, e)  # EINVAL: no longer a link
+                    gone_or_raise(path, e)  # EINVAL: no longer a link
                     continue
             elif kind == stat.S_IFDIR:
                 yield record(st, path), None
                 try:
                     cfd = os.open(name, _DIR, dir_fd=dfd)
                 except OSError as e:
-                    _gone(path, e)
+                    gone_or_raise(path, e)
                     continue  # replaced (by a link, say) since: not followed
                 try:
                     if on_dir is not None:
@@ -305,7 +265,7 @@ class HostWorkspace:
                     st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                     target = os.readlink(name, dir_fd=pfd) if stat.S_ISLNK(st.st_mode) else ""
                 except OSError as e:
-                    _gone(rel, e)
+                    gone_or_raise(rel, e)
                     yield rel, None
                     continue
                 yield rel, record(st, rel, target)
@@ -323,7 +283,7 @@ class HostWorkspace:
             for rel, size in paths:
                 parent, _, name = rel.rpartition("/")
                 pfd = parents.open(parent)
-                yield rel, (_read_regular(pfd, name, rel, size, inline_max) if pfd >= 0 else None)
+                yield rel, (read_regular(pfd, name, rel, size, inline_max) if pfd >= 0 else None)
 
     def open_file(self, rel: str) -> HostFile | None:
         """Regular file ``rel`` opened to be read in bounded chunks (None
@@ -332,12 +292,12 @@ class HostWorkspace:
         try:
             pfd = _open_dirs(self.fd, parent)
         except OSError as e:
-            _gone(parent, e)
+            gone_or_raise(parent, e)
             return None
         try:
-            fd = os.open(name, _FILE, dir_fd=pfd)
+            fd = os.open(name, FILE_FLAGS, dir_fd=pfd)
         except OSError as e:
-            _gone(rel, e)
+            gone_or_raise(rel, e)
             return None
         finally:
             os.close(pfd)
@@ -395,7 +355,7 @@ class _Parents:
             try:
                 self._fd = _open_dirs(self._root, rel)
             except OSError as e:
-                _gone(rel, e)
+                gone_or_raise(rel, e)
         return self._fd
 
     def close(self) -> None:
@@ -494,89 +454,18 @@ def _read_at(dfd: int, name: str) -> bytes:
         os.close(fd)
 
 
-def _read_regular(dfd: int, name: str, path: str, size: int, inline_max: int = 0) -> bytes | Large | None:
-    """The content of regular file ``name`` (``path`` in the workspace),
-    read with one call when it still has about the ``size`` it was listed
-    with (LARGE above ``inline_max``). No fstat unless it turns out longer:
-    what else a name can be here fails on read (a directory: EISDIR; a FIFO
-    opened non-blocking reads empty or EAGAIN; a socket does not open;
-    devices do not open on the nodev workspace), so the check would cost a
-    call per file for nothing; a read that fails is told apart by one then."""
-    try:
-        fd = os.open(name, _FILE, dir_fd=dfd)
-    except OSError as e:
-        _gone(path, e)
-        return None
-    try:
-        return _read_fd(fd, size, inline_max)
-    except OSError as e:
-        try:
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        except OSError:
-            regular = True
-        if not regular:
-            return None  # a directory or FIFO now stands there
-        raise unreadable(path, e) from e
-    finally:
-        os.close(fd)
-
-
 def _scan_file(dfd: int, name: str, path: str, inline_max: int = 0) -> tuple[Record, bytes | Large] | None:
     try:
-        fd = os.open(name, _FILE, dir_fd=dfd)
+        fd = os.open(name, FILE_FLAGS, dir_fd=dfd)
     except OSError as e:
-        _gone(path, e)
+        gone_or_raise(path, e)
         return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return None  # replaced since it was listed
-        return record(st, path), _read_fd(fd, st.st_size, inline_max, exact=True)
+        return record(st, path), read_fd(fd, st.st_size, inline_max, exact=True)
     except OSError as e:
         raise unreadable(path, e) from e
     finally:
         os.close(fd)
-
-
-def _read_fd(fd: int, size: int, limit: int = 0, *, exact: bool = False) -> bytes | Large:
-    """The content, LARGE (left unread) above ``limit`` bytes (0: no
-    limit). ``exact``: ``size`` is its fstat size, and it is read up to that
-    (a file appended to meanwhile is read as of the fstat, as ``cat``
-    would); else ``size`` is a hint, and a file longer than it is read up
-    to the size an fstat then gives."""
-    if limit and size > limit:
-        return LARGE
-    want = min(size if exact else (size + 1 if size else 65536), _MAX_READ)
-    first = os.read(fd, want) if want else b""
-    if len(first) < want or (exact and len(first) == size):
-        return first  # a short read (below the per-call cap) of a regular file is its end
-    end = size if exact else os.fstat(fd).st_size
-    if limit and end > limit:
-        return LARGE  # it grew since its size was taken: the caller streams it
-    parts = [first]
-    total = len(first)
-    while total < end and (chunk := os.read(fd, min(CHUNK_BYTES, end - total))):
-        total += len(chunk)
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def read_chunks(fd: int, size: int, path: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """The first ``size`` bytes (its size when opened) of the regular file
-    open as ``fd``, in pieces of at most ``chunk`` bytes: a file appended to
-    meanwhile is read as of its open, as ``cat`` would. FailedPrecondition
-    naming ``path`` if it ends before that (it was truncated while read:
-    what was read is then neither the old content nor the new)."""
-    offset = 0
-    try:
-        while offset < size and (data := os.pread(fd, min(chunk, _MAX_READ, size - offset), offset)):
-            offset += len(data)
-            yield data
-        now = os.fstat(fd).st_size if offset < size else size
-    except OSError as e:
-        raise BackendError(f"reading {WORKSPACE}/{path} in place failed after {offset} bytes: {e}") from e
-    if offset < size:
-        raise FailedPrecondition(
-            f"{WORKSPACE}/{path} shrank while it was being snapshotted ({size} bytes when opened, {offset} "
-            f"read, {now} now); retry"
-        )

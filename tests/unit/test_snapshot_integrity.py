@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from sandboxd.backends import hostfs, hostmaps
+from sandboxd.backends import hostmaps, hostread
 from sandboxd.backends.base import Limits
 from sandboxd.backends.hostfs import HostWorkspace, Unreadable
 from sandboxd.core.lifecycle import SandboxRecord
@@ -26,6 +28,8 @@ from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.journal import Budget, Journal, Watcher
 from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT
 from sandboxd.core.snapshots.listing import Baseline
+from sandboxd.core.snapshots.meters import register_journal_meters
+from sandboxd.telemetry import render
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,12 +170,12 @@ def test_a_file_appended_to_is_read_as_of_its_open(tree: Path) -> None:
         size = os.fstat(fd).st_size
         with path.open("ab") as fh:
             fh.write(b"more\n" * 100_000)
-        assert hostfs._read_fd(fd, size, exact=True) == b"line\n" * 1000
+        assert hostread.read_fd(fd, size, exact=True) == b"line\n" * 1000
         os.lseek(fd, 0, os.SEEK_SET)
         # Listed smaller than it is: read up to the size it has when found longer.
-        assert hostfs._read_fd(fd, 10) == path.read_bytes()
+        assert hostread.read_fd(fd, 10) == path.read_bytes()
         os.lseek(fd, 0, os.SEEK_SET)
-        assert hostfs._read_fd(fd, size, 4096, exact=True) is hostfs.LARGE
+        assert hostread.read_fd(fd, size, 4096, exact=True) is hostread.LARGE
     finally:
         os.close(fd)
     view = open_view(tree)
@@ -346,3 +350,22 @@ def test_a_sandbox_being_restored_is_known_until_the_restore_ends() -> None:
         baselines.set("sb-1", Baseline("sn-1", []))
         assert baselines.restore_of(fresh) == "sn-1"
     assert baselines.restore_of(fresh) == "" and baselines.restore_of(earlier) == ""
+
+
+def test_the_journals_fall_backs_and_watches_are_metrics(tmp_path: Path, make_watcher: list[Watcher]) -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    try:
+        w = Watcher(Budget(watches_per_sandbox=1, watches_total=10, instances=2))
+        make_watcher.append(w)
+        register_journal_meters(provider.get_meter("test"), w)
+        kept, over = w.journal(), w.journal()
+        assert kept is not None and over is not None
+        watch(kept, dirs(tmp_path / "kept", 1))
+        watch(over, dirs(tmp_path / "over", 2))
+        text = render(reader.get_metrics_data())
+    finally:
+        provider.shutdown()
+    assert 'sandboxd_snapshot_journal_walks_total{reason="budget"} 1' in text
+    assert "sandboxd_snapshot_journal_watches 1" in text
+    assert "sandboxd_snapshot_journal_instances 2" in text

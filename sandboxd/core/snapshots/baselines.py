@@ -13,6 +13,7 @@ from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots.journal import Budget, Journal, Watcher
 from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT
 from sandboxd.core.snapshots.listing import Baseline
+from sandboxd.errors import FailedPrecondition
 
 # Above this many baselines, those of sandboxes that are gone are dropped.
 _PRUNE_ABOVE = 64
@@ -86,6 +87,16 @@ class Baselines:
             if not self._pending[snapshot_id]:
                 del self._pending[snapshot_id]
             marks.clear()
+
+    def refuse_restoring(self, rec: SandboxRecord) -> None:
+        """FailedPrecondition if a restore into ``rec`` is in progress: its
+        workspace is half written until the restore answers."""
+        restoring = self.restore_of(rec)
+        if restoring:
+            raise FailedPrecondition(
+                f"sandbox {rec.sandbox_id} is being restored from snapshot {restoring}; snapshot it once "
+                "the Restore call has answered"
+            )
 
     def restore_of(self, rec: SandboxRecord) -> str:
         """The snapshot being restored into ``rec`` now ("" if none)."""

@@ -49,7 +49,7 @@ from sandboxd.core.snapshots.reading import Prefetch, Rewalk, Scan
 from sandboxd.core.snapshots.sizes import PAGE_BYTES, SizeCheck
 from sandboxd.core.snapshots.workspaces import Workspaces
 from sandboxd.core.tenancy import current_tenant, split_pool_key
-from sandboxd.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from sandboxd.errors import InvalidArgument, ResourceExhausted
 from sandboxd.settings import SnapshotSettings
 
 if TYPE_CHECKING:
@@ -103,12 +103,7 @@ class Capture:
         """Snapshots the current tenant's leased sandbox ``sandbox_id``
         (and ``session``'s cwd and environment, if named)."""
         rec = self._control.leased(sandbox_id)
-        restoring = self._baselines.restore_of(rec)
-        if restoring:
-            raise FailedPrecondition(
-                f"sandbox {sandbox_id} is being restored from snapshot {restoring}; snapshot it once the "
-                "Restore call has answered"
-            )
+        self._baselines.refuse_restoring(rec)
         session = v.session_name("session", session)
         labels = v.labels("labels", labels or {})
         ttl = v.non_negative("ttl_seconds", ttl, self._settings.max_ttl_seconds)

@@ -39,6 +39,7 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.pausing import live_backend
 from sandboxd.core.snapshots import manifest as mf
+from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
 from sandboxd.core.snapshots.gc import Pins, discard
 from sandboxd.core.snapshots.images import Unpacker, archive_chunks, archived_size
@@ -77,7 +78,11 @@ class LiveSnapshots:
         settings: SnapshotSettings,
         now: Callable[[], float],
         staging: Path,
+        baselines: Baselines | None = None,
     ) -> None:
+        """``baselines``: where restores in progress are marked (a snapshot
+        of their targets is refused until they answer)."""
+        self._baselines = baselines or Baselines()
         self._control = control
         self._catalog = catalog
         self._blobs = blobs
@@ -114,6 +119,7 @@ class LiveSnapshots:
     ) -> SnapshotInfo:
         """Checkpoints the current tenant's leased sandbox, which keeps running."""
         rec = self._control.leased(sandbox_id)
+        self._baselines.refuse_restoring(rec)
         session = v.session_name("session", session)
         labels = v.labels("labels", labels or {})
         ttl = v.non_negative("ttl_seconds", ttl, self._settings.max_ttl_seconds)
@@ -262,10 +268,11 @@ class LiveSnapshots:
             started = time.monotonic()
             image = await self._fetch(info, key, digest, work)
             fetched = time.monotonic()
-            with self._control.reconciler.urgent():
+            with self._control.reconciler.urgent(), self._baselines.restoring(info.id) as restoring:
                 lease, records = await self._control.acquire(
                     pool or info.pool, n, 0, {**labels, **lineage_labels(info)}, ttl, timeout, call_remaining
                 )
+                restoring.update(r.sandbox_id for r in records)
                 try:
                     leased = time.monotonic()
                     await asyncio.gather(*(self._restore_into(backend, rec, info, image) for rec in records))

@@ -86,6 +86,7 @@ class SnapshotManager:
             settings,
             self._now,
             staging or Path(tempfile.gettempdir()) / f"sandboxd-live-{secrets.token_hex(6)}",
+            self._baselines,
         )
         self._gc_task: asyncio.Task[None] | None = None
 
