@@ -391,3 +391,38 @@ def test_status_shows_each_pull_once_and_the_images_of_a_pool() -> None:
     text = format_table(pools)
     assert text.count(f"pull {A}: pulling, 5.2 of 10.5 MB (Downloading)") == 1
     assert f"image {A}: ready 1 starting 0 waiting 0 target 2" in text
+
+
+async def test_pulls_and_evictions_are_counted_in_metrics(
+    backend: FakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from sandboxd.telemetry import render
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    clock = FakeClock()
+    cache = ImageCache(backend, clock, settings(cache_bytes=15 * MB), meter=provider.get_meter("t"))
+    await cache.start()
+    try:
+        await cache.ensure(A)
+        clock.advance(200)
+        with caplog.at_level(logging.INFO, logger="sandboxd.core.images.cache"):
+            await cache.ensure(B)
+            clock.advance(200)
+            await cache.enforce_budget()
+        with pytest.raises(FailedPrecondition):
+            await cache.ensure(f"{REG}/absent:1")
+        text = render(reader.get_metrics_data())
+    finally:
+        await cache.stop()
+        provider.shutdown()
+    assert 'sandboxd_image_pulls_total{result="done"} 2' in text
+    assert 'sandboxd_image_pulls_total{result="not_found"} 1' in text
+    assert 'sandboxd_image_evictions_total{reason="budget"} 1' in text
+    assert "sandboxd_image_cache_budget_bytes 15728640" in text
+    assert f"removed {A}" in caplog.text and "least recently used" in caplog.text

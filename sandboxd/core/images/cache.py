@@ -108,6 +108,7 @@ class ImageCache:
         self._budget = self.settings.cache_bytes
         self._used = 0
         self._evicting: asyncio.Lock = asyncio.Lock()
+        self._check_queued = False
         self._background: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self._builds = Builds(self._store, self._slots)
@@ -298,7 +299,7 @@ class ImageCache:
         self._ensured[tag] = self._clock.monotonic() + ENSURE_GRACE_SECONDS
         await self._ledger.save([entry])
         if self._evicts:
-            self._spawn(self.enforce_budget())
+            self._check_budget_soon()
         return tag
 
     def gauges(self) -> dict[str, float]:
@@ -380,7 +381,24 @@ class ImageCache:
         await self._ledger.save([entry])
         self._present.add(image)
         if self._evicts:
-            self._spawn(self.enforce_budget())
+            self._check_budget_soon()
+
+    def _check_budget_soon(self) -> None:
+        # One check waiting is enough however many pulls end meanwhile: it
+        # lists the engine's images after they all landed.
+        if self._check_queued:
+            return
+        self._check_queued = True
+
+        async def check() -> None:
+            try:
+                async with self._evicting:
+                    self._check_queued = False
+                await self.enforce_budget()
+            finally:
+                self._check_queued = False
+
+        self._spawn(check())
 
     def _touch(self, image: str) -> None:
         entry = self._entries.get(image)
