@@ -35,6 +35,7 @@ class _Box(Protocol):
     links: dict[str, str]
     dir_modes: dict[str, int]
     stamps: dict[str, float]
+    user: tuple[int, int]
 
 
 class _ShellState(Protocol):

@@ -23,6 +23,7 @@ DELTA_MARKER = "# sandboxd:delta"
 STATE_DELTA_MARKER = "# sandboxd:state-delta"
 RECORDS_MARKER = "# sandboxd:records"
 OWNED_ROUND_MARKER = "# sandboxd:owned-round"
+SUBLIST_MARKER = "# sandboxd:sublist"
 
 # The listing starts with the sandbox's clock (NUL-terminated), then one
 # record per entry below the workspace: "type mode size mtime ctime uid gid" NUL
@@ -30,20 +31,27 @@ OWNED_ROUND_MARKER = "# sandboxd:owned-round"
 # whose (size, mtime, ctime) is unchanged since a listing is unchanged.
 LIST_FORMAT = r"%y %m %s %T@ %C@ %U %G\0%P\0%l\0"
 
+# A directory the listing user may not list is recorded, then "X" + its name
+# (NUL-terminated) and not descended into: its owner (the sandbox user or
+# root) lists it next (SUBLIST_SCRIPT), or the snapshot is refused naming it.
+_DENIED = "\\( -type d ! \\( -readable -executable \\) -printf 'X{name}\\0' -prune \\)"
 
-def _tolerant(find: str) -> str:
+
+def _tolerant(find: str, also: str = "") -> str:
     """``find`` (a command line) in the workspace, with entries that vanish
     while it walks left out instead of failing the listing (the sandbox
-    may be changing its files); any other error still fails it."""
+    may be changing its files), and errors matching the extended regular
+    expression ``also``; any other error still fails it."""
+    ok = "No such file or directory" + (f"|{also}" if also else "")
     return (
-        f"(cd {WORKSPACE} && {find} 2>/tmp/.sandboxd-find; rc=$?; "
-        "if [ $rc -ne 0 ] && grep -qv 'No such file or directory' /tmp/.sandboxd-find; "
-        "then cat /tmp/.sandboxd-find >&2; exit $rc; fi)"
+        f'(cd {WORKSPACE} && e=/tmp/.sandboxd-find-$(id -u) && {find} 2>"$e"; rc=$?; '
+        f"if [ $rc -ne 0 ] && grep -qvE '{ok}' \"$e\"; "
+        'then cat "$e" >&2; exit $rc; fi)'
     )
 
 
 _LIST = "printf '%s\\0' \"$(date +%s.%N)\"; " + _tolerant(
-    f"find . -ignore_readdir_race -mindepth 1 -printf '{LIST_FORMAT}'"
+    f"find . -ignore_readdir_race -mindepth 1 -printf '{LIST_FORMAT}' , {_DENIED.format(name='%P')}"
 )
 
 # Outside the workspace (a tmpfs with the same clock), so snapshots never see it.
@@ -70,7 +78,8 @@ def delta_script(since: float, *, session: bool) -> str:
     marker = STATE_DELTA_MARKER if session else DELTA_MARKER
     body = "printf '%s\\0' \"$(date +%s.%N)\"; " + _tolerant(
         f"find . -ignore_readdir_race -mindepth 1 "
-        f"\\( -newerct '@{since:.9f}' -printf 'R{LIST_FORMAT}' \\) -o -printf 'N%P\\0'"
+        f"\\( \\( -newerct '@{since:.9f}' -printf 'R{LIST_FORMAT}' \\) -o -printf 'N%P\\0' \\) "
+        f", {_DENIED.format(name='%P')}"
     )
     return f"{marker}\n{_STATE if session else ''}{body}\n"
 
@@ -84,14 +93,30 @@ RECORDS_SCRIPT = (
     + "\n"
 )
 
+# LIST_SCRIPT's format for what lies below the directories named on stdin
+# (NUL-separated, relative to the workspace, as "./dir"), run by a user who
+# may list them (another was denied them).
+SUBLIST_SCRIPT = (
+    f"{SUBLIST_MARKER}\nprintf '%s\\0' \"$(date +%s.%N)\"; "
+    + _tolerant(
+        f"find -files0-from - -ignore_readdir_race -mindepth 1 -printf '{LIST_FORMAT.replace('%P', '%p')}' "
+        f", {_DENIED.format(name='%p')}",
+        # A directory this user cannot reach either stays unlisted (refused later, named).
+        also="Permission denied",
+    )
+    + "\n"
+)
+
 # A tar of the files named on stdin (NUL-separated, relative to the
 # workspace), for small change sets read through a session: no exec start.
 # A file appended to meanwhile is stored as tar first found it (tar_create).
 TAR_SCRIPT = f"{TAR_MARKER}\n(cd {WORKSPACE} || exit 1\n{tar_create('--null --no-recursion -T -')})\n"
 
+# In a subshell in the C locale: names are bytes (owned_round_script says
+# why), and the session keeps its own locale.
 _FIXUP = (
-    "while IFS= read -r -d '' __sbxd_m && IFS= read -r -d '' __sbxd_p; do "
-    f'chmod "$__sbxd_m" -- "{WORKSPACE}/$__sbxd_p"; done; unset __sbxd_m __sbxd_p'
+    "(export LC_ALL=C; while IFS= read -r -d '' __sbxd_m && IFS= read -r -d '' __sbxd_p; do "
+    f'chmod "$__sbxd_m" -- "{WORKSPACE}/$__sbxd_p"; done)'
 )
 
 
@@ -104,24 +129,32 @@ _FIXUP = (
 _CUTOFF = f": > {CUTOFF_FILE} && find {CUTOFF_FILE} -maxdepth 0 -printf '%C@\\0'"
 
 
-def owned_round_script(*, first: bool) -> str:
+def owned_round_script(*, first: bool, extract: bool = True) -> str:
     """One round of a restore whose entries have several owners
     (sandboxd.core.snapshots.owners), run by the round's actor: stdin holds
     (mode, path) pairs, NUL-separated and closed by an empty record, then a
     tar extracted into the workspace (exit 28: it does not fit); then each
     mode is set, in order. ``first``: the round that opens the workspace's
     top to the other actor, printing its mode first (restore_script's
-    ``top_mode`` sets it back)."""
-    lines = [OWNED_ROUND_MARKER]
+    ``top_mode`` sets it back). Without ``extract`` no tar follows (tar
+    refuses an archive of no members)."""
+    # Bytes, not characters: in a UTF-8 locale read takes a byte that
+    # starts a character together with what follows it (the tar, a NUL).
+    lines = [OWNED_ROUND_MARKER, "export LC_ALL=C"]
     if first:
         lines.append(f"find {WORKSPACE} -maxdepth 0 -printf '%m' && chmod 0777 {WORKSPACE} || exit 4")
     lines += [
         "__sbxd_m=(); __sbxd_p=()",
         "while IFS= read -r -d '' __sbxd_a && [ -n \"$__sbxd_a\" ]; do "
-        "IFS= read -r -d '' __sbxd_b || exit 4; __sbxd_m+=(\"$__sbxd_a\"); __sbxd_p+=(\"$__sbxd_b\"); done",
-        f"__sbxd_e=$(tar -x --no-same-owner -C {WORKSPACE} -f - 2>&1 >/dev/null) || "
-        "{ printf '%s\\n' \"$__sbxd_e\" >&2; "
-        'case "$__sbxd_e" in *"No space left on device"*|*"Wrote only"*) exit 28;; esac; exit 4; }',
+        'IFS= read -r -d \'\' __sbxd_b || exit 4; __sbxd_m+=("$__sbxd_a"); __sbxd_p+=("$__sbxd_b"); done',
+    ]
+    if extract:
+        lines.append(
+            f"__sbxd_e=$(tar -x --no-same-owner -C {WORKSPACE} -f - 2>&1 >/dev/null) || "
+            "{ printf '%s\\n' \"$__sbxd_e\" >&2; "
+            'case "$__sbxd_e" in *"No space left on device"*|*"Wrote only"*) exit 28;; esac; exit 4; }'
+        )
+    lines += [
         'for __sbxd_i in "${!__sbxd_m[@]}"; do '
         f'chmod "${{__sbxd_m[$__sbxd_i]}}" -- "{WORKSPACE}/${{__sbxd_p[$__sbxd_i]}}" || exit 4; done',
     ]

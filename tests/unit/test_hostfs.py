@@ -51,7 +51,8 @@ def find_listing(root: Path) -> set[tuple[str, ...]]:
     rows = set()
     for i in range(0, len(out), 3):
         kind, mode, size, mtime, ctime, uid, gid = out[i].decode().split(" ")
-        rows.add((kind, str(int(mode, 8)), size, mtime, ctime, out[i + 1].decode(), out[i + 2].decode(), uid, gid))
+        path, target = out[i + 1].decode(), out[i + 2].decode()
+        rows.add((kind, str(int(mode, 8)), size, mtime, ctime, path, target, uid, gid))
     return rows
 
 

@@ -40,7 +40,8 @@ def test_owners_round_trip_and_old_formats_restore_as_the_sandbox_users() -> Non
     # Formats 1 and 2 (no owners): every entry the sandbox user's.
     old = zlib.compress(json.dumps({"v": 1, "entries": [["a", "f", 420, 0, DIGEST, "", 1.0]]}).encode())
     assert mf.decode(old) == [Entry("a", FILE, 0o644, 0, DIGEST, mtime=1.0, uid=S, gid=S)]
-    old_delta = zlib.compress(json.dumps({"v": 2, "put": [["b", "d", 493, 0, "", "", 0.0]], "del": []}).encode())
+    old_put = [["b", "d", 493, 0, "", "", 0.0]]
+    old_delta = zlib.compress(json.dumps({"v": 2, "put": old_put, "del": []}).encode())
     assert mf.apply_delta({}, old_delta)["b"].owner == (S, S)
     # The digest names owners, yet a workspace of the sandbox user's keeps the digest it had.
     plain = [Entry("a", FILE, 0o644, 0, DIGEST)]
@@ -65,11 +66,7 @@ def test_manifests_with_owners_or_paths_no_restore_can_give_are_refused(entry: E
 
 
 def test_listings_record_the_sandbox_user_as_sandbox_uid_and_refuse_other_owners() -> None:
-    raw = (
-        b"1.5\0"
-        b"f 644 3 1.0 1.0 2001 2001\0./mine\xff\0\0"
-        b"d 700 0 1.0 1.0 0 0\0./secret\0\0"
-    )
+    raw = b"1.5\0f 644 3 1.0 1.0 2001 2001\0./mine\xff\0\0d 700 0 1.0 1.0 0 0\0./secret\0\0"
     _, listed = parse_listing(raw, (2001, 2001))
     assert [(i.path, i.uid, i.gid) for i in listed] == [("mine\udcff", S, S), ("secret", 0, 0)]
     with pytest.raises(FailedPrecondition, match=r"mine\\xff is owned by 2001:2001") as got:
@@ -144,6 +141,6 @@ def test_round_scripts_read_their_modes_then_the_tar() -> None:
     payload = owners.modes_payload([(0o700, "a\udcff")])
     assert payload == b"700\0a\xff\0\0"
     first = owned_round_script(first=True)
-    assert first.startswith("# sandboxd:owned-round\nfind /workspace -maxdepth 0 -printf '%m'")
+    assert first.startswith("# sandboxd:owned-round\nexport LC_ALL=C\nfind /workspace -maxdepth 0 ")
     assert "chmod 0777 /workspace" not in owned_round_script(first=False)
     assert "chmod 755 -- /workspace" in restore_script(fixups=False, top_mode="755")

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from sandboxd.backends.hostfs import HostWorkspace
-from sandboxd.backends.snapshot_shell import TAR_SCRIPT
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots import sizes
 from sandboxd.core.snapshots.catalog import SnapshotCatalog
@@ -43,20 +42,16 @@ from sandboxd.core.snapshots.reading import (
     Scan,
     batches,
     host_chunks,
-    once,
     read_hashed,
     sha256_all,
     stat_touched,
 )
 from sandboxd.core.snapshots.sizes import SizeCheck
-from sandboxd.core.snapshots.tarstream import HARDLINK, Body, read_members
-from sandboxd.core.snapshots.workspaces import SESSION_TAR_BYTES, Workspaces
+from sandboxd.core.snapshots.tarstream import HARDLINK, Body, Member, read_members
+from sandboxd.core.snapshots.workspaces import Workspaces
 
 log = logging.getLogger(__name__)
 
-# Largest total length of explicit paths handed to get_tar; above it the
-# whole workspace is streamed and unchanged files are skipped on the way.
-_MAX_PATH_ARGS = 256 << 10
 # A journal that recorded more paths than this, and more than half the
 # workspace, is answered by a walk instead (cheaper per entry).
 _REWALK_TOUCHED = 1000
@@ -356,17 +351,10 @@ class Contents:
                     writers.add(asyncio.create_task(write(files, [digest for _, _, digest in got])))
                     await stream_in_place(large)
             elif need:
-                names = sorted(need)
-                paths = tuple(names) if sum(len(p) + 1 for p in names) <= _MAX_PATH_ARGS else (".",)
-                stream: AsyncIterator[bytes]
-                if prefetch is not None:
-                    stream = prefetch.chunks()
-                elif session and sum(i.size + 1024 for i in need.values()) <= SESSION_TAR_BYTES:
-                    stdin = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in names)
-                    stream = once(await self._workspaces.run(rec, TAR_SCRIPT, session=session, stdin=stdin))
-                else:
-                    stream = self._workspaces.get_tar(rec, paths)
-                async for member, content in read_members(stream, sizes.INLINE_BYTES, sizes.CHUNK_BYTES):
+                # Each file read by its owner (root's by root), in one or more tar streams.
+                streams = await self._workspaces.content_streams(rec, need, session, prefetch)
+                readers = (read_members(s, sizes.INLINE_BYTES, sizes.CHUNK_BYTES) for s in streams)
+                async for member, content in _chained(readers):
                     wanted = need.get(member.name)
                     if wanted is None:
                         continue  # a Body left unread is skipped by the reader
@@ -403,3 +391,12 @@ class Contents:
             # Unchanged against a trusted stamp: as trustworthy as before.
             stamps[p] = (item.stamp, entries[p].digest)
         return entries, stored, stamps
+
+
+async def _chained(
+    readers: Iterable[AsyncIterator[tuple[Member, bytes | Body]]],
+) -> AsyncIterator[tuple[Member, bytes | Body]]:
+    """The members of each reader in turn."""
+    for reader in readers:
+        async for item in reader:
+            yield item

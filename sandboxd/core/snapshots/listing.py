@@ -159,11 +159,18 @@ def file_entry(item: Listed, size: int, digest: str, name: str = "") -> Entry:
     )  # fmt: skip
 
 
-def _records(body: list[bytes], sandbox: Owner) -> list[Listed]:
-    if len(body) % 3:
-        raise BackendError("workspace listing is malformed (odd record)")
+def _records(body: list[bytes], sandbox: Owner, denied: list[str] | None) -> list[Listed]:
     out: list[Listed] = []
-    for i in range(0, len(body), 3):
+    i = 0
+    while i < len(body):
+        if body[i][:1] == b"X":  # a directory the listing user may not list (a head never starts so)
+            if denied is None:
+                raise BackendError("workspace listing names a directory it could not list")
+            denied.append(body[i][1:].decode("utf-8", "surrogateescape").removeprefix("./"))
+            i += 1
+            continue
+        if i + 2 >= len(body):
+            raise BackendError("workspace listing is malformed (odd record)")
         head = body[i].split(b" ")
         if len(head) != 7:
             raise BackendError(f"workspace listing is malformed: {body[i][:80]!r}")
@@ -184,21 +191,26 @@ def _records(body: list[bytes], sandbox: Owner) -> list[Listed]:
                 sandbox,
             )
         )
+        i += 3
     return out
 
 
-def parse_listing(data: bytes, sandbox: Owner = SANDBOX_OWNER) -> tuple[float, list[Listed]]:
-    """(listing time, entries) from LIST_SCRIPT's (or RECORDS_SCRIPT's)
-    output; ``sandbox``: the sandbox user's (uid, gid), recorded as SANDBOX_UID."""
+def parse_listing(
+    data: bytes, sandbox: Owner = SANDBOX_OWNER, denied: list[str] | None = None
+) -> tuple[float, list[Listed]]:
+    """(listing time, entries) from LIST_SCRIPT's (or RECORDS_SCRIPT's,
+    SUBLIST_SCRIPT's) output; ``sandbox``: the sandbox user's (uid, gid),
+    recorded as SANDBOX_UID; ``denied`` gets the directories the listing
+    user could not list."""
     when, body = _fields(data)
-    return when, _records(body, sandbox)
+    return when, _records(body, sandbox, denied)
 
 
 def parse_delta(
-    data: bytes, sandbox: Owner = SANDBOX_OWNER
+    data: bytes, sandbox: Owner = SANDBOX_OWNER, denied: list[str] | None = None
 ) -> tuple[float, list[Listed], list[str]]:
     """(listing time, changed entries, names of all entries) from a
-    delta_script's output."""
+    delta_script's output (``denied`` as for parse_listing)."""
     when, body = _fields(data)
     records: list[bytes] = []
     names: list[str] = []
@@ -212,9 +224,12 @@ def parse_delta(
         elif field[:1] == b"N":
             names.append(field[1:].decode("utf-8", "surrogateescape"))
             i += 1
+        elif field[:1] == b"X":
+            records.append(field)
+            i += 1
         else:
             raise BackendError(f"delta listing is malformed: {field[:80]!r}")
-    return when, _records(records, sandbox), names
+    return when, _records(records, sandbox, denied), names
 
 
 def parse_session_state(data: bytes) -> tuple[str, dict[str, str], bytes]:

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sandboxd.core.snapshots.manifest import DIR, LINK, ROOT_UID, Entry
+from sandboxd.core.snapshots.manifest import DIR, FILE, LINK, ROOT_UID, Entry, shown
+from sandboxd.errors import FailedPrecondition
 
 SANDBOX, ROOT = "sandbox", "root"
 OPEN_DIR_MODE = 0o777
@@ -105,6 +106,54 @@ def plan(entries: list[Entry]) -> list[Round]:
     if not rounds or rounds[0].actor != SANDBOX:
         rounds.insert(0, Round(SANDBOX))  # it opens the workspace's top to root
     return rounds
+
+
+def _may(owner: tuple[int, int], e: Entry, bits: int) -> bool:
+    """Whether ``owner`` (a recorded (uid, gid)) has ``bits`` (r=4, x=1) on ``e``, without capabilities."""
+    if e.uid == owner[0]:
+        have = e.mode >> 6
+    elif e.gid == owner[1]:
+        have = e.mode >> 3
+    else:
+        have = e.mode
+    return have & bits == bits
+
+
+def refuse_unreadable(entries: Iterable[Entry]) -> None:
+    """FailedPrecondition naming the first entry its owner could not read
+    in the sandbox: a file without its owner's read bit, a directory without
+    its owner's read and search bits, or an entry below a directory its owner
+    may not search. A snapshot takes each entry as its owner could read it,
+    whether it is read in place or through the sandbox (where the owner is
+    the only one who can), so both refuse the same entries."""
+    by_path = {e.path: e for e in entries}
+    searchable: dict[tuple[tuple[int, int], str], bool] = {}
+    for e in sorted(by_path.values(), key=lambda e: e.path):
+        owner = e.owner
+        blocked = ""
+        prefix = ""
+        for part in e.path.split("/")[:-1]:
+            prefix = f"{prefix}/{part}" if prefix else part
+            ok = searchable.get((owner, prefix))
+            if ok is None:
+                up = by_path.get(prefix)
+                ok = searchable[(owner, prefix)] = up is None or _may(owner, up, 1)
+            if not ok:
+                blocked = prefix
+                break
+        who = "root" if e.uid == ROOT_UID else "the sandbox user"
+        why = ""
+        if blocked:
+            why = f"its owner ({who}) may not search {shown(blocked)} above it"
+        elif e.kind == FILE and not _may(owner, e, 4):
+            why = f"its owner ({who}) may not read it (mode {e.mode:04o}); chmod u+r it"
+        elif e.kind == DIR and not _may(owner, e, 5):
+            why = f"its owner ({who}) may not list it (mode {e.mode:04o}); chmod u+rx it"
+        if why:
+            raise FailedPrecondition(
+                f"/workspace/{shown(e.path)[1:-1]} cannot be snapshotted: {why}; a snapshot takes every "
+                "entry as its owner can read it in the sandbox"
+            )
 
 
 def modes_payload(modes: list[tuple[int, str]]) -> bytes:

@@ -145,7 +145,7 @@ class Restore:
         pinned = await self._pins.pin(blob_key(ns, e.digest) for e in entries if e.kind == FILE and e.size)
         staged = None if owned else self._stage_path(size)
         spooled: Path | None = None
-        rounds: list[tuple[str, bytes]] | None = None
+        rounds: list[tuple[str, bytes, bool]] | None = None
         if staged is None and not owned and self._tars.streamed(entries):
             # Too large to build in memory, and no staging directory: a file
             # of our own, streamed to each target.
@@ -199,13 +199,20 @@ class Restore:
                     await asyncio.to_thread(_remove_file, path)
         return lease, records, info
 
-    async def _rounds(self, info: SnapshotInfo, entries: list[Entry], ns: str) -> list[tuple[str, bytes]]:
-        """(actor, stdin of owned_round_script) for each round of a restore
+    async def _rounds(
+        self, info: SnapshotInfo, entries: list[Entry], ns: str
+    ) -> list[tuple[str, bytes, bool]]:
+        """(actor, stdin of owned_round_script, whether it extracts) for each round of a restore
         with several owners: every tar built (and verified) before any
         sandbox is touched."""
         contents = await self._tars.contents(info, entries, ns)
         return [
-            (step.actor, owners.modes_payload(step.modes) + mf.build_tar(step.create, contents))
+            (
+                step.actor,
+                owners.modes_payload(step.modes)
+                + (mf.build_tar(step.create, contents) if step.create else b""),
+                bool(step.create),
+            )
             for step in await asyncio.to_thread(owners.plan, entries)
         ]
 
@@ -213,17 +220,17 @@ class Restore:
         self,
         rec: SandboxRecord,
         info: SnapshotInfo,
-        rounds: list[tuple[str, bytes]],
+        rounds: list[tuple[str, bytes, bool]],
         by_path: dict[str, Entry],
     ) -> None:
         """Restores into ``rec`` round by round, each as its actor, then sets
         the session up as _restore_into does."""
         top_mode = ""
         with self._control.using(rec):
-            for i, (actor, payload) in enumerate(rounds):
+            for i, (actor, payload, extract) in enumerate(rounds):
                 out = await self._workspaces.run(
                     rec,
-                    owned_round_script(first=i == 0),
+                    owned_round_script(first=i == 0, extract=extract),
                     stdin=payload,
                     user=ROOT_USER if actor == owners.ROOT else "",
                 )

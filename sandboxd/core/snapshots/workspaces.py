@@ -10,12 +10,14 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from sandboxd.backends.base import (
+    ROOT_USER,
     WORKSPACE,
     ExecOutcome,
     ExecResult,
     ExecSpec,
     HostWorkspaces,
     OutputChunk,
+    RootUser,
     SandboxUsers,
 )
 from sandboxd.backends.hostfs import HostWorkspace
@@ -24,11 +26,15 @@ from sandboxd.backends.snapshot_shell import (
     RECORDS_SCRIPT,
     SESSION_STATE_SCRIPT,
     STATE_SCRIPT,
+    SUBLIST_SCRIPT,
+    TAR_SCRIPT,
     delta_script,
 )
 from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.snapshots import owners
 from sandboxd.core.snapshots.journal import Journal
 from sandboxd.core.snapshots.listing import (
+    KINDS,
     SANDBOX_OWNER,
     Baseline,
     Listed,
@@ -38,8 +44,8 @@ from sandboxd.core.snapshots.listing import (
     parse_session_state,
     recorded,
 )
-from sandboxd.core.snapshots.manifest import Entry
-from sandboxd.core.snapshots.reading import Prefetch
+from sandboxd.core.snapshots.manifest import ROOT_UID, Entry, shown
+from sandboxd.core.snapshots.reading import Prefetch, once
 from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxdError
 from sandboxd.settings import SnapshotSettings
 
@@ -142,19 +148,59 @@ class Workspaces:
             else:
                 raw = await self.run(rec, script)
             carried: dict[str, Entry] = {}
+            denied: list[str] = []
             if delta:
                 assert baseline is not None
-                when, listing, carried = await self._merge_delta(rec, baseline, raw)
+                when, listing, carried = await self._merge_delta(rec, baseline, raw, denied)
             else:
-                when, listing = parse_listing(raw, self.owner(rec))
+                when, listing = parse_listing(raw, self.owner(rec), denied)
+            if denied:
+                listing += await self._list_denied(rec, denied)
+            # Refused before anything is read, as the in-place path refuses it.
+            owners.refuse_unreadable(
+                [
+                    *carried.values(),
+                    *(
+                        Entry(i.path, KINDS[i.kind], i.mode & 0o1777, uid=i.uid, gid=i.gid)
+                        for i in listing
+                        if i.kind in KINDS
+                    ),
+                ]
+            )
+            if prefetch is not None and (denied or any(i.uid == ROOT_UID for i in listing)):
+                # A tar of everything as the sandbox user would meet root's closed directories.
+                await prefetch.close()
+                prefetch = None
         except BaseException:
             if prefetch is not None:
                 await prefetch.close()
             raise
         return cwd, env, when, listing, carried, prefetch
 
+    async def _list_denied(self, rec: SandboxRecord, denied: list[str]) -> list[Listed]:
+        """What lies below ``denied`` (directories the sandbox user may not
+        list), listed by root, and below what root may not list by the
+        sandbox user again, until neither gets further: a directory that
+        both are denied stays unlisted (refused later, named, as the in-place
+        path refuses it: its owner could not list it)."""
+        sandbox = self.owner(rec)
+        root = isinstance(self._control.backend, RootUser)
+        tried: dict[str, set[str]] = {"": set(denied), ROOT_USER: set()}
+        out: list[Listed] = []
+        todo, user = denied, ROOT_USER
+        while todo and (root or user != ROOT_USER):
+            stdin = b"".join(b"./" + d.encode("utf-8", "surrogateescape") + b"\0" for d in todo)
+            more: list[str] = []
+            raw = await self.run(rec, SUBLIST_SCRIPT, stdin=stdin, user=user)
+            _, found = parse_listing(raw, sandbox, more)
+            out += found
+            tried[user].update(todo)
+            user = "" if user == ROOT_USER else ROOT_USER
+            todo = [d for d in more if d not in tried[user]]
+        return out
+
     async def _merge_delta(
-        self, rec: SandboxRecord, baseline: Baseline, raw: bytes
+        self, rec: SandboxRecord, baseline: Baseline, raw: bytes, denied: list[str]
     ) -> tuple[float, list[Listed], dict[str, Entry]]:
         """(listing time, entries to look at, entries carried over unchanged)
         from a delta listing: what exists is what it names; what changed
@@ -162,7 +208,7 @@ class Workspaces:
         lies in a directory moved in) is listed on its own."""
         assert baseline.entries is not None
         sandbox = self.owner(rec)
-        when, changed, names = parse_delta(raw, sandbox)
+        when, changed, names = parse_delta(raw, sandbox, denied)
         present = set(names)
         listing = [c for c in changed if c.path in present]
         seen = {c.path for c in listing}
@@ -174,6 +220,67 @@ class Workspaces:
             listing += more
         return when, listing, carried
 
+    async def content_streams(
+        self, rec: SandboxRecord, need: dict[str, Listed], session: str, prefetch: Prefetch | None
+    ) -> list[AsyncIterator[bytes]]:
+        """Tar streams holding the files of ``need``, each read by its owner:
+        the sandbox user's through ``prefetch`` where there is one, else
+        through ``session`` when small, else by a tar command of its own;
+        root's by root (FailedPrecondition on a backend without it). Names
+        travel on stdin, as bytes (an argument must be text)."""
+        if prefetch is not None:
+            return [prefetch.chunks()]
+        rooted = {p: i for p, i in need.items() if i.uid == ROOT_UID}
+        own = {p: i for p, i in need.items() if i.uid != ROOT_UID}
+        streams: list[AsyncIterator[bytes]] = []
+        if own and session and sum(i.size + 1024 for i in own.values()) <= SESSION_TAR_BYTES:
+            streams.append(once(await self.run(rec, TAR_SCRIPT, session=session, stdin=_names(own))))
+        elif own:
+            streams.append(self.tar_named(rec, own))
+        if rooted:
+            if not isinstance(self._control.backend, RootUser):
+                raise FailedPrecondition(
+                    f"{WORKSPACE}/{shown(min(rooted))[1:-1]} is root's, and this backend cannot read as "
+                    "root in the sandbox"
+                )
+            streams.append(self.tar_named(rec, rooted, ROOT_USER))
+        return streams
+
+    async def tar_named(
+        self, rec: SandboxRecord, files: dict[str, Listed], user: str = ""
+    ) -> AsyncIterator[bytes]:
+        """A tar of ``files`` (relative paths) read by one command as
+        ``user`` ("" or ROOT_USER), streamed as it runs; FailedPrecondition
+        if one vanished on the way (the workspace changed while it was read)."""
+        # Room for every file at its listed size, its headers, and growth meanwhile.
+        budget = 2 * sum(i.size + 1536 for i in files.values()) + (1 << 20)
+        spec = ExecSpec(
+            shell=TAR_SCRIPT,
+            cwd=WORKSPACE,
+            timeout=self._settings.exec_timeout_seconds,
+            stdin=_names(files),
+            output_limit=budget,
+            user=user,
+        )
+        err = bytearray()
+        result: ExecResult | None = None
+        async for event in self._control.exec(rec, spec):
+            if isinstance(event, OutputChunk):
+                if event.stream == 1:
+                    yield event.data
+                elif len(err) < 8192:
+                    err += event.data
+            else:
+                result = event
+        if result is not None and result.outcome is ExecOutcome.EXITED and result.exit_code == 0:
+            return
+        detail = err.decode(errors="replace").strip()[:500] or (result.detail if result else "no result")
+        if "No such file or directory" in detail:
+            raise FailedPrecondition(
+                f"the workspace of {rec.sandbox_id} changed while it was being snapshotted ({detail}); retry"
+            )
+        raise BackendError(f"reading files of {rec.sandbox_id} failed: {detail}")
+
     async def large(self, rec: SandboxRecord) -> bool:
         """Whether the workspace holds more than a session read carries
         (a host-side reading; False where the backend cannot tell)."""
@@ -183,10 +290,18 @@ class Workspaces:
             return False
         return usage.disk_bytes > SESSION_TAR_BYTES
 
-    async def get_tar(self, rec: SandboxRecord, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
-        """A tar stream of ``paths`` of the workspace; FailedPrecondition if
-        one vanished on the way (the workspace changed while it was read)."""
-        stream = self._control.backend.get_tar(rec.handle, WORKSPACE, paths)
+    async def get_tar(
+        self, rec: SandboxRecord, paths: tuple[str, ...], user: str = ""
+    ) -> AsyncIterator[bytes]:
+        """A tar stream of ``paths`` of the workspace (read as ``user``: ""
+        or ROOT_USER); FailedPrecondition if one vanished on the way (the
+        workspace changed while it was read)."""
+        backend = self._control.backend
+        if user:
+            assert isinstance(backend, RootUser)
+            stream = backend.get_tar_as(rec.handle, WORKSPACE, paths, user)
+        else:
+            stream = backend.get_tar(rec.handle, WORKSPACE, paths)
         try:
             async for chunk in stream:
                 yield chunk
@@ -200,3 +315,8 @@ class Workspaces:
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()  # type: ignore[attr-defined]
+
+
+def _names(files: dict[str, Listed]) -> bytes:
+    """The names of ``files``, sorted, NUL-terminated, as bytes."""
+    return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in sorted(files))
