@@ -185,6 +185,11 @@ async def test_listing_survives_a_record_that_cannot_be_decoded_across_a_restart
             assert [s.id for s in await client.list_snapshots(labels={"k": "v"})] == []
             with pytest.raises(errors.FailedPrecondition, match="cannot be read"):
                 await client.get_snapshot(bad.id)
+            # Its tenant can still delete it; afterwards it is gone.
+            await client.delete_snapshot(bad.id)
+            with pytest.raises(errors.NotFound):
+                await client.get_snapshot(bad.id)
+            assert [s.id for s in await client.list_snapshots()] == [good.id]
     finally:
         await app.stop(grace=0.5)
 

@@ -329,6 +329,12 @@ class SnapshotCatalog:
             raise FailedPrecondition(f"snapshot {snapshot_id}: its record cannot be read; it cannot be used")
         return info
 
+    async def tenant_of(self, snapshot_id: str) -> str | None:
+        """The tenant of a visible snapshot's row, readable or not."""
+        sql = "SELECT tenant FROM snapshots WHERE id = ? AND hidden = 0"
+        row = await self._run(self._one, sql, (snapshot_id,))
+        return None if row is None else str(row[0])
+
     def _decoded(self, snapshot_id: str, meta: bytes) -> SnapshotInfo | None:
         """A row's metadata, or None for one that cannot be decoded (logged
         once): a single bad record must not fail every listing of its tenant."""

@@ -29,7 +29,7 @@ from sandboxd.core.snapshots.restore import Restore
 from sandboxd.core.snapshots.tars import Tars
 from sandboxd.core.snapshots.workspaces import Workspaces
 from sandboxd.core.tenancy import current_tenant
-from sandboxd.errors import NotFound
+from sandboxd.errors import FailedPrecondition, NotFound
 from sandboxd.settings import SnapshotSettings
 from sandboxd.stores.base import BlobStore
 
@@ -194,9 +194,14 @@ class SnapshotManager:
 
     async def delete(self, snapshot_id: str) -> None:
         """Deletes a snapshot (hidden until nothing builds on it any more)."""
-        info = await self.get(snapshot_id)
-        await self._catalog.delete(info.id, self._pins.kept_snapshots())
-        self._tars.forget(info.id)
+        try:
+            snapshot_id = (await self.get(snapshot_id)).id
+        except FailedPrecondition:
+            # A record that cannot be read is still its tenant's to delete.
+            if await self._catalog.tenant_of(snapshot_id) != current_tenant():
+                raise NotFound(f"snapshot {snapshot_id!r} not found") from None
+        await self._catalog.delete(snapshot_id, self._pins.kept_snapshots())
+        self._tars.forget(snapshot_id)
 
     async def usage(self) -> int:
         """Bytes the current tenant's snapshots hold (distinct blobs)."""
