@@ -12,7 +12,10 @@ shell prelude). A request counts as an error when its answer is not the one
 SandboxFusion would give (status and run status per program), or when HTTP
 fails. Every call is bounded; on exit (errors and Ctrl-C included) the pool is
 deleted, both servers get SIGTERM and containers left with the benchmark's
-labels are removed. Before the mix, a burst of trivial programs
+labels are removed. After the mix, SandboxFusion's own tests (its runner
+tests and the dataset tests that post to /run_code, benchmarks.runcode_sf)
+are replayed against the same server, one at a time (sf_suite_passed of
+sf_suite_total) and eight at once (sf_suite_passed_at_8). Before the mix, a burst of trivial programs
 (``print(1)``) at 16 and 128 at once measures what a burst costs beyond the
 programs, on a server idle before it. The last stdout line is the JSON
 written to benchmarks/results/runcode.json.
@@ -41,6 +44,7 @@ import aiohttp
 import docker
 
 from benchmarks.acquire_exec import ServerProcess, free_port, percentile, sweep
+from benchmarks.runcode_sf import suite_report
 from sandboxd.adapters.sandboxfusion import POOL_MEMORY_MB, ensure_pool
 from sandboxd.adapters.sandboxfusion_langs import LANGUAGES
 from sandboxd.client import AsyncClient
@@ -274,6 +278,10 @@ async def bench(args: argparse.Namespace, server: ServerProcess, image: str, lab
                     "n": n,
                 }
                 print(json.dumps({"concurrency": c, **per[str(c)]}), flush=True)
+        suite: dict[str, Any] = {}
+        if args.sf_suite:
+            suite = await suite_report(f"http://127.0.0.1:{port}", concurrency=8)
+            print(json.dumps(suite), flush=True)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run_code.pid, signal.SIGTERM)
@@ -298,6 +306,7 @@ async def bench(args: argparse.Namespace, server: ServerProcess, image: str, lab
         "errors": sum(v["errors"] for v in per.values()),
         "requests_per_s": top["requests_per_s"],
         "concurrency": max(args.concurrency),
+        **suite,
     }
 
 
@@ -310,6 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-size", type=int, default=32, help="pool max_size")
     parser.add_argument("--reserve", type=int, default=16, help="run-code's --reserve")
     parser.add_argument("--image", default="", help="default: the code-judge image")
+    parser.add_argument(
+        "--no-sf-suite",
+        dest="sf_suite",
+        action="store_false",
+        help="skip the replay of SandboxFusion's own tests",
+    )
     args = parser.parse_args(argv)
     from sandboxd.images.codejudge import ensure_code_judge_image
 

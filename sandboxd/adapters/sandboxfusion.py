@@ -285,7 +285,7 @@ class RunCode:
 
     async def handle(self, args: RunCodeArgs) -> web.Response:
         """Runs one validated request and answers SandboxFusion's response."""
-        runner = runner_for(args.language, args.code)
+        runner = runner_for(args.language, args.code, args.files)
         if isinstance(runner, str):
             if args.language == "scala":
                 compile_error = {

@@ -6,13 +6,20 @@ sandboxd.images.codejudge)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from sandboxd.adapters import sandboxfusion_csharp as csharp
 
 # SandboxFusion's CPU languages the code-judge image cannot have, and why:
 # /run_code answers their requests SandboxError, naming the missing tool and this.
+# (No other registry the image is built from has them either: PyPI's julia
+# installers and Debian's elan download their toolchains from elsewhere, and
+# SandboxFusion's Lean tests need Mathlib besides.)
 UNPACKAGED: dict[str, str] = {
     "julia": "Debian dropped Julia after bullseye",
-    "lean": "Debian does not package Lean 4",
+    "lean": "Debian does not package Lean 4 (its elan only downloads toolchains)",
     "swift": "Debian packages swiftlang only after bookworm",
 }
 
@@ -41,6 +48,19 @@ class Runner:
 
 _TS_RUNNER = "/usr/local/lib/sandboxd/tsrun.js"
 _JUNIT_JAR = "/usr/share/java/junit-platform-console-standalone.jar"
+# SandboxFusion copies javatuples-1.2.jar next to every Java program and puts
+# it on the class path.
+_JAVATUPLES_JAR = "/usr/share/java/javatuples.jar"
+# SandboxFusion's jest reports through jest-json-reporter to jest-report.json
+# (its package.json), with at most two workers and no colours.
+# go_test's build cache (under the request's HOME) starts as the image's copy,
+# with testing and testify built (sandboxd.images.codejudge); a plain go build
+# needs neither, and has the standard library prebuilt.
+_GO_CACHE = (
+    "[ ! -d /usr/local/lib/sandboxd/go-build ] || { mkdir -p \"$HOME/.cache\""
+    " && cp -r /usr/local/lib/sandboxd/go-build \"$HOME/.cache/go-build\"; } &&"
+)
+_JEST_CONFIG = '{"testResultsProcessor": "/usr/local/lib/sandboxd/jest-report.js", "maxWorkers": 2}'
 # Jest on TypeScript needs babel's TypeScript preset, as SandboxFusion's
 # runtime/node configures it.
 _JEST_BABEL = (
@@ -55,19 +75,19 @@ LANGUAGES: dict[str, Runner] = {
         "main.cpp", "./test", "g++ -std=c++17 main.cpp -o test -lcrypto -lssl -lpthread", tool="g++"
     ),
     "go": Runner("main.go", "./out", "go build -o out main.go", tool="go"),
-    "go_test": Runner("main_test.go", "go test main_test.go", tool="go"),
-    "java": Runner("Main.java", "java -cp . -ea Main", "javac -cp . Main.java", tool="javac"),
+    "go_test": Runner("main_test.go", f"{_GO_CACHE} go test main_test.go", tool="go"),
+    "java": Runner("Main.java", "java -cp {cp} -ea Main", "javac -cp {cp} Main.java", tool="javac"),
     "junit": Runner(
         "Main.java",
-        f"java -jar {_JUNIT_JAR} --class-path . --scan-class-path",
-        f"javac -cp .:{_JUNIT_JAR} *.java",
+        f"java -jar {_JUNIT_JAR} --class-path {{cp}} --scan-class-path",
+        "javac -cp {cp} *.java",
         tool="javac",
     ),
     "nodejs": Runner("main.js", "node main.js", tool="node"),
     "typescript": Runner("main.ts", f"node {_TS_RUNNER} main.ts", tool="node"),
     "jest": Runner(
         "main.test.ts",
-        "jest --ci --config '{}' main.test.ts",
+        f"FORCE_COLOR=0 jest --ci --config '{_JEST_CONFIG}' main.test.ts",
         tool="jest",
         extra=(("babel.config.js", _JEST_BABEL),),
     ),
@@ -76,7 +96,7 @@ LANGUAGES: dict[str, Runner] = {
     "bash": Runner("main.sh", "/bin/bash main.sh", tool="bash"),
     # SandboxFusion's `dotnet run` builds and runs in one step, so a C# compile
     # error is a failed run there too.
-    "csharp": Runner("Program.cs", "mcs -out:main.exe Program.cs && mono main.exe", tool="mcs"),
+    "csharp": Runner("Program.cs", csharp.COMMAND, tool="mcs", extra=((csharp.ENTRY_FILE, csharp.ENTRY),)),
     "lua": Runner("main.lua", "lua main.lua", tool="lua"),
     "R": Runner("main.R", "Rscript main.R", tool="Rscript"),
     "perl": Runner("main.pl", "perl main.pl", tool="perl"),
@@ -101,14 +121,26 @@ _JAVA_PUBLIC_CLASS = re.compile(r"public\s+(?:final\s+|abstract\s+)*class\s+(\w+
 _SCALA_OBJECT = re.compile(r"object\s+(\w+)")
 
 
-def runner_for(language: str, code: str) -> Runner | str:
-    """The runner for ``language`` and ``code``, or why SandboxFusion would refuse to run it."""
+def _class_path(language: str, files: Iterable[str]) -> str:
+    """SandboxFusion's Java class path: the directory, its own jars, then the request's."""
+    jars = [".", _JUNIT_JAR if language == "junit" else _JAVATUPLES_JAR]
+    jars += [name for name in files if name.endswith(".jar")]
+    return shlex.quote(":".join(jars))
+
+
+def runner_for(language: str, code: str, files: Iterable[str] = ()) -> Runner | str:
+    """The runner for ``language`` and ``code`` (with the request's ``files``), or why
+    SandboxFusion would refuse to run it."""
     runner = LANGUAGES.get(language)
     if runner is None:
         return f"language {language!r} needs a GPU, which this server does not offer"
+    if language in ("java", "junit"):
+        cp = _class_path(language, files)
+        compile_command = runner.compile.format(cp=cp) if runner.compile else None
+        runner = replace(runner, run=runner.run.format(cp=cp), compile=compile_command)
     if language == "junit":
         match = _JAVA_PUBLIC_CLASS.search(code)
-        return Runner(f"{match.group(1) if match else 'Main'}.java", runner.run, runner.compile, runner.tool)
+        return replace(runner, source=f"{match.group(1) if match else 'Main'}.java")
     if language == "scala":
         obj = _SCALA_OBJECT.search(code)
         if obj is None:
@@ -119,7 +151,10 @@ def runner_for(language: str, code: str) -> Runner | str:
 
 
 def prepare_source(language: str, code: str) -> str:
-    """The code as written to disk (SandboxFusion adds a missing ``<?php`` tag)."""
+    """The code as written to disk (SandboxFusion adds a missing ``<?php`` tag; its
+    dotnet projects have implicit usings)."""
     if language == "php" and "<?php" not in code:
         return "<?php\n" + code
+    if language == "csharp":
+        return csharp.with_implicit_usings(code)
     return code

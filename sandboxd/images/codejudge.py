@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -41,20 +42,27 @@ TOOLCHAINS: dict[str, str] = {
     "python3-numpy": "python: common package",
     "python3-pandas": "python: common package",
     "python3-pytest": "pytest",
+    "python3-requests": "python: in SandboxFusion's python runtime (its isolation tests import it)",
     "g++": "cpp",
     "libssl-dev": "cpp: SandboxFusion links -lcrypto -lssl when available",
     "golang-go": "go, go_test",
     "default-jdk-headless": "java, junit, scala, kotlin_script",
     "junit5": "junit: the JUnit platform console launcher",
+    "libjavatuples-java": "java: SandboxFusion puts javatuples-1.2.jar on every Java class path",
+    "golang-github-stretchr-testify-dev": "go, go_test: testify, in SandboxFusion's go.mod (GOPATH below)",
     "nodejs": "nodejs",
     "node-typescript": "typescript (transpiled, not type-checked, like tsx)",
     "jest": "jest",
     "node-babel7": "jest: babel-jest and the TypeScript preset",
     "php-cli": "php",
     "mono-mcs": "csharp",
+    "libmono-system-net-http4.0-cil": "csharp: System.Net.Http, one of dotnet's implicit usings",
     "lua5.4": "lua",
+    "lua-unit": "lua: luaunit, in SandboxFusion's lua runtime",
     "r-base-core": "R",
     "perl": "perl",
+    "libtest-deep-perl": "perl: Test::Deep, in SandboxFusion's perl runtime",
+    "libdata-compare-perl": "perl: Data::Compare, in SandboxFusion's perl runtime",
     "ldc": "D_ut (ldmd2 takes dmd's flags)",
     "ruby": "ruby",
     "scala": "scala",
@@ -91,13 +99,49 @@ require(js);
 """
 TS_RUNNER_PATH = "/usr/local/lib/sandboxd/tsrun.js"
 
+# SandboxFusion's jest runs with jest-json-reporter as its testResultsProcessor,
+# which writes jest's own results object to jest-report.json in the working
+# directory (what its datasets fetch and parse). This is that reporter.
+JEST_REPORTER = """\
+const fs = require('fs');
+module.exports = function (results) {
+  fs.writeFileSync('jest-report.json', JSON.stringify(results, null, 2));
+  return results;
+};
+"""
+JEST_REPORTER_PATH = "/usr/local/lib/sandboxd/jest-report.js"
+
+# Go's build cache is per request (under its HOME), so every go_test request
+# would compile testify and its dependencies anew: seconds that SandboxFusion's
+# image, whose module cache is built, does not spend. The image holds a cache
+# with them built; a Go request starts from a copy of it (Go 1.19 cannot read a
+# cache it may not write).
+GO_CACHE_SEED = "/usr/local/lib/sandboxd/go-build"
+GO_SEED_TEST = """\
+package main
+
+import (
+\t"testing"
+
+\t"github.com/stretchr/testify/assert"
+\t"github.com/stretchr/testify/require"
+)
+
+func TestSeed(t *testing.T) {
+\tassert.Equal(t, 1, 1)
+\trequire.True(t, true)
+}
+"""
+
 # The toolchains write caches under HOME (the run-code adapter points it at
 # each request's directory). Sandboxes have no network: Go must not try its
-# module proxy, and builds a lone file in GOPATH mode as SandboxFusion's does.
+# module proxy, and builds a lone file in GOPATH mode, finding the modules of
+# SandboxFusion's go.mod that Debian packages (testify) where Debian puts them.
 IMAGE_CHANGES: tuple[str, ...] = (
     *base.IMAGE_CHANGES,
     "ENV GOPROXY=off",
     "ENV GO111MODULE=auto",
+    "ENV GOPATH=/usr/share/gocode",
     "ENV NODE_PATH=/usr/share/nodejs:/usr/lib/nodejs",
 )
 
@@ -108,6 +152,9 @@ def _recipe() -> dict[str, object]:
         "base": base._recipe(),
         "toolchains": sorted(TOOLCHAINS),
         "ts_runner": TS_RUNNER,
+        "jest_reporter": JEST_REPORTER,
+        "go_seed": [GO_CACHE_SEED, GO_SEED_TEST],
+        "mnt": "1777",
         "changes": list(IMAGE_CHANGES),
     }
 
@@ -152,17 +199,46 @@ def _apt_in_chroot(rootfs: Path, log_path: Path, env: dict[str, str]) -> None:
             "apt-get install of the toolchains",
         )
         base.run_logged(["chroot", str(rootfs), "apt-get", "clean"], log_path, chroot_env, "apt-get clean")
+        _seed_go_cache(rootfs, log_path, chroot_env)
     finally:
         subprocess.run(["umount", "--lazy", str(proc_dir)], check=False, capture_output=True)
         policy.unlink(missing_ok=True)
 
 
+def _seed_go_cache(rootfs: Path, log_path: Path, env: dict[str, str]) -> None:
+    seed_dir = rootfs / "root/go-seed"
+    seed_dir.mkdir(parents=True, exist_ok=True)
+    (seed_dir / "main_test.go").write_text(GO_SEED_TEST, encoding="utf-8")
+    go_env = {
+        **env,
+        "GOCACHE": GO_CACHE_SEED,
+        "GOPATH": "/usr/share/gocode",
+        "GO111MODULE": "auto",
+        "GOPROXY": "off",
+    }
+    base.run_logged(
+        ["chroot", str(rootfs), "go", "test", "/root/go-seed/main_test.go"],
+        log_path,
+        go_env,
+        "go test of the Go cache seed",
+    )
+    shutil.rmtree(seed_dir)
+    cache = rootfs / GO_CACHE_SEED.lstrip("/")
+    for path in (cache, *cache.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def _add_toolchains(rootfs: Path, build_log: Path, env: dict[str, str]) -> None:
-    """The build step after debootstrap: every toolchain, then the TypeScript runner."""
+    """The build step after debootstrap: every toolchain, then the TypeScript runner
+    and jest's JSON reporter."""
     _apt_in_chroot(rootfs, build_log, env)
-    runner = rootfs / TS_RUNNER_PATH.lstrip("/")
-    runner.parent.mkdir(parents=True, exist_ok=True)
-    runner.write_text(TS_RUNNER, encoding="utf-8")
+    # /mnt is a scratch tmpfs in a sandbox, and Docker gives such a mount the
+    # mode of the image's directory: writable for the sandbox's user there.
+    (rootfs / "mnt").chmod(0o1777)
+    for path, text in ((TS_RUNNER_PATH, TS_RUNNER), (JEST_REPORTER_PATH, JEST_REPORTER)):
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
 
 
 def ensure_code_judge_image(*, force: bool = False, log: Callable[[str], None] = print) -> str:

@@ -91,3 +91,39 @@ def test_every_sandboxfusion_language_is_known() -> None:
         prepare_source("php", "echo 1;") == "<?php\necho 1;"
         and prepare_source("php", "<?php 1;") == "<?php 1;"
     )
+
+
+def test_java_class_path_has_javatuples_and_the_request_jars() -> None:
+    java = runner_for("java", "public class Main {}", {"lib/x y.jar": "", "notes.txt": ""})
+    assert not isinstance(java, str) and java.compile is not None
+    cp = "'.:/usr/share/java/javatuples.jar:lib/x y.jar'"
+    assert java.compile == f"javac -cp {cp} Main.java" and java.run == f"java -cp {cp} -ea Main"
+    junit = runner_for("junit", "public class T {}", {"a.jar": ""})
+    assert not isinstance(junit, str) and junit.compile is not None
+    assert "--class-path .:/usr/share/java/junit-platform-console-standalone.jar:a.jar" in junit.run
+    assert "javatuples" not in junit.compile
+
+
+def test_csharp_gets_dotnets_implicit_usings_on_its_own_line_numbers() -> None:
+    from sandboxd.adapters.sandboxfusion_csharp import IMPLICIT_USINGS
+
+    code = "class P { static void Main() { Console.Write(1); } }"
+    source = prepare_source("csharp", code).splitlines()
+    assert source[: len(IMPLICIT_USINGS)] == [f"using {u};" for u in IMPLICIT_USINGS]
+    assert source[len(IMPLICIT_USINGS) :] == ["#line 1", code]
+    # #define and #undef must stay before any token: the usings go after them.
+    defined = prepare_source("csharp", "// c\n#define A\n\n#undef B\nclass P {}").splitlines()
+    assert defined[:4] == ["// c", "#define A", "", "#undef B"]
+    assert defined[4] == "using System;" and defined[-2:] == ["#line 5", "class P {}"]
+    # A file of nothing but a #define still compiles as one.
+    assert prepare_source("csharp", "#define A").splitlines()[0] == "#define A"
+
+
+def test_csharp_compiles_with_debug_and_the_assert_entry() -> None:
+    from sandboxd.adapters.sandboxfusion_csharp import ENTRY_FILE
+
+    csharp = LANGUAGES["csharp"]
+    assert dict(csharp.extra).keys() == {ENTRY_FILE}
+    for flag in ("-d:DEBUG", "-d:TRACE", "-main:SandboxdEntry", ENTRY_FILE):
+        assert flag in csharp.run
+    assert "Environment.Exit(134)" in dict(csharp.extra)[ENTRY_FILE]
