@@ -191,7 +191,7 @@ def test_commands_past_the_limit_are_refused() -> None:
 def test_a_long_one_shot_command_reaches_bash_on_its_stdin_before_the_commands_own(
     size: int, stdin: bytes
 ) -> None:
-    head = 'echo start; x=$(( 6 * 7 ))\n'
+    head = "echo start; x=$(( 6 * 7 ))\n"
     tail = '\necho "end $x"; sha256sum\n'
     command = head + "#" + "é" * ((size - len(head) - len(tail) - 2) // 2)
     command += "p" * (size - len(command.encode()) - len(tail) - 1) + "\n" + tail
