@@ -11,6 +11,7 @@ from sandboxd.backends.kubernetes.nodeimages import REFRESH_SECONDS, NodeImages,
 from sandboxd.backends.kubernetes.podspec import PodOptions, build_pod
 from sandboxd.errors import TransientBackendError
 from sandboxd.settings import load_settings
+from tests.unit.conftest import wait_for
 
 
 def node(name: str, *images: list[str]) -> dict[str, Any]:
@@ -79,3 +80,22 @@ def test_settings_reach_the_backend() -> None:
     )
     assert settings.backend.image_pull_secrets == ["regcred"]  # type: ignore[union-attr]
     assert settings.backend.prefer_image_nodes is False  # type: ignore[union-attr]
+
+
+async def test_creates_at_once_share_one_read_and_all_see_it() -> None:
+    import asyncio
+
+    gate = asyncio.Event()
+    reads = [0]
+
+    async def list_nodes() -> list[dict[str, Any]]:
+        reads[0] += 1
+        await gate.wait()
+        return NODES
+
+    images = NodeImages(list_nodes, lambda: 0.0)
+    waiting = [asyncio.create_task(images.holding("python:3.11")) for _ in range(4)]
+    await wait_for(lambda: reads[0] == 1, what="the first create reading the nodes")
+    gate.set()
+    assert await asyncio.gather(*waiting) == [["n1", "n2"]] * 4
+    assert reads[0] == 1

@@ -4,6 +4,7 @@ node that needs no pull; the list is read at most every REFRESH_SECONDS."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -74,17 +75,21 @@ class NodeImages:
         self._now = now
         self._nodes: list[dict[str, Any]] = []
         self._read_at: float | None = None
+        # Creates at once share one read: each waits for it, none sees the
+        # empty list from before it.
+        self._reading = asyncio.Lock()
 
     async def holding(self, image: str) -> list[str]:
         """The nodes holding ``image`` as of the latest read (a fresh one when due)."""
-        now = self._now()
-        if self._read_at is None or now - self._read_at >= REFRESH_SECONDS:
-            self._read_at = now
-            try:
-                self._nodes = await self._list()
-            except BackendError as e:
-                # No preference then (an account that may not list nodes,
-                # an API server hiccup): the Pod is placed as before.
-                log.info("node image lists unavailable: %s", e)
-                self._nodes = []
+        async with self._reading:
+            now = self._now()
+            if self._read_at is None or now - self._read_at >= REFRESH_SECONDS:
+                self._read_at = now
+                try:
+                    self._nodes = await self._list()
+                except BackendError as e:
+                    # No preference then (an account that may not list nodes,
+                    # an API server hiccup): the Pod is placed as before.
+                    log.info("node image lists unavailable: %s", e)
+                    self._nodes = []
         return nodes_holding(self._nodes, image)

@@ -1,0 +1,59 @@
+"""On the test cluster: a sandbox's Pod prefers the node whose
+status.images lists its image, and the scheduler puts it there."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+
+from sandboxd.app import build_app
+from sandboxd.backends.kubernetes.client import KubeClient
+from sandboxd.backends.kubernetes.podspec import selector
+from sandboxd.client import AsyncClient
+from tests.kube.conftest import kube_settings, pods, poll
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
+
+
+async def _set_images(kube: KubeClient, node: str, names: list[str]) -> None:
+    body = {"status": {"images": [{"names": names, "sizeBytes": 800 << 20}] if names else []}}
+    await kube.request(
+        "PATCH", f"/api/v1/nodes/{node}/status", body=body, content_type="application/merge-patch+json"
+    )
+
+
+async def test_a_pod_goes_where_its_image_already_is(
+    tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
+) -> None:
+    nodes = sorted(n["metadata"]["name"] for n in (await kube.request("GET", "/api/v1/nodes"))["items"])
+    holder = nodes[-1]
+    image = f"127.0.0.1:5000/task-{secrets.token_hex(4)}:v1"
+    await _set_images(kube, holder, [image])
+    settings = kube_settings(tmp_path, kubeconfig, namespace)
+    app = build_app(settings)
+    await app.start()
+    try:
+        async with AsyncClient(app.address) as client:
+            await client.create_pool("per-task", image, min_ready=2, max_size=2)
+
+            async def placed() -> bool:
+                return (
+                    sum(
+                        bool(p["spec"].get("nodeName"))
+                        for p in await pods(kube, namespace, selector(settings.instance_id))
+                    )
+                    >= 2
+                )
+
+            await poll(placed, timeout=90, what="two Pods scheduled")
+            for pod in await pods(kube, namespace, selector(settings.instance_id)):
+                [term] = pod["spec"]["affinity"]["nodeAffinity"][
+                    "preferredDuringSchedulingIgnoredDuringExecution"
+                ]
+                assert term["preference"]["matchExpressions"][0]["values"] == [holder]
+                assert pod["spec"]["nodeName"] == holder
+    finally:
+        await app.stop()
+        await _set_images(kube, holder, [])
