@@ -144,3 +144,41 @@ def test_round_scripts_read_their_modes_then_the_tar() -> None:
     assert first.startswith("# sandboxd:owned-round\nexport LC_ALL=C\nfind /workspace -maxdepth 0 ")
     assert "chmod 0777 /workspace" not in owned_round_script(first=False)
     assert "chmod 755 -- /workspace" in restore_script(fixups=False, top_mode="755")
+
+
+@pytest.mark.parametrize(
+    ("entries", "why"),
+    [
+        (
+            [Entry("k", FILE, 0o000, 0, DIGEST)],
+            r"/workspace/k cannot be snapshotted: .* may not read it \(mode 0000\)",
+        ),
+        ([Entry("d", DIR, 0o300)], r"may not list it \(mode 0300\)"),
+        (
+            [Entry("secret", DIR, 0o700, uid=0, gid=0), Entry("secret/mine", FILE, 0o644, 0, DIGEST)],
+            r"secret/mine cannot be snapshotted: its owner \(the sandbox user\) may not search 'secret'",
+        ),
+        (
+            [Entry("mine", DIR, 0o700), Entry("mine/\udcffkey", FILE, 0o600, 0, DIGEST, uid=0, gid=0)],
+            r"mine/\\xffkey cannot be snapshotted: its owner \(root\)",
+        ),
+    ],
+)
+def test_what_its_owner_could_not_read_in_the_sandbox_is_refused_naming_it(
+    entries: list[Entry], why: str
+) -> None:
+    with pytest.raises(FailedPrecondition, match=why):
+        owners.refuse_unreadable(entries)
+
+
+def test_a_grader_and_the_users_own_closed_files_are_taken() -> None:
+    owners.refuse_unreadable(
+        [
+            Entry("secret", DIR, 0o700, uid=0, gid=0),
+            Entry("secret/key", FILE, 0o600, 0, DIGEST, uid=0, gid=0),
+            Entry("tests", DIR, 0o755, uid=0, gid=0),
+            Entry("tests/mine", FILE, 0o400, 0, DIGEST),  # the user's, in root's open directory
+            Entry("tmp", DIR, 0o1777),
+            Entry("tmp/x", LINK, 0o777, target="../tests"),
+        ]
+    )
