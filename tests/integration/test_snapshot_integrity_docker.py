@@ -20,11 +20,12 @@ import pytest
 
 from sandboxd import errors
 from sandboxd.app import App
+from sandboxd.backends.base import GVISOR, RUNC
 from sandboxd.client import AsyncClient, Sandbox
 from sandboxd.core.snapshots import LABEL_SNAPSHOT
 from sandboxd.core.snapshots import journal as journals
 from sandboxd.v1 import common_pb2
-from tests.integration.conftest import make_settings, poll, running_app
+from tests.integration.conftest import NO_GVISOR, gvisor_registered, make_settings, poll, running_app
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -67,9 +68,10 @@ async def head(sb: Sandbox, path: str = "/workspace/data.bin") -> str:
     return await run_ok(sb, f"head -c 22 {path}")
 
 
-async def test_writes_through_a_shared_mapping_are_in_every_incremental_snapshot(
-    app: App, client: AsyncClient, pool: str
-) -> None:
+async def mapping_round(client: AsyncClient, pool: str) -> None:
+    """A file written through a mapping made after the first snapshot: each
+    snapshot after it (mapped, written again, unmapped) holds what the
+    mapping wrote, and so do its restore and its fork."""
     lease = await client.lease(pool, timeout=60)
     snaps = []
     try:
@@ -103,6 +105,30 @@ async def test_writes_through_a_shared_mapping_are_in_every_incremental_snapshot
                 assert await head(target) == want
         finally:
             await restored.release()
+
+
+async def test_writes_through_a_shared_mapping_are_in_every_incremental_snapshot(
+    app: App, client: AsyncClient, pool: str
+) -> None:
+    await mapping_round(client, pool)
+
+
+@pytest.fixture(params=[RUNC, GVISOR])
+def through_runtime(request: pytest.FixtureRequest, engine: docker.DockerClient) -> str:
+    if request.param == GVISOR and not gvisor_registered(engine):
+        pytest.skip(NO_GVISOR)
+    return str(request.param)
+
+
+async def test_writes_through_a_mapping_are_seen_through_the_sandbox_too(
+    tmp_path: Path, engine: docker.DockerClient, image: str, through_runtime: str
+) -> None:
+    """Read through the sandbox (gVisor always; runc as through a remote
+    engine): the listing names what the sandbox user's processes map."""
+    settings = make_settings(tmp_path, **{"backend.host_workspaces": False})
+    async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
+        await client.create_pool("it", image, min_ready=1, max_size=4, runtime=through_runtime)
+        await mapping_round(client, "it")
 
 
 SQLITE = r"""

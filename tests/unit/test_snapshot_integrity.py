@@ -12,6 +12,7 @@ import fcntl
 import mmap
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.journal import Budget, Journal, Watcher
 from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT
 from sandboxd.core.snapshots.listing import Baseline
+from sandboxd.core.snapshots.mapped import MAPS_TRAILER, split_maps
 from sandboxd.core.snapshots.meters import register_journal_meters
 from sandboxd.telemetry import render
 
@@ -369,3 +371,24 @@ def test_the_journals_fall_backs_and_watches_are_metrics(tmp_path: Path, make_wa
     assert 'sandboxd_snapshot_journal_walks_total{reason="budget"} 1' in text
     assert "sandboxd_snapshot_journal_watches 1" in text
     assert "sandboxd_snapshot_journal_instances 2" in text
+
+
+def test_the_listing_trailer_names_mapped_files_and_keeps_the_listings_status() -> None:
+    maps = "7f00-7f01 rw-s 00000000 00:1b 3   /workspace/db/data.mdb"
+    raw = b"listing\0" + maps.encode() + b"%08dMAPS" % len(maps)
+    assert split_maps(raw) == (b"listing\0", frozenset({"db/data.mdb"}))
+    assert split_maps(b"listing\0") == (b"listing\0", frozenset()), "no trailer: an emulated listing"
+    assert split_maps(b"x00000099MAPS") == (b"x00000099MAPS", frozenset()), "a length past the output"
+    # Run for real: the listing's own status survives the trailer, and the
+    # shell's variables do not outlive it (a session runs it).
+    out = subprocess.run(
+        ["bash", "-c", "printf 'listing\\0'; false" + MAPS_TRAILER + 'echo "[${__sbx_m-unset}]"'],
+        capture_output=True,
+        check=False,
+    )
+    assert out.stdout.endswith(b"MAPS[unset]\n")
+    assert split_maps(out.stdout.removesuffix(b"[unset]\n")) == (b"listing\0", frozenset())
+    out = subprocess.run(
+        ["bash", "-c", "printf 'listing\\0'; false" + MAPS_TRAILER], capture_output=True, check=False
+    )
+    assert out.returncode == 1 and split_maps(out.stdout)[0] == b"listing\0"

@@ -214,9 +214,12 @@ class Capture:
                             when = started_at
                             compared = _distrusting(baseline, recheck, listing)
                         else:
+                            seen_mapped: set[str] = set()
                             cwd, env, when, listing, carried, prefetch = await self._workspaces.list_through(
-                                rec, baseline, session
+                                rec, baseline, session, seen_mapped
                             )
+                            mapped = frozenset(seen_mapped)
+                            compared = _distrusting(baseline, _rechecked(baseline, mapped), listing)
                         by_path, stored, stamps = await self._contents.read(
                             rec, ns, when, listing, compared, pinned, session, prefetch, carried, view, scan,
                             check,

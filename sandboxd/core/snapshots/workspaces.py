@@ -45,6 +45,7 @@ from sandboxd.core.snapshots.listing import (
     recorded,
 )
 from sandboxd.core.snapshots.manifest import ROOT_UID, Entry, shown
+from sandboxd.core.snapshots.mapped import MAPS_TRAILER, split_maps
 from sandboxd.core.snapshots.reading import Prefetch, once
 from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxdError
 from sandboxd.settings import SnapshotSettings
@@ -128,11 +129,14 @@ class Workspaces:
         return when, [recorded(Listed(*r), sandbox) for r in records]
 
     async def list_through(
-        self, rec: SandboxRecord, baseline: Baseline | None, session: str
+        self, rec: SandboxRecord, baseline: Baseline | None, session: str, mapped: set[str] | None = None
     ) -> tuple[str, dict[str, str], float, list[Listed], dict[str, Entry], Prefetch | None]:
         """The same through commands in the sandbox: a delta listing against
         ``baseline`` where it has one; the first snapshot of a large workspace
-        starts its tar stream (returned) while the listing runs."""
+        starts its tar stream (returned) while the listing runs. ``mapped``
+        gets the files the sandbox user's processes have mapped shared and
+        writable (sandboxd.core.snapshots.mapped); those, and the baseline's,
+        are listed whatever their ctime says."""
         prefetch: Prefetch | None = None
         if baseline is None and await self.large(rec):
             prefetch = Prefetch(self.get_tar(rec, (".",)))
@@ -143,15 +147,17 @@ class Workspaces:
                 assert baseline is not None
                 script = delta_script(baseline.since, session=bool(session))
             cwd, env = "", dict[str, str]()
+            raw, found = split_maps(await self.run(rec, script + MAPS_TRAILER, session=session))
+            if mapped is not None:
+                mapped |= found
             if session:
-                cwd, env, raw = parse_session_state(await self.run(rec, script, session=session))
-            else:
-                raw = await self.run(rec, script)
+                cwd, env, raw = parse_session_state(raw)
             carried: dict[str, Entry] = {}
             denied: list[str] = []
             if delta:
                 assert baseline is not None
-                when, listing, carried = await self._merge_delta(rec, baseline, raw, denied)
+                recheck = found | (baseline.mapped if baseline.mapped is not None else frozenset())
+                when, listing, carried = await self._merge_delta(rec, baseline, raw, denied, recheck)
             else:
                 when, listing = parse_listing(raw, self.owner(rec), denied)
             if denied:
@@ -200,19 +206,27 @@ class Workspaces:
         return out
 
     async def _merge_delta(
-        self, rec: SandboxRecord, baseline: Baseline, raw: bytes, denied: list[str]
+        self,
+        rec: SandboxRecord,
+        baseline: Baseline,
+        raw: bytes,
+        denied: list[str],
+        recheck: frozenset[str] = frozenset(),
     ) -> tuple[float, list[Listed], dict[str, Entry]]:
         """(listing time, entries to look at, entries carried over unchanged)
         from a delta listing: what exists is what it names; what changed
         comes with a record; a named path that is new but has no record (it
-        lies in a directory moved in) is listed on its own."""
+        lies in a directory moved in), or in ``recheck`` (a write through a
+        mapping moves no ctime), is listed on its own."""
         assert baseline.entries is not None
         sandbox = self.owner(rec)
         when, changed, names = parse_delta(raw, sandbox, denied)
         present = set(names)
         listing = [c for c in changed if c.path in present]
         seen = {c.path for c in listing}
-        carried = {p: e for p, e in baseline.entries.items() if p in present and p not in seen}
+        carried = {
+            p: e for p, e in baseline.entries.items() if p in present and p not in seen and p not in recheck
+        }
         unknown = [n for n in names if n not in seen and n not in carried]
         if unknown:
             stdin = b"".join(n.encode("utf-8", "surrogateescape") + b"\x00" for n in unknown)
