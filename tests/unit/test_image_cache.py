@@ -426,3 +426,47 @@ async def test_pulls_and_evictions_are_counted_in_metrics(
     assert 'sandboxd_image_evictions_total{reason="budget"} 1' in text
     assert "sandboxd_image_cache_budget_bytes 15728640" in text
     assert f"removed {A}" in caplog.text and "least recently used" in caplog.text
+
+
+async def test_an_image_used_while_others_are_removed_stays(backend: FakeBackend) -> None:
+    clock = FakeClock()
+    cache = ImageCache(backend, clock, settings(cache_bytes=1))
+    await cache.start()
+    try:
+        # Both within their grace: the checks after their pulls remove nothing.
+        await cache.ensure(A)
+        await cache.ensure(B)
+        assert set(backend.engine_images) == {A, B}
+        remove = backend.remove_image
+
+        async def remove_then_use(reference: str) -> None:
+            await remove(reference)
+            cache.use(B)  # a sandbox of B starts while A is being removed
+
+        backend.remove_image = remove_then_use  # type: ignore[method-assign]
+        clock.advance(200)
+        await cache.enforce_budget()
+        assert A not in backend.engine_images
+        assert B in backend.engine_images
+    finally:
+        await cache.stop()
+
+
+async def test_a_build_in_flight_shows_in_progress(backend: FakeBackend, tmp_path: Path) -> None:
+    clock = FakeClock()
+    cache = ImageCache(backend, clock, settings())
+    await cache.start()
+    try:
+        context = _recipe(tmp_path / "ctx", "FROM base\nRUN make\n")
+        seen: list[list[str]] = []
+        lines: list[str] = []
+
+        def on_log(line: str) -> None:
+            lines.append(line)
+            seen.append([p.detail for p in cache.progress()])
+
+        tag = await cache.build(context, on_log=on_log)
+        assert any(f"building: {lines[0]}" in details for details in seen)
+        assert all(p.image != tag for p in cache.progress())  # ended builds are not listed
+    finally:
+        await cache.stop()

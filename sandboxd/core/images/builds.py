@@ -66,6 +66,7 @@ def _tag_for(
 @dataclass
 class _Build:
     tag: str
+    started: float
     log: list[str] = field(default_factory=list)
     listeners: list[Callable[[str], None]] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -80,8 +81,9 @@ class Builds:
     """Builds in flight by tag: callers asking for the same recipe share one
     build and each sees its whole log."""
 
-    def __init__(self, store: ImageStore | None, slots: asyncio.Semaphore) -> None:
+    def __init__(self, store: ImageStore | None, slots: asyncio.Semaphore, now: Callable[[], float]) -> None:
         self._store = store
+        self._now = now
         self._slots = slots
         self._building: dict[str, _Build] = {}
 
@@ -92,9 +94,9 @@ class Builds:
             task.cancel()
         return tasks
 
-    def in_flight(self) -> list[tuple[str, str]]:
-        """(tag, latest log line) of each build running or waiting."""
-        return [(b.tag, b.log[-1] if b.log else "queued") for b in self._building.values()]
+    def in_flight(self) -> list[tuple[str, float, str]]:
+        """(tag, when it started, latest log line) of each build running or waiting."""
+        return [(b.tag, b.started, b.log[-1] if b.log else "queued") for b in self._building.values()]
 
     async def tag_for(
         self, context: Path, dockerfile: str, build_args: Mapping[str, str], repository: str
@@ -114,7 +116,7 @@ class Builds:
             raise FailedPrecondition("this backend does not build images")
         running = self._building.get(spec.tag)
         if running is None:
-            running = _Build(spec.tag)
+            running = _Build(spec.tag, self._now())
             self._building[spec.tag] = running
             running.task = asyncio.create_task(self._run(running, spec), name=f"build {spec.tag}")
             running.task.add_done_callback(lambda _: self._building.pop(spec.tag, None))

@@ -111,7 +111,7 @@ class ImageCache:
         self._check_queued = False
         self._background: set[asyncio.Task[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
-        self._builds = Builds(self._store, self._slots)
+        self._builds = Builds(self._store, self._slots, clock.monotonic)
         self.meters = ImageMeters(meter, self.gauges)
 
     # -- start and stop ---------------------------------------------------------
@@ -248,8 +248,8 @@ class ImageCache:
     def progress(self) -> list[PullProgress]:
         """Pulls and builds in flight (first), then the latest ended pulls, newest first."""
         building = [
-            PullProgress(tag, PULLING, 0, 0, 0.0, f"building: {line}")
-            for tag, line in self._builds.in_flight()
+            PullProgress(tag, PULLING, 0, 0, started, f"building: {line}")
+            for tag, started, line in self._builds.in_flight()
         ]
         return [f.view() for f in self._flights.values()] + building + list(reversed(self._recent))
 
@@ -383,6 +383,14 @@ class ImageCache:
         if self._evicts:
             self._check_budget_soon()
 
+    def _pinned(self, image: str) -> bool:
+        return (
+            image in self._in_use
+            or image in self._flights
+            or image in self._demand.images()
+            or self._ensured.get(image, 0.0) > self._clock.monotonic()
+        )
+
     def _check_budget_soon(self) -> None:
         # One check waiting is enough however many pulls end meanwhile: it
         # lists the engine's images after they all landed.
@@ -458,6 +466,9 @@ class ImageCache:
             victims = choose_victims(self._entries.values(), footprints, self._budget, pinned)
             removed: list[Entry] = []
             for entry in victims:
+                if self._pinned(entry.reference):
+                    # Ensured, used or wanted while the removals before it ran.
+                    continue
                 try:
                     await self._store.remove_image(entry.reference)
                 except FailedPrecondition as e:
