@@ -103,6 +103,31 @@ async def test_create_makes_a_hardened_labelled_running_pod(
     assert await backend.alive([handle, "sandboxd-sb-nothere"]) == {handle}
 
 
+async def test_each_pod_runs_as_its_own_uid_which_a_new_control_plane_adopts(
+    backend: KubernetesBackend, kubeconfig: str, namespace: str
+) -> None:
+    first, second = await backend.create(spec()), await backend.create(spec())
+    uids = {backend.sandbox_user(first), backend.sandbox_user(second)}
+    assert len(uids) == 2
+    for handle in (first, second):
+        pod = await backend.client.request("GET", f"/api/v1/namespaces/{namespace}/pods/{handle}")
+        (container,) = pod["spec"]["containers"]
+        assert (container["securityContext"]["runAsUser"], pod["spec"]["securityContext"]["fsGroup"]) == (
+            backend.sandbox_user(handle)
+        )
+    # A control plane started again (same instance) finds each Pod's uid and
+    # gives neither to a new Pod.
+    again = KubernetesBackend(backend._options, KubeClient(load_configuration(kubeconfig, None), threads=4))
+    try:
+        assert {s.handle for s in await again.list()} == {first, second}
+        assert {again.sandbox_user(first), again.sandbox_user(second)} == uids
+        third = await again.create(spec())
+        assert again.sandbox_user(third) not in uids
+        await again.destroy(third)
+    finally:
+        await again.close()
+
+
 async def test_deny_all_network_policy_exists(
     backend: KubernetesBackend, kube: KubeClient, namespace: str
 ) -> None:
