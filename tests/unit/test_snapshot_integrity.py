@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import shlex
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from sandboxd.backends import hostmaps, hostread
 from sandboxd.backends.base import Limits
 from sandboxd.backends.hostfs import HostWorkspace, Unreadable
+from sandboxd.backends.shell import tar_create
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots import journal as journals
 from sandboxd.core.snapshots.baselines import Baselines
@@ -392,3 +394,37 @@ def test_the_listing_trailer_names_mapped_files_and_keeps_the_listings_status() 
         ["bash", "-c", "printf 'listing\\0'; false" + MAPS_TRAILER], capture_output=True, check=False
     )
     assert out.returncode == 1 and split_maps(out.stdout)[0] == b"listing\0"
+
+
+@pytest.mark.parametrize(
+    ("says", "status", "answered"),
+    [
+        ("tar: app.log: file changed as we read it", 1, 0),
+        (
+            "tar: app.log: file changed as we read it\ntar: b: File shrank by 10 bytes; padding with zeros",
+            1,
+            1,
+        ),
+        ("tar: gone: Cannot stat: No such file or directory", 1, 1),
+        ("", 1, 1),
+        ("tar: app.log: file changed as we read it", 2, 2),
+        ("", 0, 0),
+    ],
+)
+def test_tar_reading_a_growing_file_is_no_failure_and_nothing_else_is_hidden(
+    tmp_path: Path, says: str, status: int, answered: int
+) -> None:
+    """tar_create under a stand-in tar that writes its archive, says
+    ``says`` on stderr and exits ``status``: only "file changed as we read
+    it" alone (a file appended to, stored as tar first found it) passes."""
+    fake = tmp_path / "tar"
+    fake.write_text(f"#!/bin/sh\nprintf 'ARCHIVE'\nprintf '%s' {shlex.quote(says)} >&2\nexit {status}\n")
+    fake.chmod(0o755)
+    out = subprocess.run(
+        ["sh", "-c", tar_create("x")],
+        capture_output=True,
+        check=False,
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+    )
+    assert (out.returncode, out.stdout) == (answered, b"ARCHIVE")
+    assert out.stderr.decode().strip() == says, "what tar said is passed on"
