@@ -146,11 +146,14 @@ class DockerBackendSettings:
     """uid:gid every sandbox's commands run as when ``uid_count`` is 0 (one
     user shared by all sandboxes, and with it every per-user kernel limit)."""
     uid_base: int = DEFAULT_UIDS.base
-    """First host uid given to sandboxes: each runs as a uid (and gid) of its
-    own from ``uid_base`` on, so that no sandbox can use up another's
+    """First host uid given to runc sandboxes: each runs as a uid (and gid)
+    of its own from ``uid_base`` on, so that no sandbox can use up another's
     per-user kernel limits (inotify instances, queued signals). Must lie
     above root and the system users (> 999), and the range must not hold
-    1000 (the images' sandbox user), 65534 (nobody) or an image's own user."""
+    1000 (the images' sandbox user), 65534 (nobody) or an image's own user.
+    gVisor sandboxes run as ``user`` (each sentry counts nothing per host
+    uid). Without an inbox (a remote engine) the image's /etc/passwd stays:
+    HOME, USER and LOGNAME are set, but a lookup of the uid finds no name."""
     uid_count: int = DEFAULT_UIDS.count
     """How many uids from ``uid_base`` sandboxes are given (more than the
     host ever runs at once; a create past it is refused until one is
