@@ -114,10 +114,12 @@ class HostWorkspace:
             # after this check, the entry would answer ESRCH, not another
             # process's files.
             if container_id not in _read_at(proc, "cgroup").decode(errors="replace"):
+                os.close(proc)
                 return None
             fd = os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
             try:
-                view = cls(_open_dirs(fd, workspace.strip("/")), proc)
+                # The view keeps the process's entry: its mappings are read through it.
+                view = cls(_open_dirs(fd, workspace.strip("/")), proc, workspace)
             finally:
                 os.close(fd)
         except OSError:

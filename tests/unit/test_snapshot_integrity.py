@@ -428,3 +428,10 @@ def test_tar_reading_a_growing_file_is_no_failure_and_nothing_else_is_hidden(
     )
     assert (out.returncode, out.stdout) == (answered, b"ARCHIVE")
     assert out.stderr.decode().strip() == says, "what tar said is passed on"
+
+
+def test_a_process_that_is_not_the_containers_leaves_no_descriptor_open() -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert HostWorkspace.open(os.getpid(), "no-such-container-id") is None
+    assert len(os.listdir("/proc/self/fd")) == before
