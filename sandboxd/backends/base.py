@@ -619,3 +619,16 @@ class ImageStore(Protocol):
         returns once the image is tagged. Raises BuildFailed naming the
         failing step, TransientBackendError when the engine fails."""
         ...
+
+
+@runtime_checkable
+class ImagePrefetch(Protocol):
+    """Optional for a backend whose nodes pull images themselves (Kubernetes:
+    the kubelets): it pulls an image onto nodes ahead of the sandboxes that
+    will need it, so their Pods start without a pull."""
+
+    async def prefetch_image(self, image: str, copies: int) -> int:
+        """Starts pulls of ``image`` onto up to ``copies`` nodes that do not
+        hold it yet; returns how many it started (0: every node has it, or
+        one is pulling it there). Raises BackendError when it cannot."""
+        ...

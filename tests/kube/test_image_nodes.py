@@ -57,3 +57,48 @@ async def test_a_pod_goes_where_its_image_already_is(
     finally:
         await app.stop()
         await _set_images(kube, holder, [])
+
+
+async def test_announced_images_are_pulled_onto_the_nodes_lacking_them(
+    tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
+) -> None:
+    from sandboxd.backends.kubernetes.prepull import LABEL_PREPULL
+
+    nodes = sorted(n["metadata"]["name"] for n in (await kube.request("GET", "/api/v1/nodes"))["items"])
+    holder = nodes[0]
+    image = f"127.0.0.1:5000/task-{secrets.token_hex(4)}:v1"
+    await _set_images(kube, holder, [image])
+    settings = kube_settings(tmp_path, kubeconfig, namespace, backend={"image_pull_secrets": ["regcred"]})
+    app = build_app(settings)
+    await app.start()
+    seen: dict[str, dict[str, object]] = {}
+    try:
+        assert app.control.images is not None
+        app.control.images.want("queue", {image: 8})
+
+        async def prepulls() -> list[dict[str, object]]:
+            found = await pods(kube, namespace, f"{LABEL_PREPULL}={settings.instance_id}")
+            for pod in found:
+                seen[pod["metadata"]["name"]] = pod
+            return found
+
+        async def all_started() -> bool:
+            await prepulls()
+            return len(seen) == len(nodes) - 1
+
+        await poll(all_started, timeout=60, what="a pre-pull Pod on each node lacking the image")
+        assert {p["spec"]["nodeName"] for p in seen.values()} == set(nodes) - {holder}  # type: ignore[index]
+        for pod in seen.values():
+            spec = pod["spec"]
+            assert spec["containers"][0]["image"] == image  # type: ignore[index]
+            assert spec["imagePullSecrets"] == [{"name": "regcred"}]  # type: ignore[index]
+
+        async def reaped() -> bool:
+            return not await prepulls()
+
+        # kwok starts their containers at once: each counts as pulled and goes.
+        await poll(reaped, timeout=60, what="pre-pull Pods deleted once pulled")
+        assert await pods(kube, namespace, selector(settings.instance_id)) == []  # none taken for a sandbox
+    finally:
+        await app.stop()
+        await _set_images(kube, holder, [])

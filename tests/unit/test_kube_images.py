@@ -99,3 +99,74 @@ async def test_creates_at_once_share_one_read_and_all_see_it() -> None:
     gate.set()
     assert await asyncio.gather(*waiting) == [["n1", "n2"]] * 4
     assert reads[0] == 1
+
+
+async def test_wanted_images_are_pulled_onto_nodes_once_per_while() -> None:
+    from sandboxd.backends.base import ImagePrefetch
+    from sandboxd.clock import FakeClock
+    from sandboxd.core.images import ImageCache
+    from sandboxd.core.images.prefetch import PREFETCH_AGAIN_SECONDS
+    from sandboxd.settings import ImageSettings
+
+    class Nodes:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+            self.fail = True
+
+        async def image_exists(self, image: str) -> bool:
+            return True
+
+        async def prefetch_image(self, image: str, copies: int) -> int:
+            self.calls.append((image, copies))
+            if self.fail:
+                raise TransientBackendError("cannot list nodes")
+            return copies
+
+    backend = Nodes()
+    assert isinstance(backend, ImagePrefetch)
+    clock = FakeClock()
+    cache = ImageCache(backend, clock, ImageSettings(evict_interval_seconds=0))
+    await cache.start()
+    try:
+        cache.want("queue", {"reg/a:1": 3})
+        await wait_for(lambda: len(backend.calls) == 1, what="first pre-pull")
+        backend.fail = False
+        # It failed: the next announcement tries again.
+        await wait_for(
+            lambda: cache._nodes is not None and "reg/a:1" not in cache._nodes.last, what="failure noted"
+        )
+        cache.want("queue", {"reg/a:1": 3, "reg/b:1": 1})
+        await wait_for(lambda: len(backend.calls) == 3, what="retried and b")
+        await wait_for(lambda: not cache._background, what="pre-pulls answered")
+        cache.want("queue", {"reg/a:1": 5})
+        clock.advance(PREFETCH_AGAIN_SECONDS / 2)
+        cache.want("queue", {"reg/a:1": 5})
+        assert not cache._background  # nothing started: pulled onto nodes a moment ago
+        assert len(backend.calls) == 3
+        clock.advance(PREFETCH_AGAIN_SECONDS)
+        cache.want("queue", {"reg/a:1": 5})
+        await wait_for(lambda: len(backend.calls) == 4, what="again after a while")
+        assert backend.calls == [("reg/a:1", 3), ("reg/a:1", 3), ("reg/b:1", 1), ("reg/a:1", 5)]
+    finally:
+        await cache.stop()
+
+
+def test_prepull_pods_are_hardened_bound_to_their_node_and_not_sandboxes() -> None:
+    from sandboxd.backends.base import LABEL_INSTANCE, LABEL_MANAGED
+    from sandboxd.backends.kubernetes.prepull import LABEL_PREPULL, prepull_pod, pulled
+
+    opts = PodOptions(namespace="ns", instance="i", image_pull_secrets=("regcred",))
+    pod = prepull_pod("reg/a:1", "n2", opts)
+    assert pod["metadata"]["labels"] == {LABEL_PREPULL: "i"}
+    assert LABEL_MANAGED not in pod["metadata"]["labels"] and LABEL_INSTANCE not in pod["metadata"]["labels"]
+    spec = pod["spec"]
+    assert spec["nodeName"] == "n2" and spec["restartPolicy"] == "Never"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert prepull_pod("reg/a:1", "n2", opts)["metadata"]["name"] == pod["metadata"]["name"]
+    assert prepull_pod("reg/a:1", "n3", opts)["metadata"]["name"] != pod["metadata"]["name"]
+    waiting = {"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ErrImagePull"}}}]}
+    assert not pulled({"status": waiting})
+    assert pulled({"status": {"phase": "Pending", "containerStatuses": [{"state": {"terminated": {}}}]}})
+    assert pulled({"status": {"phase": "Failed"}})

@@ -213,6 +213,11 @@ class KubernetesBackend:
     async def capacity(self) -> tuple[int, int]:
         return await self._pods.capacity()
 
+    async def prefetch_image(self, image: str, copies: int) -> int:
+        """Pre-pull Pods of ``image`` on up to ``copies`` nodes lacking it (prepull.py)."""
+        await self._pods.ensure_started()
+        return await self._pods.prepulls.prefetch(image, copies)
+
     # -- HostCapacity and SchedulingPressure (hostcap.py, cache.py) --------
 
     async def host_facts(self) -> HostFacts:

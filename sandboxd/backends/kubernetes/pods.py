@@ -36,6 +36,7 @@ from sandboxd.backends.kubernetes.podspec import (
     selector,
     tenant_of,
 )
+from sandboxd.backends.kubernetes.prepull import PrePulls
 from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
 from sandboxd.backends.uids import SandboxUids
 from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
@@ -93,6 +94,8 @@ class Pods:
         self._users: dict[str, tuple[int, int]] = {}
         self._sandbox_of: dict[str, str] = {}
         self._node_images = NodeImages(self._nodes, time.monotonic)
+        self.prepulls = PrePulls(client, self._pod_opts, self._schedulable_nodes, self._node_images.holding)
+        """Images pulled onto nodes ahead of their sandboxes."""
 
     async def ensure_started(self) -> None:
         """Once: the namespace's NetworkPolicy (if asked for) and the watch cache."""
@@ -410,8 +413,9 @@ class Pods:
             raise wrap(e, f"cannot resize Pod {handle}") from e
 
     async def close(self) -> None:
-        """Waits for the deletes of failed creates still running."""
+        """Waits for the deletes of failed creates still running; stops looking after pre-pulls."""
         await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self.prepulls.close()
 
 
 def _tolerated(taint: dict[str, Any], toleration: Any) -> bool:

@@ -10,13 +10,14 @@ import contextlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opentelemetry.metrics import Meter
 
-from sandboxd.backends.base import LABEL_IMAGE_BUILD, BuildSpec, EngineImage, ImageStore
+from sandboxd.backends.base import LABEL_IMAGE_BUILD, BuildSpec, EngineImage, ImagePrefetch, ImageStore
 from sandboxd.backends.image_refs import normalize
 from sandboxd.clock import Clock
 from sandboxd.core.images.builds import DEFAULT_REPOSITORY, Builds, build_labels
@@ -24,6 +25,7 @@ from sandboxd.core.images.credentials import Credentials, config_dir
 from sandboxd.core.images.eviction import Footprint, cache_bytes, choose_victims
 from sandboxd.core.images.ledger import BUILT, PULLED, Entry, ImageLedger
 from sandboxd.core.images.meters import ImageMeters
+from sandboxd.core.images.prefetch import NodePrefetch
 from sandboxd.core.images.progress import DONE, FAILED, PULLING, QUEUED, PullProgress
 from sandboxd.errors import (
     DeadlineExceeded,
@@ -109,8 +111,11 @@ class ImageCache:
         self._used = 0
         self._evicting: asyncio.Lock = asyncio.Lock()
         self._check_queued = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self._nodes = (
+            NodePrefetch(backend, clock, self._spawn) if isinstance(backend, ImagePrefetch) else None
+        )
         self._builds = Builds(self._store, self._slots, clock.monotonic)
         self.meters = ImageMeters(meter, self.gauges)
 
@@ -236,6 +241,8 @@ class ImageCache:
         else:
             self._demand.by_source.pop(source, None)
         if self._store is None:
+            if self._nodes is not None:
+                self._nodes.want(wanted)
             return
         for image in wanted:
             if image not in self._present and image not in self._flights:
@@ -413,11 +420,12 @@ class ImageCache:
         if entry is not None:
             entry.last_used = self._clock.time()
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_failure)
+        return task
 
     # -- the budget ---------------------------------------------------------------
 
