@@ -224,3 +224,19 @@ async def test_announced_image_counts_are_checked(make: Make) -> None:
         pool.announce("trainer", 2, 0.0, 60.0, ((TASK_A, 3),))
     with pytest.raises(FailedPrecondition, match="spec.images"):
         pool.announce("trainer", 2, 0.0, 60.0, ((TASK_B, 1),))
+
+
+async def test_an_acquire_joining_creates_in_flight_leaves_the_image_evictable_after(make: Make) -> None:
+    control = await make()
+    pool = await template(control, max_ready=4)
+    backend = fake(control)
+    cache = control.images
+    assert cache is not None
+    backend.start_delay = 0.3
+    pool.announce("trainer", 2, 0.0, 60.0, ((TASK_A, 2),))
+    await wait_for(lambda: pool.warm_targets().get(TASK_A) == 2 and pool.creating == 2, what="creates of A")
+    assert TASK_A not in cache._ensured, "the creates' use() ended the pull's grace"
+    _, records = await control.acquire("p", 2, 0, {}, 0.0, 5.0, None, image=TASK_A)
+    assert {r.image for r in records} == {TASK_A}
+    # Served by the creates in flight: no second ensure pins it past their lives.
+    assert TASK_A not in cache._ensured

@@ -549,7 +549,9 @@ class WarmPool:
             )
         began = self._clock.monotonic()
         line = self._lines.line(image)
-        if image != self.config.image and not line.ready:
+        if image != self.config.image and not line.ready and not self._lines.creating[image]:
+            # Creates of it in flight hold it (``use``) already: an ensure
+            # would only keep it from eviction for the cache's grace period.
             await self._ensure_image(image, began + timeout)
             timeout = max(0.0, began + timeout - self._clock.monotonic())
             line = self._lines.line(image)
