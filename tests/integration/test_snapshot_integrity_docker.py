@@ -193,9 +193,9 @@ open("/tmp/unleased", "w").close()
 """
 
 
-async def test_a_file_under_a_write_lease_fails_the_snapshot_naming_it(
-    app: App, client: AsyncClient, pool: str
-) -> None:
+async def lease_round(client: AsyncClient, pool: str) -> None:
+    """A leased file fails the first snapshot and an incremental one, naming
+    it; once the lease is given up, the snapshot holds it."""
     lease = await client.lease(pool, timeout=60)
     try:
         sb = lease[0]
@@ -224,6 +224,23 @@ async def test_a_file_under_a_write_lease_fails_the_snapshot_naming_it(
         assert await run_ok(restored[0], "cat /workspace/leased.txt /workspace/d/f") == "changedy"
     finally:
         await restored.release()
+
+
+async def test_a_file_under_a_write_lease_fails_the_snapshot_naming_it(
+    app: App, client: AsyncClient, pool: str
+) -> None:
+    await lease_round(client, pool)
+
+
+async def test_a_leased_file_is_refused_in_the_same_words_through_the_sandbox(
+    tmp_path: Path, engine: docker.DockerClient, image: str
+) -> None:
+    """tar in the sandbox opens files without blocking too: the lease's
+    EAGAIN becomes the same FAILED_PRECONDITION as in place."""
+    settings = make_settings(tmp_path, **{"backend.host_workspaces": False})
+    async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
+        await client.create_pool("it", image, min_ready=1, max_size=4)
+        await lease_round(client, "it")
 
 
 APPENDER = r"""

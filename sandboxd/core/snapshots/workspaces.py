@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,7 @@ from sandboxd.backends.base import (
     SandboxUsers,
 )
 from sandboxd.backends.hostfs import HostWorkspace
+from sandboxd.backends.hostread import unreadable
 from sandboxd.backends.snapshot_shell import (
     LIST_SCRIPT,
     RECORDS_SCRIPT,
@@ -289,6 +292,7 @@ class Workspaces:
         if result is not None and result.outcome is ExecOutcome.EXITED and result.exit_code == 0:
             return
         detail = err.decode(errors="replace").strip()[:500] or (result.detail if result else "no result")
+        _raise_leased(detail)
         if "No such file or directory" in detail:
             raise FailedPrecondition(
                 f"the workspace of {rec.sandbox_id} changed while it was being snapshotted ({detail}); retry"
@@ -320,6 +324,7 @@ class Workspaces:
             async for chunk in stream:
                 yield chunk
         except (NotFound, BackendError) as e:
+            _raise_leased(str(e))
             # tar names a listed file that vanished before it got there.
             if isinstance(e, BackendError) and "No such file or directory" not in str(e):
                 raise
@@ -334,3 +339,15 @@ class Workspaces:
 def _names(files: dict[str, Listed]) -> bytes:
     """The names of ``files``, sorted, NUL-terminated, as bytes."""
     return b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in sorted(files))
+
+
+# tar opens files without blocking: one under a write lease answers EAGAIN,
+# as it does to the in-place reader, and is refused in the same words.
+_LEASED = re.compile(r"tar: (.+?): Cannot open: Resource temporarily unavailable")
+
+
+def _raise_leased(detail: str) -> None:
+    """Raises the in-place path's refusal for a file tar could not open because of a lease."""
+    found = _LEASED.search(detail)
+    if found is not None:
+        raise unreadable(found.group(1).removeprefix("./"), OSError(errno.EAGAIN, "leased"))
