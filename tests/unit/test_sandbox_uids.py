@@ -194,3 +194,17 @@ def test_docker_users_skip_other_instances_uids() -> None:
     users = ContainerUsers(UidRange(300_000, 2), "1000:1000")
     users.foreign([{LABEL_USER: "300000:300000"}, {}])
     assert users.allocate("sb") == (300_001, 300_001)
+
+
+def test_a_listing_from_before_a_removal_books_nothing_for_it() -> None:
+    users = ContainerUsers(UidRange(300_000, 2), "1000:1000")
+    user = users.allocate("sb-1")
+    users.created("c1", "sb-1", user)
+    listed_at = users.mark()  # a listing asks the engine, which still has c1...
+    users.removed("c1")  # ... while c1 is removed
+    users.adopt("c1", {LABEL_USER: "300000:300000", "sandboxd.sandbox": "sb-1"}, listed_at=listed_at)
+    assert users.uids.held("sb-1") is None and users.known("c1") is None
+    # A listing after the removal that still finds it (removed behind our back
+    # and made again) books it.
+    users.adopt("c1", {LABEL_USER: "300000:300000", "sandboxd.sandbox": "sb-1"}, listed_at=users.mark())
+    assert users.uids.held("sb-1") == 300_000

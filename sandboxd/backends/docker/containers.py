@@ -347,6 +347,7 @@ class Containers:
         """Every container of this instance, running or not, by its labels;
         sweeps the inboxes of containers that are gone. The uids of other
         instances' sandboxes on the engine are not given out meanwhile."""
+        listed_at = self.users.mark()
         try:
             everyone = await self.run(
                 self._client.api.containers, all=True, filters={"label": [f"{LABEL_MANAGED}=true"]}
@@ -360,7 +361,7 @@ class Containers:
         out = []
         for c in containers:
             labels = c.get("Labels") or {}
-            self.users.adopt(str(c["Id"]), labels)
+            self.users.adopt(str(c["Id"]), labels, listed_at=listed_at)
             out.append(
                 BackendSandbox(
                     sandbox_id=labels.get(LABEL_SANDBOX, ""),

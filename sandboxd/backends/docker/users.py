@@ -12,7 +12,9 @@ inbox on the host and bind-mounted read-only over the image's: ``id -un``,
 from __future__ import annotations
 
 import io
+import itertools
 import tarfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ GROUP_FILE = ".sandboxd-group"
 """The sandbox's /etc/passwd and /etc/group, in its inbox on the host."""
 USER_TABLES = (("/etc/passwd", PASSWD_FILE), ("/etc/group", GROUP_FILE))
 """Where each table is mounted, and its file in the inbox."""
+# Removals remembered for listings in flight (far more than one listing spans).
+_GONE_KEPT = 4096
 # What an image without /etc/passwd or /etc/group is taken to have.
 _BARE_PASSWD = b"root:x:0:0:root:/root:/bin/sh\n"
 _BARE_GROUP = b"root:x:0:\n"
@@ -50,6 +54,11 @@ class ContainerUsers:
         self._sandbox_of: dict[str, str] = {}
         # An image's /etc/passwd and /etc/group, by image id.
         self._tables: dict[str, tuple[bytes, bytes]] = {}
+        # Sandboxes removed lately, each with when (a count of removals): a
+        # listing that began before a removal must not book its uid again.
+        self._clock = itertools.count(1)
+        self._now = 0
+        self._gone: OrderedDict[str, int] = OrderedDict()
 
     def allocate(self, sandbox_id: str) -> tuple[int, int] | None:
         """The user of a new sandbox; None when every sandbox shares one."""
@@ -62,12 +71,22 @@ class ContainerUsers:
     def known(self, handle: str) -> tuple[int, int] | None:
         return self._users.get(handle)
 
-    def adopt(self, handle: str, labels: dict[str, str], engine_user: str = "") -> tuple[int, int]:
+    def mark(self) -> int:
+        """Now, for adopt(): taken before the engine is asked for a listing."""
+        return self._now
+
+    def adopt(
+        self, handle: str, labels: dict[str, str], engine_user: str = "", listed_at: int | None = None
+    ) -> tuple[int, int]:
         """Records the user a listed container runs as: its label, else its
-        Config.User, else (made before either said) the shared user."""
+        Config.User, else (made before either said) the shared user. A
+        container removed since ``listed_at`` (mark()) is gone: nothing is
+        booked for it."""
         user = parse_user(labels.get(LABEL_USER, "")) or parse_user(engine_user) or self._shared
-        self._users[handle] = user
         sandbox_id = labels.get(LABEL_SANDBOX, "")
+        if listed_at is not None and self._gone.get(sandbox_id, -1) > listed_at:
+            return user
+        self._users[handle] = user
         if sandbox_id:
             self._sandbox_of[handle] = sandbox_id
             self.uids.adopt(sandbox_id, user[0])
@@ -85,11 +104,19 @@ class ContainerUsers:
         self._users.pop(handle, None)
         sandbox_id = self._sandbox_of.pop(handle, "")
         if sandbox_id:
-            self.uids.release(sandbox_id)
+            self._forget(sandbox_id)
 
     def discarded(self, sandbox_id: str) -> None:
         """A create that failed left nothing running: its uid is free."""
+        self._forget(sandbox_id)
+
+    def _forget(self, sandbox_id: str) -> None:
         self.uids.release(sandbox_id)
+        self._now = next(self._clock)
+        self._gone[sandbox_id] = self._now
+        self._gone.move_to_end(sandbox_id)
+        while len(self._gone) > _GONE_KEPT:
+            self._gone.popitem(last=False)
 
     # -- On a worker thread -------------------------------------------------
 
