@@ -16,6 +16,7 @@ import builtins
 import contextlib
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,6 +41,9 @@ from sandboxd.backends.kubernetes.prepull import PrePulls
 from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
 from sandboxd.backends.uids import SandboxUids
 from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
+
+# Deletes remembered for listings in flight (far more than one listing spans).
+_DELETED_KEPT = 4096
 
 HealthCheck = Callable[[str], Awaitable[None]]
 """Runs in a Pod that just became Ready (by name); raises if it cannot serve."""
@@ -93,6 +97,9 @@ class Pods:
         # The sandbox user's (uid, gid) of each Pod, and its sandbox id, by name.
         self._users: dict[str, tuple[int, int]] = {}
         self._sandbox_of: dict[str, str] = {}
+        # Pods this control plane deleted lately: a listing that still shows
+        # one (it began before the delete) books no uid for it.
+        self._deleted: OrderedDict[str, None] = OrderedDict()
         self._node_images = NodeImages(self._nodes, time.monotonic)
         self.prepulls = PrePulls(client, self._pod_opts, self._schedulable_nodes, self._node_images.holding)
         """Images pulled onto nodes ahead of their sandboxes."""
@@ -158,6 +165,7 @@ class Pods:
         name = str(body["metadata"]["name"])
         self._users[name] = user or (self._pod_opts.uid, self._pod_opts.gid)
         self._sandbox_of[name] = spec.sandbox_id
+        self._deleted.pop(name, None)
         posting = asyncio.ensure_future(self._client.request("POST", self._pods_path, body=body))
         try:
             try:
@@ -249,6 +257,9 @@ class Pods:
         sandbox_id = self._sandbox_of.pop(name, "")
         if sandbox_id:
             self.uids.release(sandbox_id)
+        self._deleted[name] = None
+        while len(self._deleted) > _DELETED_KEPT:
+            self._deleted.popitem(last=False)
 
     async def list(self) -> builtins.list[BackendSandbox]:
         """A fresh list from the API server (not the cache): adoption must see
@@ -271,7 +282,8 @@ class Pods:
             running = (pod.get("status") or {}).get("phase") == "Running" and not meta.get(
                 "deletionTimestamp"
             )
-            self._adopt(str(meta.get("name", "")), labels.get(LABEL_SANDBOX, ""), pod)
+            if meta.get("name") not in self._deleted and not meta.get("deletionTimestamp"):
+                self._adopt(str(meta.get("name", "")), labels.get(LABEL_SANDBOX, ""), pod)
             out.append(
                 BackendSandbox(
                     sandbox_id=labels.get(LABEL_SANDBOX, ""),
