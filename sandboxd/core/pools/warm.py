@@ -24,6 +24,7 @@ from sandboxd.core.pools.host import PoolHost
 from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.pools.indoubt import destroy_or_book
 from sandboxd.core.pools.lines import ImageLines
+from sandboxd.core.pools.prefetch import PoolImages
 from sandboxd.core.pools.starting import Starter, new_sandbox_id
 from sandboxd.core.scaling import Announcement, Plan, Signals
 from sandboxd.core.tuning import PoolTuning
@@ -52,7 +53,6 @@ class WarmPool:
         images: ImageSource | None = None,
     ) -> None:
         self.config = config
-        self._images = images
         self._backend = backend
         self._clock = clock
         self._max_starting = max_starting
@@ -63,11 +63,17 @@ class WarmPool:
         self.records: dict[str, SandboxRecord] = {}
         self._lines = ImageLines(clock, config.image, self.poke)
         self._demand = Demand(self._tuning, config.min_ready, config.image)
-        # Other images whose creates fail permanently, until when their warm
-        # creates are held back (their acquirers are failed at once).
-        self._failing: dict[str, tuple[float, str]] = {}
-        self._fetching: set[str] = set()
-        self._wanted: dict[str, int] = {}
+        self._images = PoolImages(
+            config.name,
+            config.image,
+            images,
+            backend,
+            clock,
+            hold_seconds=self._tuning.announcement_ttl_seconds,
+            spawn=lambda coro: self._spawn(coro, self._creates),
+            poke=self.poke,
+            fail_waiters=lambda image, error: self._lines.fail_waiters(error, image=image),
+        )
         self._starter = Starter(
             config.name,
             backend,
@@ -166,25 +172,17 @@ class WarmPool:
         starting = max(self._max_starting, self._host.start_window())
         return max(0, min(self.config.max_size - self._occupied(), starting - self.creating))
 
-    def _blocked(self) -> set[str]:
-        """Images that get no warm creates now: not on the engine yet (being
-        pulled ahead) or failing."""
-        now = self._clock.monotonic()
-        blocked = {image for image, (until, _) in self._failing.items() if now < until}
-        if self._images is not None:
-            blocked |= {
-                i for i in self._lines.targets if i != self.config.image and not self._images.present(i)
-            }
-        return blocked
-
     def creates_needed(self) -> int:
         """Creates this pool wants now: per image, its warm target plus what
         waiters are owed, less what is READY or already being created of it,
         within max_size and max_starting."""
         if self._closed or self.permanent_error:
             return 0
-        missing = sum(self._lines.shortfalls(warm=True, blocked=self._blocked()).values())
+        missing = sum(self._warm_shortfalls().values())
         return max(0, min(missing, self._room()))
+
+    def _warm_shortfalls(self) -> dict[str, int]:
+        return self._lines.shortfalls(warm=True, blocked=self._images.blocked(self._lines.targets))
 
     def urgent_needed(self) -> int:
         """The part of ``creates_needed`` that waiting acquirers are owed."""
@@ -260,42 +258,8 @@ class WarmPool:
         plan = self._demand.replan(self.signals(now), self.config.bounds(), policy)
         self._lines.targets = self._demand.targets
         self._lines.prune()
-        self._want(now)
+        self._images.want(self._demand.wanted_images(now))
         return plan
-
-    def _want(self, now: float) -> None:
-        """Tells the image cache which images announcements expect (pulled
-        ahead, never evicted), and pulls those not on the engine so that
-        warm creates of them can start."""
-        wanted = {i: n for i, n in self._demand.wanted_images(now).items() if i != self.config.image}
-        if self._images is None or wanted == self._wanted:
-            return
-        self._wanted = wanted
-        self._images.want(f"pool:{self.name}", wanted)
-        for image in wanted:
-            if image not in self._fetching and not self._images.present(image):
-                self._fetching.add(image)
-                self._spawn(self._fetch(image), self._creates)
-
-    async def _fetch(self, image: str) -> None:
-        assert self._images is not None
-        try:
-            await self._images.ensure(image)
-        except Exception as e:  # the cause is kept and shown; acquirers of it get it typed from ensure
-            self._image_failed(image, str(e) or type(e).__name__)
-        finally:
-            self._fetching.discard(image)
-            self.poke()
-
-    def _image_failed(self, image: str, reason: str) -> None:
-        """``image`` cannot be started: its acquirers fail now, and its warm
-        creates wait a while (the pool's other images go on)."""
-        log.warning("pool %s: image %s cannot be started: %s", self.name, image, reason)
-        self._failing[image] = (self._clock.monotonic() + self._tuning.announcement_ttl_seconds, reason)
-        self._lines.fail_waiters(
-            lambda: FailedPrecondition(f"pool {self.name}: image {image!r} cannot be started: {reason}"),
-            image=image,
-        )
 
     def announce(
         self,
@@ -312,7 +276,7 @@ class WarmPool:
         check_announcement(self.config, source, count, in_seconds, ttl_seconds, images)
         now = self._clock.monotonic()
         made = self._demand.announce(source, count, now, in_seconds, ttl_seconds, images)
-        self._want(now)
+        self._images.want(self._demand.wanted_images(now))
         self.poke()
         return made
 
@@ -391,8 +355,7 @@ class WarmPool:
     def adopt(self, record: SandboxRecord) -> None:
         """Takes over a sandbox found on the backend after a restart."""
         self.records[record.sandbox_id] = record
-        if self._images is not None:
-            self._images.use(record.image)
+        self._images.use(record.image)
 
     async def close(self, *, destroy_leased: bool) -> None:
         """Stops the pool: cancels creates in flight (their containers are
@@ -403,8 +366,7 @@ class WarmPool:
         self._lines.fail_waiters(
             lambda: FailedPrecondition(f"pool {self.config.name} is shutting down"), forget=True
         )
-        if self._images is not None and self._wanted:
-            self._images.want(f"pool:{self.name}", {})
+        self._images.withdraw()
         for task in list(self._creates):
             task.cancel()
         await asyncio.gather(*self._creates, return_exceptions=True)
@@ -430,7 +392,7 @@ class WarmPool:
         if n <= 0:
             return 0
         urgent = self._lines.shortfalls(warm=False)
-        warm = self._lines.shortfalls(warm=True, blocked=self._blocked())
+        warm = self._warm_shortfalls()
         images = self._lines.order(urgent, warm, n)
         for image in images:
             # Reserved (counted as creating, per image) before the task first
@@ -456,8 +418,7 @@ class WarmPool:
         self.records[rec.sandbox_id] = rec
         self.creating += 1
         self._lines.creating[image] += 1
-        if self._images is not None:
-            self._images.use(image)
+        self._images.use(image)
         return rec
 
     def _rename(self, rec: SandboxRecord) -> str:
@@ -503,7 +464,7 @@ class WarmPool:
             rec.move(State.FAILED, self._clock.time(), self._starter.describe(e))
             self._forget(rec)
             if not own and isinstance(e, PermanentBackendError):
-                self._image_failed(rec.image, self._starter.describe(e))
+                self._images.failed(rec.image, self._starter.describe(e))
             return
         finally:
             self.creating -= 1
@@ -521,7 +482,7 @@ class WarmPool:
 
     def _forget(self, rec: SandboxRecord) -> None:
         rec.move(State.GONE, self._clock.time())
-        if self.records.pop(rec.sandbox_id, None) is not None and self._images is not None:
+        if self.records.pop(rec.sandbox_id, None) is not None:
             self._images.unuse(rec.image)
         self._on_change(rec)
         self._notify()
@@ -552,7 +513,7 @@ class WarmPool:
         if image != self.config.image and not line.ready and not self._lines.creating[image]:
             # Creates of it in flight hold it (``use``) already: an ensure
             # would only keep it from eviction for the cache's grace period.
-            await self._ensure_image(image, began + timeout)
+            await self._images.ensure(image, began + timeout)
             timeout = max(0.0, began + timeout - self._clock.monotonic())
             line = self._lines.line(image)
         self._demand.acquired(n, began, "" if image == self.config.image else image)
@@ -567,16 +528,6 @@ class WarmPool:
             ) from None
         self._meters.acquire_latency.record(max(0.0, self._clock.monotonic() - began), {"pool": self.name})
         return records
-
-    async def _ensure_image(self, image: str, deadline: float) -> None:
-        """Makes ``image`` present before its acquirer waits in line: FAILED_PRECONDITION
-        (no such image), UNAVAILABLE (registry unreachable), DEADLINE_EXCEEDED (the
-        pull outlasted ``deadline``) come from the cache, typed, at once."""
-        if self._images is not None:
-            await self._images.ensure(image, deadline)
-        elif not await self._backend.image_exists(image):
-            raise FailedPrecondition(f"pool {self.name}: image {image!r} is not present on the backend")
-        self._failing.pop(image, None)
 
     def _start_rate_cause(self, short: int) -> str:
         """Why waiters are not served when nothing failed and nothing is full:
@@ -648,7 +599,7 @@ class WarmPool:
                 await destroy_or_book(self._backend, self._clock, self._host, self._call_timeout, rec)
         finally:
             rec.move(State.GONE, self._clock.time())
-            if self.records.pop(rec.sandbox_id, None) is not None and self._images is not None:
+            if self.records.pop(rec.sandbox_id, None) is not None:
                 self._images.unuse(rec.image)
             self._leaving.discard(rec.sandbox_id)
             self._on_change(rec)
