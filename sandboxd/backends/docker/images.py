@@ -53,6 +53,9 @@ _UNREACHABLE = (
 # Threads streaming pulls and builds; more wait in the cache's queue anyway.
 _STREAM_THREADS = 8
 _END = object()
+# The engine's disk-usage view is busy (another caller's): tries and the first pause between them.
+_DF_TRIES = 5
+_DF_FIRST_PAUSE = 0.2
 
 
 def classify(reference: str, message: str) -> Exception:
@@ -209,12 +212,28 @@ class DockerImages:
 
     async def list_images(self) -> list[EngineImage]:
         """Every image with its size and the part of it other images share
-        (the engine's disk-usage view, which computes the shared part)."""
+        (the engine's disk-usage view, which computes the shared part). The
+        engine runs one disk-usage computation at a time, whoever asks (a
+        second server, ``docker system df``): while one runs this waits a
+        little and asks again, and past that lists images without their
+        shared part (each then counts in full: more than the truth, never less)."""
+        pause = _DF_FIRST_PAUSE
+        for _ in range(_DF_TRIES):
+            try:
+                usage = await self._call(self._images_api.df)
+                return [_image_of(entry) for entry in usage.get("Images") or []]
+            except docker.errors.APIError as e:
+                if "already running" not in str(e.explanation or e):
+                    raise TransientBackendError(f"cannot list images: {e}") from e
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+                raise TransientBackendError(f"cannot list images: {e}") from e
+            await asyncio.sleep(pause)
+            pause *= 2
         try:
-            usage = await self._call(self._images_api.df)
+            listed = await self._call(self._images_api.images)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"cannot list images: {e}") from e
-        return [_image_of(entry) for entry in usage.get("Images") or []]
+        return [_image_of(entry) for entry in listed or []]
 
     async def remove_image(self, reference: str) -> None:
         """Removes the reference (the image goes with its last); FailedPrecondition
