@@ -470,3 +470,26 @@ async def test_a_build_in_flight_shows_in_progress(backend: FakeBackend, tmp_pat
         assert all(p.image != tag for p in cache.progress())  # ended builds are not listed
     finally:
         await cache.stop()
+
+
+async def test_without_a_disk_to_size_the_budget_pulls_work_and_nothing_is_evicted(
+    backend: FakeBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sandboxd.errors import TransientBackendError
+
+    async def remote_engine() -> object:
+        raise TransientBackendError("the Docker engine is on another host")
+
+    backend.image_disk = remote_engine  # type: ignore[assignment,method-assign]
+    clock = FakeClock()
+    cache = ImageCache(backend, clock, settings())
+    await cache.start()
+    try:
+        assert cache.budget == 0
+        assert "set images.cache_bytes" in caplog.text
+        await cache.ensure(A)
+        clock.advance(200)
+        assert await cache.enforce_budget() == []
+        assert A in backend.engine_images
+    finally:
+        await cache.stop()

@@ -107,7 +107,9 @@ class DockerBackend(DockerImages):
         self._options = options
         self._containers = Containers(options)
         self._pool = self._containers.pool
-        self._init_images(self._containers.api)
+        self._init_images(
+            self._containers.api, local=not options.base_url or options.base_url.startswith("unix://")
+        )
         self._raw = RawEngine(EngineAddress.parse(options.base_url))
         self._files = ContainerFiles(
             self._raw,

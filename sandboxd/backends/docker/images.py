@@ -123,8 +123,10 @@ class DockerImages:
 
     _images_api: Any
 
-    def _init_images(self, api: Any) -> None:
+    def _init_images(self, api: Any, local: bool = True) -> None:
+        """``local``: the engine runs on this host, so its data root's filesystem is seen here."""
         self._images_api = api
+        self._engine_local = local
         self._streams = ThreadPoolExecutor(max_workers=_STREAM_THREADS, thread_name_prefix="sandboxd-pull")
         self._data_root = ""
 
@@ -255,6 +257,10 @@ class DockerImages:
         """The filesystem of the engine's data root (DockerRootDir), as seen
         from here; TransientBackendError when this host cannot see it (a
         remote engine)."""
+        if not self._engine_local:
+            raise TransientBackendError(
+                "the Docker engine is on another host: its image disk cannot be seen from here"
+            )
         try:
             if not self._data_root:
                 info = await self._call(self._images_api.info)

@@ -127,8 +127,12 @@ class ImageCache:
         entries = await self._ledger.open()
         if self._store is not None:
             if not self._budget:
-                disk = await self._store.image_disk()
-                self._budget = int(disk.total_bytes * self.settings.cache_share)
+                try:
+                    disk = await self._store.image_disk()
+                    self._budget = int(disk.total_bytes * self.settings.cache_share)
+                except TransientBackendError as e:
+                    # Without a budget nothing is evicted; pulls still work.
+                    log.warning("image cache has no budget (set images.cache_bytes): %s", e)
             on_engine = await self._images_by_reference()
             gone = [e for e in entries if _image_id(on_engine.get(e.reference)) != e.image_id]
             for entry in gone:
@@ -471,6 +475,8 @@ class ImageCache:
             now = self._clock.monotonic()
             self._ensured = {image: until for image, until in self._ensured.items() if until > now}
             pinned = set(self._in_use) | self._demand.images() | set(self._flights) | set(self._ensured)
+            if self._budget <= 0:
+                return []
             victims = choose_victims(self._entries.values(), footprints, self._budget, pinned)
             removed: list[Entry] = []
             for entry in victims:
