@@ -127,3 +127,14 @@ def test_csharp_compiles_with_debug_and_the_assert_entry() -> None:
     for flag in ("-d:DEBUG", "-d:TRACE", "-main:SandboxdEntry", ENTRY_FILE):
         assert flag in csharp.run
     assert "Environment.Exit(134)" in dict(csharp.extra)[ENTRY_FILE]
+
+
+def test_go_test_starts_from_the_image_build_cache_and_jest_reports_json() -> None:
+    from sandboxd.images.codejudge import GO_CACHE_SEED, JEST_REPORTER_PATH
+
+    go_test = LANGUAGES["go_test"].run
+    # The cache is copied to where Go looks under the request's HOME, never shared.
+    assert f'cp -r {GO_CACHE_SEED} "$HOME/.cache/go-build"' in go_test and "GOCACHE" not in go_test
+    assert go_test.endswith("go test main_test.go")
+    jest = LANGUAGES["jest"].run
+    assert f'"testResultsProcessor": "{JEST_REPORTER_PATH}"' in jest and jest.startswith("FORCE_COLOR=0 ")
