@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.runcode_sf import ported
-from benchmarks.runcode_sf.shim import set_endpoint
+from benchmarks.runcode_sf.shim import client, set_endpoint
 
 __all__ = ["NEEDS_NETWORK", "Case", "Outcome", "cases", "replay", "run_case", "set_endpoint", "suite_report"]
 
@@ -51,6 +51,19 @@ class Outcome:
     name: str
     passed: bool
     error: str = ""
+    timed_out: bool = False
+    """Some compile or run of the case ran out of its time limit (on a host short of
+    CPU, a case may fail for that alone)."""
+
+
+def _timed_out(answers: list[Any]) -> bool:
+    for answer in answers:
+        if isinstance(answer, dict):
+            for key in ("compile_result", "run_result"):
+                result = answer.get(key)
+                if isinstance(result, dict) and result.get("status") == "TimeLimitExceeded":
+                    return True
+    return False
 
 
 def cases() -> list[Case]:
@@ -70,6 +83,7 @@ def cases() -> list[Case]:
 
 def run_case(case: Case) -> Outcome:
     """Runs one case to its end in this thread (an async one in its own loop)."""
+    client.forget()
     try:
         result = case.func()
         if inspect.iscoroutine(result):
@@ -77,7 +91,8 @@ def run_case(case: Case) -> Outcome:
     except Exception as e:
         where = traceback.extract_tb(e.__traceback__)[-1]
         what = "".join(traceback.format_exception_only(e)).strip()
-        return Outcome(case.name, False, f"line {where.lineno}: {where.line}: {what}"[-2000:])
+        error = f"line {where.lineno}: {where.line}: {what}"[-2000:]
+        return Outcome(case.name, False, error, _timed_out(client.answers()))
     return Outcome(case.name, True)
 
 
@@ -105,4 +120,5 @@ async def suite_report(url: str, concurrency: int = 8) -> dict[str, Any]:
         f"sf_suite_passed_at_{concurrency}": sum(o.passed for o in concurrent),
         "sf_suite_failed": sorted(o.name for o in sequential if not o.passed),
         f"sf_suite_failed_at_{concurrency}": sorted(o.name for o in concurrent if not o.passed),
+        f"sf_suite_timed_out_at_{concurrency}": sum(o.timed_out for o in concurrent if not o.passed),
     }

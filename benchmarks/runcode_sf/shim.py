@@ -11,6 +11,7 @@ threads at once.
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from enum import Enum
@@ -81,10 +82,18 @@ class Response:
 
 
 class Client:
-    """``TestClient(app)`` over HTTP: ``post(path, json=...)``."""
+    """``TestClient(app)`` over HTTP: ``post(path, json=...)``. Each thread's answers
+    since its last :meth:`forget` are kept, to tell why a case failed."""
 
     def __init__(self) -> None:
         self.endpoint = ""
+        self._seen = threading.local()
+
+    def forget(self) -> None:
+        self._seen.answers = []
+
+    def answers(self) -> list[Any]:
+        return list(getattr(self._seen, "answers", []))
 
     def post(self, path: str, json: Any = None) -> Response:
         if not self.endpoint:
@@ -95,9 +104,16 @@ class Client:
         )
         try:
             with urllib.request.urlopen(req, timeout=REQUEST_LIMIT) as r:
-                return Response(r.status, r.read())
+                response = Response(r.status, r.read())
         except urllib.error.HTTPError as e:
-            return Response(e.code, e.read())
+            response = Response(e.code, e.read())
+        if not hasattr(self._seen, "answers"):
+            self._seen.answers = []
+        try:
+            self._seen.answers.append(response.json())
+        except ValueError:
+            self._seen.answers.append(None)
+        return response
 
 
 def _json_dumps(value: Any) -> bytes:
