@@ -181,6 +181,10 @@ class DockerBackendSettings:
     read and written by the control plane directly, where it can see the
     containers' processes (runc and crun sandboxes with an inbox); False =
     through the engine's exec stream, as under gVisor."""
+    egress_hosts: dict[str, str] = field(default_factory=dict)
+    """Host names (name -> address) the egress proxy of a pool with a network
+    policy resolves from this table instead of the host's resolver: an
+    internal mirror or forge known by a name of its own."""
 
 
 @dataclass
@@ -394,6 +398,11 @@ class ImageSettings:
     """Retry hint of an UNAVAILABLE answer when a registry cannot be reached."""
     evict_interval_seconds: float = 30.0
     """How often the cache checks its budget beyond the checks after each pull."""
+    unpack_ratio: float = 2.0
+    """Disk an image's layers take unpacked per byte the registry serves
+    them in (gzip of a typical image: about 2; 1 for incompressible
+    content): before a pull the cache makes room for the layers it lacks
+    times this."""
 
 
 @dataclass

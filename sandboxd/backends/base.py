@@ -70,6 +70,8 @@ class SandboxSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     runtime: str = RUNC
     """Isolation runtime (one of RUNTIMES), already checked against the backend's."""
+    network: tuple[str, ...] = ()
+    """Egress allow-list rules (sandboxd.backends.network.policy); empty = no network at all."""
 
 
 @dataclass(frozen=True)
@@ -350,6 +352,16 @@ class IsolationRuntimes(Protocol):
 
 
 @runtime_checkable
+class EgressPolicies(Protocol):
+    """Optional for a backend: it can enforce a sandbox's network allow-list
+    (SandboxSpec.network); a backend without it refuses every policy."""
+
+    def network_refusal(self, runtime: str) -> str | None:
+        """Why sandboxes of ``runtime`` cannot have a network policy here; None when they can."""
+        ...
+
+
+@runtime_checkable
 class SchedulingPressure(Protocol):
     """Optional for a backend whose sandboxes wait to be placed (Kubernetes:
     Pods the scheduler could not fit yet): while some do, more creates only
@@ -552,6 +564,9 @@ class RemoteImage:
     """The manifest's digest (of the linux/amd64 one under an index)."""
     compressed_bytes: int
     """Its layers and config as fetched; unpacked on disk it takes more."""
+    layers: tuple[tuple[str, int], ...] = ()
+    """(digest, compressed bytes) of each layer blob, in the manifest's order:
+    what a pull fetches is those not already on the engine."""
 
 
 @dataclass(frozen=True)

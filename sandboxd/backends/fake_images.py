@@ -103,9 +103,14 @@ class FakeImages:
         return found
 
     async def registry_image(self, reference: str, auth: RegistryAuth | None) -> RemoteImage:
-        """What ``registry`` serves; the compressed size is the image's size."""
+        """What ``registry`` serves; the compressed size is the image's size,
+        its layers the shared part (one blob for every image sharing that
+        many bytes, as a common base) and its own."""
         found = self._serve(reference, auth)
-        return RemoteImage(reference, "sha256:" + hashlib.sha256(reference.encode()).hexdigest(), found.size)
+        digest = "sha256:" + hashlib.sha256(reference.encode()).hexdigest()
+        layers = [(f"sha256:shared-{found.shared}", found.shared)] if found.shared else []
+        layers.append((f"{digest}-own", found.size - found.shared))
+        return RemoteImage(reference, digest, found.size, tuple(layers))
 
     async def pull_image(self, reference: str, auth: RegistryAuth | None) -> AsyncIterator[PullStatus]:
         """Pulls from ``registry``: Unavailable while unreachable,

@@ -138,4 +138,5 @@ def remote_image(reference: str, auth: RegistryAuth | None) -> RemoteImage:
     size = sum(int(layer.get("size", 0)) for layer in layers) + int(
         (manifest.get("config") or {}).get("size", 0)
     )
-    return RemoteImage(reference, digest, size)
+    blobs = tuple((str(layer.get("digest", "")), int(layer.get("size", 0))) for layer in layers)
+    return RemoteImage(reference, digest, size, blobs)

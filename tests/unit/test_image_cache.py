@@ -32,7 +32,12 @@ MB = 1 << 20
 
 
 def settings(**kw: object) -> ImageSettings:
-    base: dict[str, object] = {"evict_interval_seconds": 0.0, "docker_config": "/nonexistent"}
+    # The fake registry serves layers at the size they take on the engine.
+    base: dict[str, object] = {
+        "evict_interval_seconds": 0.0,
+        "docker_config": "/nonexistent",
+        "unpack_ratio": 1.0,
+    }
     base.update(kw)
     return ImageSettings(**base)  # type: ignore[arg-type]
 

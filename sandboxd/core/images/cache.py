@@ -17,7 +17,14 @@ from typing import Any
 
 from opentelemetry.metrics import Meter
 
-from sandboxd.backends.base import LABEL_IMAGE_BUILD, BuildSpec, EngineImage, ImagePrefetch, ImageStore
+from sandboxd.backends.base import (
+    LABEL_IMAGE_BUILD,
+    BuildSpec,
+    EngineImage,
+    ImagePrefetch,
+    ImageStore,
+    RegistryAuth,
+)
 from sandboxd.backends.image_refs import normalize
 from sandboxd.clock import Clock
 from sandboxd.core.images.builds import DEFAULT_REPOSITORY, Builds, build_labels
@@ -27,6 +34,7 @@ from sandboxd.core.images.ledger import BUILT, PULLED, Entry, ImageLedger
 from sandboxd.core.images.meters import ImageMeters
 from sandboxd.core.images.prefetch import NodePrefetch
 from sandboxd.core.images.progress import DONE, FAILED, PULLING, QUEUED, PullProgress
+from sandboxd.core.images.room import Room
 from sandboxd.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -109,6 +117,7 @@ class ImageCache:
         self._credentials = Credentials(config_dir(self.settings.docker_config, environ or os.environ))
         self._budget = self.settings.cache_bytes
         self._used = 0
+        self._room = Room(self.settings.unpack_ratio)
         self._evicting: asyncio.Lock = asyncio.Lock()
         self._check_queued = False
         self._background: set[asyncio.Future[None]] = set()
@@ -319,6 +328,7 @@ class ImageCache:
             "cache_bytes": float(self._used),
             "cache_budget_bytes": float(self._budget),
             "pulls_in_flight": float(len(self._flights)),
+            "cache_reserved_bytes": float(self._room.reserved()),
         }
 
     @property
@@ -366,6 +376,7 @@ class ImageCache:
             flight.state = PULLING
             begun = self._clock.monotonic()
             auth = await asyncio.to_thread(self._credentials.for_reference, image)
+            await self._make_room(image, auth)
             try:
                 async for status in self._store.pull_image(image, auth):
                     flight.bytes_done, flight.bytes_total = status.bytes_done, status.bytes_total
@@ -380,6 +391,9 @@ class ImageCache:
             except SandboxdError:
                 self.meters.pulls.add(1, {"result": "failed"})
                 raise
+            finally:
+                # Landed, the engine's listing counts the image from now on.
+                self._room.release(image)
             found = await self._store.inspect_image(image)
             if found is None:
                 self.meters.pulls.add(1, {"result": "failed"})
@@ -393,6 +407,42 @@ class ImageCache:
         self._present.add(image)
         if self._evicts:
             self._check_budget_soon()
+
+    async def _make_room(self, image: str, auth: RegistryAuth | None) -> None:
+        """Reserves what ``image`` will take (its registry manifest's layers
+        the engine lacks) and evicts unused images for it before the pull
+        begins, so the disk stays within the budget while it lands. When what
+        the cache holds is in use or wanted the pull still goes on (the
+        budget is the cache's, not the disk's, and refusing it would fail an
+        acquire that the disk can hold): a warning and
+        ``sandboxd_image_pulls_over_budget_total`` say so."""
+        assert self._store is not None
+        if not self._evicts or self._budget <= 0:
+            return
+        try:
+            remote = await self._store.registry_image(image, auth)
+        except SandboxdError as e:
+            # The pull answers with its own error if there is one; its room
+            # is then made once it landed.
+            log.info("image cache: no size for %s before its pull: %s", image, e)
+            return
+        self._room.reserve(image, remote, self._room.need(remote, list(self._entries)))
+        try:
+            await self.enforce_budget()
+        except SandboxdError as e:
+            log.warning("image cache: no room made before the pull of %s: %s", image, e)
+            return
+        short = self._used + self._room.reserved() - self._budget
+        if short > 0:
+            self.meters.over_budget.add(1)
+            log.warning(
+                "image cache: pulling %s (%.1f MB expected) goes %.1f MB over the %.1f MB budget: "
+                "what the cache holds is in use or wanted",
+                image,
+                self._room.reserved() - self._room.reserved(besides=image),
+                short / 1e6,
+                self._budget / 1e6,
+            )
 
     def _pinned(self, image: str) -> bool:
         return (
@@ -465,6 +515,7 @@ class ImageCache:
             for ref, entry in list(self._entries.items()):
                 if _image_id(on_engine.get(ref)) != entry.image_id:
                     del self._entries[ref]
+                    self._room.forget(ref)
                     await self._ledger.delete(ref)
             footprints = {
                 ref: Footprint(max(0, img.size_bytes - img.shared_bytes), img.shared_bytes)
@@ -477,7 +528,9 @@ class ImageCache:
             pinned = set(self._in_use) | self._demand.images() | set(self._flights) | set(self._ensured)
             if self._budget <= 0:
                 return []
-            victims = choose_victims(self._entries.values(), footprints, self._budget, pinned)
+            # Pulls under way land into the room set aside for them.
+            room = self._budget - self._room.reserved()
+            victims = choose_victims(self._entries.values(), footprints, room, pinned)
             removed: list[Entry] = []
             for entry in victims:
                 if self._pinned(entry.reference):
@@ -490,16 +543,19 @@ class ImageCache:
                     log.info("image cache: %s stays: %s", entry.reference, e)
                     continue
                 del self._entries[entry.reference]
+                self._room.forget(entry.reference)
                 self._present.discard(entry.reference)
                 del footprints[entry.reference]
                 await self._ledger.delete(entry.reference)
                 self.meters.evictions.add(1, {"reason": "budget"})
                 removed.append(entry)
                 log.info(
-                    "image cache: removed %s (%.1f MB, unused, least recently used) to stay within %.1f MB",
+                    "image cache: removed %s (%.1f MB, unused, least recently used) to stay within %.1f MB"
+                    " (%.1f MB of it set aside for pulls under way)",
                     entry.reference,
                     entry.size / 1e6,
                     self._budget / 1e6,
+                    self._room.reserved() / 1e6,
                 )
             self._used = cache_bytes(footprints)
             if self._used > self._budget:

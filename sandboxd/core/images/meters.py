@@ -2,9 +2,12 @@
 
 Counters: ``sandboxd_image_pulls_total{result}`` (done, present, not_found,
 unavailable, failed), ``sandboxd_image_evictions_total{reason}`` (budget),
-``sandboxd_image_builds_total{result}`` (built, cached, failed). Histogram:
+``sandboxd_image_builds_total{result}`` (built, cached, failed),
+``sandboxd_image_pulls_over_budget_total`` (pulls begun without room in the
+budget: what the cache held was in use or wanted). Histogram:
 ``sandboxd_image_pull_seconds``. Gauges: ``sandboxd_image_cache_bytes``,
-``sandboxd_image_cache_budget_bytes``, ``sandboxd_image_pulls_in_flight``.
+``sandboxd_image_cache_budget_bytes``, ``sandboxd_image_pulls_in_flight``,
+``sandboxd_image_cache_reserved_bytes`` (set aside for pulls under way).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ class ImageMeters:
         self.builds = meter.create_counter(
             "sandboxd_image_builds_total", description="Image builds asked for, by result."
         )
+        self.over_budget = meter.create_counter(
+            "sandboxd_image_pulls_over_budget_total",
+            description="Pulls begun without room in the cache's budget (the rest in use or wanted).",
+        )
         self.pull_seconds = meter.create_histogram(
             "sandboxd_image_pull_seconds",
             unit="s",
@@ -45,6 +52,7 @@ class ImageMeters:
             ("cache_bytes", "Disk the images sandboxd pulled or built take (estimate)."),
             ("cache_budget_bytes", "Disk the image cache may take."),
             ("pulls_in_flight", "Pulls running or waiting for a slot."),
+            ("cache_reserved_bytes", "Disk set aside for pulls under way (estimate from their manifests)."),
         ]:
             meter.create_observable_gauge(
                 f"sandboxd_image_{key}", callbacks=[self._observer(key)], description=description
