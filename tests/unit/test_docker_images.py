@@ -1,9 +1,12 @@
 """The Docker backend's image list while the engine's disk-usage view is
 busy with another caller's computation: it asks again, and past a few tries
-lists images with each counted in full (never less than the truth)."""
+lists images with each counted in full (never less than the truth); callers
+at once share one listing."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import docker.errors
@@ -12,6 +15,7 @@ import pytest
 from sandboxd.backends.docker import images
 from sandboxd.backends.docker.images import DockerImages, classify
 from sandboxd.errors import FailedPrecondition, TransientBackendError, Unavailable
+from tests.unit.conftest import wait_for
 
 ENTRY = {
     "Id": "sha256:1",
@@ -27,9 +31,12 @@ class Api:
         self.busy = busy
         self.error = error
         self.df_calls = 0
+        self.gate = threading.Event()
+        self.gate.set()
 
     def df(self) -> dict[str, Any]:
         self.df_calls += 1
+        self.gate.wait(timeout=60)
         if self.busy:
             self.busy -= 1
             raise docker.errors.APIError("500 Server Error", explanation=self.error)
@@ -70,6 +77,26 @@ async def test_past_a_few_tries_images_count_in_full() -> None:
         assert api.df_calls == images._DF_TRIES
         assert (found.size_bytes, found.shared_bytes) == (100, 0)
     finally:
+        s._close_images()
+
+
+async def test_callers_at_once_share_one_disk_usage_computation() -> None:
+    api = Api(busy=0)
+    api.gate.clear()
+    s = store(api)
+    try:
+        callers = [asyncio.create_task(s.list_images()) for _ in range(5)]
+        await wait_for(lambda: api.df_calls == 1, what="the first listing under way")
+        callers[0].cancel()  # one giving up leaves the listing to the others
+        api.gate.set()
+        results = await asyncio.gather(*callers[1:])
+        assert api.df_calls == 1
+        assert all(r == results[0] and len(r) == 1 for r in results)
+        # One that ended is not handed out again: a later caller lists anew.
+        await s.list_images()
+        assert api.df_calls == 2
+    finally:
+        api.gate.set()
         s._close_images()
 
 

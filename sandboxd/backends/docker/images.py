@@ -129,6 +129,7 @@ class DockerImages:
         self._engine_local = local
         self._streams = ThreadPoolExecutor(max_workers=_STREAM_THREADS, thread_name_prefix="sandboxd-pull")
         self._data_root = ""
+        self._listing: asyncio.Future[list[EngineImage]] | None = None
 
     async def _stream(self, produce: Callable[[], Iterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
         """The events ``produce`` yields on a stream thread, handed over as
@@ -215,10 +216,19 @@ class DockerImages:
     async def list_images(self) -> list[EngineImage]:
         """Every image with its size and the part of it other images share
         (the engine's disk-usage view, which computes the shared part). The
-        engine runs one disk-usage computation at a time, whoever asks (a
-        second server, ``docker system df``): while one runs this waits a
-        little and asks again, and past that lists images without their
-        shared part (each then counts in full: more than the truth, never less)."""
+        engine runs one disk-usage computation at a time, whoever asks: the
+        callers here share one listing in flight, and while another's runs
+        (a second server, ``docker system df``) it waits a little and asks
+        again, and past that lists images without their shared part (each
+        then counts in full: more than the truth, never less)."""
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.ensure_future(self._list_images())
+            # Its error reaches whoever awaits it; none left is no leak to report.
+            self._listing.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # Shielded: one caller giving up leaves the listing to the others.
+        return await asyncio.shield(self._listing)
+
+    async def _list_images(self) -> list[EngineImage]:
         pause = _DF_FIRST_PAUSE
         for _ in range(_DF_TRIES):
             try:
