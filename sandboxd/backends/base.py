@@ -23,6 +23,9 @@ LABEL_MANAGED = "sandboxd.managed"
 LABEL_INSTANCE = "sandboxd.instance"
 LABEL_POOL = "sandboxd.pool"
 LABEL_SANDBOX = "sandboxd.sandbox"
+LABEL_IMAGE = "sandboxd.image"
+"""The image a sandbox was created from, as its create named it (a template
+pool's sandboxes each have their own)."""
 
 RUNC = "runc"
 """The default isolation runtime: a container on the host's kernel."""
@@ -85,6 +88,8 @@ class BackendSandbox:
     labels: Mapping[str, str]
     paused: bool = False
     """Frozen (LiveCheckpoints.pause); ``running`` is True then."""
+    image: str = ""
+    """The image its create named; empty when the backend did not record it."""
 
 
 class ExecOutcome(enum.IntEnum):

@@ -205,7 +205,9 @@ class FakeBackend(FakeImages):
         """Every sandbox the fake holds, dead ones included. Hangs while wedged."""
         await self._answer()
         return [
-            BackendSandbox(s.spec.sandbox_id, s.spec.pool, h, s.running, dict(s.spec.labels))
+            BackendSandbox(
+                s.spec.sandbox_id, s.spec.pool, h, s.running, dict(s.spec.labels), image=s.spec.image
+            )
             for h, s in self.sandboxes.items()
         ]
 

@@ -116,7 +116,9 @@ class SandboxRegistry:
             rec = SandboxRecord(
                 sandbox_id=found.sandbox_id,
                 pool=found.pool,
-                image=pool.config.image,
+                # A template pool's sandbox has its own image (older ones
+                # recorded none: the pool's was theirs).
+                image=found.image or pool.config.image,
                 limits=pool.config.limits,
                 state=State.LEASED,
                 handle=found.handle,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -240,3 +241,38 @@ async def test_an_acquire_joining_creates_in_flight_leaves_the_image_evictable_a
     assert {r.image for r in records} == {TASK_A}
     # Served by the creates in flight: no second ensure pins it past their lives.
     assert TASK_A not in cache._ensured
+
+
+async def test_a_sandbox_adopted_after_a_restart_keeps_its_own_image(make: Make, tmp_path: Path) -> None:
+    backend = FakeBackend(images={IMAGE})
+    store = tmp_path / "state.sqlite3"
+    clock = SystemClock()
+    planes: list[tuple[ControlPlane, ImageCache]] = []
+
+    async def plane() -> ControlPlane:
+        control = ControlPlane(make_settings(), backend, SqliteStateStore(store), clock)
+        cache = ImageCache(backend, clock)
+        await cache.start()
+        control.images = cache
+        await control.start()
+        planes.append((control, cache))
+        return control
+
+    for image in (TASK_A, TASK_B):
+        backend.registry.add(image, 50 << 20)
+    first = await plane()
+    try:
+        await template(first)
+        lease, [rec] = await first.acquire("p", 1, 0, {}, 600.0, 5.0, None, image=TASK_A)
+        # The crash: the store keeps the lease, the backend the sandbox.
+        await first.pools["p"].drain()
+        second = await plane()
+        adopted = second.get_sandbox(rec.sandbox_id)
+        assert adopted.state is State.LEASED and adopted.lease_id == lease.lease_id
+        assert adopted.image == TASK_A
+        assert second.images is not None and second.images._in_use[TASK_A] == 1
+        assert IMAGE not in second.images._in_use
+    finally:
+        for control, cache in reversed(planes):
+            await control.stop()
+            await cache.stop()

@@ -42,6 +42,7 @@ import requests.exceptions
 from sandboxd.backends.base import (
     GVISOR,
     KEEP_VAR,
+    LABEL_IMAGE,
     LABEL_INSTANCE,
     LABEL_MANAGED,
     LABEL_POOL,
@@ -132,6 +133,7 @@ def container_spec(
         LABEL_INSTANCE: options.instance,
         LABEL_POOL: spec.pool,
         LABEL_SANDBOX: spec.sandbox_id,
+        LABEL_IMAGE: spec.image,
         LABEL_RUNTIME: spec.runtime,
         LABEL_USER: engine_user,
     }
@@ -370,6 +372,7 @@ class Containers:
                     running=c.get("State") in ("running", "paused"),
                     labels=labels,
                     paused=c.get("State") == "paused",
+                    image=labels.get(LABEL_IMAGE, ""),
                 )
             )
         if self._options.inbox_dir is not None:

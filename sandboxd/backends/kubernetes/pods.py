@@ -29,6 +29,7 @@ from sandboxd.backends.kubernetes.nodeimages import NodeImages
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
     ANNOTATION_POOL,
+    CONTAINER,
     PodOptions,
     build_pod,
     deny_all_policy,
@@ -291,6 +292,7 @@ class Pods:
                     handle=str(meta.get("name", "")),
                     running=running,
                     labels={**own, **labels},
+                    image=_image_of(pod),
                 )
             )
         return out
@@ -428,6 +430,14 @@ class Pods:
         """Waits for the deletes of failed creates still running; stops looking after pre-pulls."""
         await asyncio.gather(*self._cleanups, return_exceptions=True)
         await self.prepulls.close()
+
+
+def _image_of(pod: dict[str, Any]) -> str:
+    """The image the sandbox container of ``pod`` was created from."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        if container.get("name") == CONTAINER:
+            return str(container.get("image") or "")
+    return ""
 
 
 def _tolerated(taint: dict[str, Any], toleration: Any) -> bool:
