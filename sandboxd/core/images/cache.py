@@ -439,7 +439,7 @@ class ImageCache:
                 "image cache: pulling %s (%.1f MB expected) goes %.1f MB over the %.1f MB budget: "
                 "what the cache holds is in use or wanted",
                 image,
-                self._room.reserved() - self._room.reserved(besides=image),
+                (self._room.reserved() - self._room.reserved(besides=image)) / 1e6,
                 short / 1e6,
                 self._budget / 1e6,
             )
