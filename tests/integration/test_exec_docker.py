@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sandboxd.backends.base import GVISOR, SANDBOX_UID
 from sandboxd.backends.uids import DEFAULT_UIDS
 from sandboxd.client import AsyncClient
 from tests.integration.conftest import poll
@@ -16,7 +17,7 @@ def runtime(each_runtime: str) -> str:
     return each_runtime
 
 
-async def test_argv_shell_env_cwd_stdin(client: AsyncClient, pool: str) -> None:
+async def test_argv_shell_env_cwd_stdin(client: AsyncClient, pool: str, runtime: str) -> None:
     async with client.acquire(pool) as sb:
         r = await sb.exec(["printf", "%s|", "a b", "$HOME"])
         assert r.ok and r.stdout == b"a b|$HOME|"
@@ -28,7 +29,10 @@ async def test_argv_shell_env_cwd_stdin(client: AsyncClient, pool: str) -> None:
         assert r.ok and r.text.strip() == str(len(data))
         r = await sb.exec("id -u")
         uid = int(r.text)
-        assert DEFAULT_UIDS.base <= uid < DEFAULT_UIDS.base + DEFAULT_UIDS.count, "a non-root uid of its own"
+        if runtime == GVISOR:
+            assert uid == SANDBOX_UID, "gVisor sandboxes keep the images' non-root user"
+        else:
+            assert DEFAULT_UIDS.base <= uid < DEFAULT_UIDS.base + DEFAULT_UIDS.count, "a uid of its own"
 
 
 async def test_session_keeps_state_and_stdin(client: AsyncClient, pool: str) -> None:
