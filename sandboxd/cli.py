@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd import cli_images, cli_snapshots
+from sandboxd.e2b import cli as e2b_api
 from sandboxd.settings import Settings, load_settings
 
 
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--once", action="store_true", help="print one table and exit")
     st.add_argument("--run", action="append", default=[], help="also show this rollout run's figures")
     cli_snapshots.add_parser(sub)
+    e2b_api.add_parser(sub)
     image = sub.add_parser("image", help="the default sandbox image, or one from a recipe (--context)")
     image.add_argument("action", choices=["build", "tag"])
     image.add_argument("--force", action="store_true")
@@ -269,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         return 0
+    if args.command == "e2b-api":
+        return e2b_api.run_cli(args)
     if args.command == "prime-api":
         from sandboxd.adapters.prime import run_cli
 

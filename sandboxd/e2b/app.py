@@ -1,0 +1,79 @@
+"""The E2B-compatible server: the control API and envd on one aiohttp app
+over sandboxd's client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from sandboxd.client import AsyncClient
+from sandboxd.e2b import control as rest
+from sandboxd.e2b import envd
+from sandboxd.e2b.control import Control, E2bSettings, Refused
+from sandboxd.e2b.registry import Registry
+
+__all__ = ["make_app", "serve"]
+
+CONTROL = web.AppKey("e2b_control", Control)
+
+Route = Callable[[Control, web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _refusals(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Refused as e:
+        return web.json_response({"code": e.status, "message": e.message}, status=e.status)
+
+
+def _route(app: web.Application, fn: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await fn(app[CONTROL], request)
+
+    return handle
+
+
+def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
+    """The app serving E2B's API and envd against sandboxd's ``client``."""
+    app = web.Application(middlewares=[_refusals], client_max_size=1 << 30)
+    registry = Registry()
+    app[envd.REGISTRY] = registry
+    app[CONTROL] = Control(client, settings, registry)
+    r = app.router
+    r.add_post("/sandboxes", _route(app, rest.create))
+    r.add_get("/sandboxes", _route(app, rest.list_boxes))
+    r.add_get("/v2/sandboxes", _route(app, rest.list_boxes))
+    r.add_get("/sandboxes/{sandbox_id}", _route(app, rest.get_info))
+    r.add_delete("/sandboxes/{sandbox_id}", _route(app, rest.kill))
+    r.add_post("/sandboxes/{sandbox_id}/timeout", _route(app, rest.set_timeout))
+    r.add_post("/sandboxes/{sandbox_id}/connect", _route(app, rest.connect))
+    r.add_post("/sandboxes/{sandbox_id}/pause", _route(app, rest.pause))
+    r.add_post("/sandboxes/{sandbox_id}/resume", _route(app, rest.resume))
+    envd.add_routes(app)
+
+    async def close(app: web.Application) -> None:
+        await app[CONTROL].close()
+
+    app.on_cleanup.append(close)
+    return app
+
+
+async def serve(target: str, settings: E2bSettings, host: str, port: int, token: str | None = None) -> None:
+    """Serves until cancelled."""
+    async with AsyncClient(target, token=token) as client:
+        runner = web.AppRunner(make_app(client, settings))
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        print(
+            f"E2B API on http://{host}:{port} -> sandboxd {target}; point the SDK at it with "
+            f"E2B_API_URL=http://{host}:{port} E2B_SANDBOX_URL=http://{host}:{port}"
+        )
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()

@@ -1,0 +1,172 @@
+"""The unchanged PyPI ``e2b`` SDK, pointed at sandboxd's E2B API
+(sandboxd.e2b) by E2B_API_URL and E2B_SANDBOX_URL, against the real engine:
+its sync client (in a thread, the server sharing the test's loop) and its
+async client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from sandboxd.client import AsyncClient
+from sandboxd.e2b import E2bSettings, make_app
+from tests.integration.conftest import poll
+
+e2b = pytest.importorskip("e2b")
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
+
+KEY = "e2b_" + "5d" * 20
+
+
+@pytest.fixture
+async def e2b_url(client: AsyncClient, pool: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    app = make_app(client, E2bSettings(template_pools={"base": pool}, api_keys=frozenset({KEY})))
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("E2B_API_URL", url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", url)
+    monkeypatch.setenv("E2B_API_KEY", KEY)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+    yield url
+    await runner.cleanup()
+
+
+def _sync_session() -> dict[str, object]:
+    """Create, commands, files, list, kill through the sync client."""
+    from e2b import CommandExitException, Sandbox
+
+    seen: dict[str, object] = {}
+    sbx = Sandbox.create(timeout=120, metadata={"run": "r1"}, envs={"TASK": "t1"})
+    try:
+        r = sbx.commands.run('echo "$TASK $EXTRA"; echo err >&2', envs={"EXTRA": "x"}, cwd="/tmp")
+        seen["run"] = (r.stdout, r.stderr, r.exit_code)
+        seen["pwd"] = sbx.commands.run("pwd", cwd="/tmp").stdout
+        with pytest.raises(CommandExitException) as exc:
+            sbx.commands.run("echo out; exit 3")
+        seen["exit"] = (exc.value.exit_code, exc.value.stdout)
+        seen["root"] = sbx.commands.run("id -u", user="root").stdout
+        info = sbx.files.write("/tmp/e2b/hello.txt", "héllo")
+        seen["written"] = (info.name, info.path)
+        seen["text"] = sbx.files.read("/tmp/e2b/hello.txt")
+        sbx.files.write("/tmp/e2b/blob.bin", b"\x00\x01\xff")
+        seen["bytes"] = bytes(sbx.files.read("/tmp/e2b/blob.bin", format="bytes"))
+        seen["listed"] = [
+            s.sandbox_id for s in Sandbox.list(query=e2b.SandboxQuery(metadata={"run": "r1"})).next_items()
+        ]
+        seen["unlisted"] = Sandbox.list(query=e2b.SandboxQuery(metadata={"run": "other"})).next_items()
+        seen["info"] = sbx.get_info()
+        seen["running"] = sbx.is_running()
+    finally:
+        sbx.kill()
+    seen["id"] = sbx.sandbox_id
+    seen["after_kill"] = sbx.is_running()
+    return seen
+
+
+async def test_sync_sdk_create_commands_files_list_kill(e2b_url: str) -> None:
+    seen = await asyncio.to_thread(_sync_session)
+    assert seen["run"] == ("t1 x\n", "err\n", 0)
+    assert seen["pwd"] == "/tmp\n"
+    assert seen["exit"] == (3, "out\n")
+    assert seen["root"] == "0\n"
+    assert seen["written"] == ("hello.txt", "/tmp/e2b/hello.txt")
+    assert seen["text"] == "héllo"
+    assert seen["bytes"] == b"\x00\x01\xff"
+    assert seen["listed"] == [seen["id"]]
+    assert seen["unlisted"] == []
+    info = seen["info"]
+    assert info.sandbox_id == seen["id"] and info.metadata == {"run": "r1"}  # type: ignore[attr-defined]
+    assert info.state.value == "running"  # type: ignore[attr-defined]
+    assert seen["running"] is True and seen["after_kill"] is False
+
+
+async def test_async_sdk_commands_background_stdin_timeout_and_errors(e2b_url: str) -> None:
+    from e2b import AsyncSandbox, CommandExitException, NotFoundException, SandboxException, TimeoutException
+
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        r = await sbx.commands.run("echo hi")
+        assert (r.stdout, r.exit_code) == ("hi\n", 0)
+
+        out: list[str] = []
+        got_two = asyncio.Event()
+
+        def on_stdout(chunk: str) -> None:
+            out.append(chunk)
+            if "two" in "".join(out):
+                got_two.set()
+
+        handle = await sbx.commands.run(
+            "echo one; sleep 0.2; echo two; sleep 600", background=True, on_stdout=on_stdout, timeout=0
+        )
+        await asyncio.wait_for(got_two.wait(), 60)
+        listed = [p.pid for p in await sbx.commands.list()]
+        assert handle.pid in listed
+        assert await sbx.commands.kill(handle.pid) is True
+        with pytest.raises(CommandExitException):
+            await handle.wait()
+        assert handle.pid not in [p.pid for p in await sbx.commands.list()]
+        assert await sbx.commands.kill(handle.pid) is False
+
+        cat = await sbx.commands.run("cat", background=True, stdin=True)
+        await sbx.commands.send_stdin(cat.pid, "fed through stdin\n")
+        await sbx.commands.close_stdin(cat.pid)
+        assert (await cat.wait()).stdout == "fed through stdin\n"
+
+        with pytest.raises(TimeoutException):
+            await sbx.commands.run("sleep 30", timeout=1)
+
+        await sbx.files.write("/tmp/d/a.txt", "a")
+        await sbx.files.write_files(
+            [{"path": "/tmp/d/sub/b.txt", "data": "bb"}, {"path": "/tmp/d/c.txt", "data": b"c"}]
+        )
+        names = sorted(e.name for e in await sbx.files.list("/tmp/d"))
+        assert names == ["a.txt", "c.txt", "sub"]
+        deep = sorted(e.path for e in await sbx.files.list("/tmp/d", depth=2))
+        assert "/tmp/d/sub/b.txt" in deep
+        assert await sbx.files.exists("/tmp/d/a.txt") and not await sbx.files.exists("/tmp/d/none")
+        info = await sbx.files.get_info("/tmp/d/sub/b.txt")
+        assert (info.name, info.size, info.type) == ("b.txt", 2, e2b.FileType.FILE)
+        assert await sbx.files.make_dir("/tmp/d/new") is True
+        assert await sbx.files.make_dir("/tmp/d/new") is False
+        moved = await sbx.files.rename("/tmp/d/a.txt", "/tmp/d/new/a2.txt")
+        assert moved.path == "/tmp/d/new/a2.txt"
+        assert await sbx.files.read("/tmp/d/new/a2.txt") == "a"
+        await sbx.files.remove("/tmp/d/new")
+        assert not await sbx.files.exists("/tmp/d/new")
+        with pytest.raises(NotFoundException):
+            await sbx.files.read("/tmp/d/none")
+
+        await sbx.set_timeout(200)
+        assert (await sbx.get_info()).end_at > (await sbx.get_info()).started_at
+
+        second = await AsyncSandbox.connect(sbx.sandbox_id)
+        assert (await second.commands.run("cat /tmp/d/c.txt")).stdout == "c"
+    finally:
+        await sbx.kill()
+
+    with pytest.raises(NotFoundException):
+        await AsyncSandbox.get_info(sbx.sandbox_id)
+    with pytest.raises(SandboxException, match="not found"):
+        await AsyncSandbox.create(template="no-such-template")
+
+
+async def test_expiry_ends_the_sandbox(e2b_url: str) -> None:
+    from e2b import AsyncSandbox
+
+    sbx = await AsyncSandbox.create(timeout=2)
+    assert await sbx.is_running()
+
+    async def gone() -> bool:
+        return not await sbx.is_running()
+
+    await poll(gone, timeout=60, what="the sandbox to end at its timeout")
