@@ -3,15 +3,17 @@ create, get, list (with metadata queries), set timeout, kill, connect,
 pause and resume.
 
 The sandbox timeout is the lease's TTL: the server ends the sandbox when it
-passes, and set_timeout/connect heartbeat the lease. Pause is live where
-sandboxd can freeze the sandbox (gVisor: memory and processes kept) and a
-filesystem snapshot otherwise (the sandbox is released; resume restores the
-snapshot into a fresh one under the same E2B id); the pause answer's
-``X-Sandboxd-Pause`` header and GET's metadata-free ``pauseKind`` field say
-which."""
+passes, and set_timeout/connect heartbeat the lease. Pause keeps memory
+(the SDK's ``keep_memory``, default true) where sandboxd can freeze the
+sandbox (gVisor: memory and processes kept); otherwise, or asked not to,
+it keeps the filesystem: the workspace is snapshotted and the sandbox
+released, and resume restores the snapshot into a fresh one under the same
+E2B id. The pause answer's ``X-Sandboxd-Pause`` header (``live`` or
+``filesystem``) and the info's ``pauseKind`` say which was done."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hmac
 import urllib.parse
@@ -290,15 +292,19 @@ async def pause(control: Control, request: web.Request) -> web.Response:
     box = control.box(request)
     if box.state == PAUSED:
         raise Refused(409, f"sandbox {box.id} is already paused")
+    memory = (await body(request)).get("memory", True)
+    if not isinstance(memory, bool):
+        raise Refused(400, "memory must be a boolean")
     try:
-        try:
-            await box.client.pause(box.sandbox_id)
-            box.paused_live = True
-        except errors.FailedPrecondition:
-            # Not freezable (runc): keep its filesystem and let the sandbox go.
+        box.paused_live = False
+        if memory:
+            # Only gVisor sandboxes freeze; others keep their filesystem below.
+            with contextlib.suppress(errors.FailedPrecondition):
+                await box.client.pause(box.sandbox_id)
+                box.paused_live = True
+        if not box.paused_live:
             snap = await box.client.snapshot(box.sandbox_id)
             box.snapshot_id = snap.id
-            box.paused_live = False
             await box.client.release(box.lease_id)
     except errors.SandboxdError as e:
         raise refused(e) from e

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import docker
 import pytest
 from aiohttp import web
 
+from sandboxd.backends.base import LABEL_SANDBOX
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import E2bSettings, make_app
 from tests.integration.conftest import poll
@@ -170,3 +172,57 @@ async def test_expiry_ends_the_sandbox(e2b_url: str) -> None:
         return not await sbx.is_running()
 
     await poll(gone, timeout=60, what="the sandbox to end at its timeout")
+
+
+async def _leased_sandbox_id(client: AsyncClient) -> str:
+    (leased,) = [s for s in await client.list_sandboxes("it") if s.lease_id]
+    return leased.id
+
+
+async def test_pause_keeps_the_filesystem_and_resume_brings_it_back(
+    e2b_url: str, client: AsyncClient
+) -> None:
+    from e2b import AsyncSandbox
+
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        await sbx.files.write("/workspace/kept.txt", "state")
+        before = await _leased_sandbox_id(client)
+        assert await sbx.pause() is True
+        assert await sbx.pause() is False, "already paused"
+        assert (await sbx.get_info()).state.value == "paused"
+        paused = await AsyncSandbox.list(query=e2b.SandboxQuery(state=[e2b.SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [sbx.sandbox_id]
+        # runc sandboxes cannot be frozen: the pause kept the workspace and let the sandbox go.
+        assert [s for s in await client.list_sandboxes("it") if s.lease_id] == []
+
+        resumed = await AsyncSandbox.connect(sbx.sandbox_id)
+        assert (await resumed.get_info()).state.value == "running"
+        assert await resumed.files.read("/workspace/kept.txt") == "state"
+        assert await _leased_sandbox_id(client) != before
+    finally:
+        await sbx.kill()
+
+
+async def test_a_sandbox_lost_under_a_command_is_a_sandbox_error(
+    e2b_url: str, client: AsyncClient, engine: docker.DockerClient
+) -> None:
+    from e2b import AsyncSandbox, CommandExitException, SandboxException
+
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        started = asyncio.Event()
+        handle = await sbx.commands.run(
+            "echo up; sleep 600", background=True, on_stdout=lambda _: started.set(), timeout=0
+        )
+        await asyncio.wait_for(started.wait(), 60)
+        sandbox_id = await _leased_sandbox_id(client)
+        (container,) = await asyncio.to_thread(
+            engine.containers.list, all=True, filters={"label": f"{LABEL_SANDBOX}={sandbox_id}"}
+        )
+        await asyncio.to_thread(container.remove, force=True)
+        with pytest.raises(SandboxException) as exc:
+            await handle.wait()
+        assert not isinstance(exc.value, CommandExitException)
+    finally:
+        await sbx.kill()
