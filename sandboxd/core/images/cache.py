@@ -11,7 +11,6 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +19,19 @@ from opentelemetry.metrics import Meter
 from sandboxd.backends.base import (
     LABEL_IMAGE_BUILD,
     BuildSpec,
-    EngineImage,
     ImagePrefetch,
     ImageStore,
-    RegistryAuth,
 )
 from sandboxd.backends.image_refs import normalize
 from sandboxd.clock import Clock
+from sandboxd.core.images.budget import BudgetKeeping, Demand, image_id_of
 from sandboxd.core.images.builds import DEFAULT_REPOSITORY, Builds, build_labels
 from sandboxd.core.images.credentials import Credentials, config_dir
-from sandboxd.core.images.eviction import Footprint, cache_bytes, choose_victims
+from sandboxd.core.images.eviction import Footprint
 from sandboxd.core.images.ledger import BUILT, PULLED, Entry, ImageLedger
 from sandboxd.core.images.meters import ImageMeters
 from sandboxd.core.images.prefetch import NodePrefetch
-from sandboxd.core.images.progress import DONE, FAILED, PULLING, QUEUED, PullProgress
+from sandboxd.core.images.progress import DONE, FAILED, PULLING, Flight, PullProgress
 from sandboxd.core.images.room import Room
 from sandboxd.errors import (
     DeadlineExceeded,
@@ -53,34 +51,7 @@ ENSURE_GRACE_SECONDS = 120.0
 created and ``use`` comes once it exists."""
 
 
-@dataclass
-class _Flight:
-    """One pull in progress, shared by every caller waiting for its image."""
-
-    image: str
-    started: float
-    task: asyncio.Task[None] | None = None
-    state: str = QUEUED
-    bytes_done: int = 0
-    bytes_total: int = 0
-    detail: str = ""
-    waiters: int = 0
-
-    def view(self) -> PullProgress:
-        return PullProgress(
-            self.image, self.state, self.bytes_done, self.bytes_total, self.started, self.detail
-        )
-
-
-@dataclass
-class _Demand:
-    by_source: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def images(self) -> set[str]:
-        return {image for wanted in self.by_source.values() for image in wanted}
-
-
-class ImageCache:
+class ImageCache(BudgetKeeping):
     """Images on the engine for sandboxes: ``ensure`` before a create, ``use``
     and ``unuse`` around a sandbox's life, ``want`` for what is coming."""
 
@@ -108,15 +79,18 @@ class ImageCache:
         self._ledger = ImageLedger(ledger_path)
         self._entries: dict[str, Entry] = {}
         self._present: set[str] = set()
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[str, Flight] = {}
         self._recent: list[PullProgress] = []
         self._in_use: Counter[str] = Counter()
         self._ensured: dict[str, float] = {}
-        self._demand = _Demand()
+        self._demand = Demand()
         self._slots = asyncio.Semaphore(max(1, self.settings.max_concurrent_pulls))
         self._credentials = Credentials(config_dir(self.settings.docker_config, environ or os.environ))
         self._budget = self.settings.cache_bytes
         self._used = 0
+        self._listed = False
+        self._footprints: dict[str, Footprint] = {}
+        """``_used`` comes from a listing of the engine (none yet at start)."""
         self._room = Room(self.settings.unpack_ratio)
         self._evicting: asyncio.Lock = asyncio.Lock()
         self._check_queued = False
@@ -143,7 +117,7 @@ class ImageCache:
                     # Without a budget nothing is evicted; pulls still work.
                     log.warning("image cache has no budget (set images.cache_bytes): %s", e)
             on_engine = await self._images_by_reference()
-            gone = [e for e in entries if _image_id(on_engine.get(e.reference)) != e.image_id]
+            gone = [e for e in entries if image_id_of(on_engine.get(e.reference)) != e.image_id]
             for entry in gone:
                 await self._ledger.delete(entry.reference)
             entries = [e for e in entries if e not in gone]
@@ -342,14 +316,14 @@ class ImageCache:
 
     # -- pulls ------------------------------------------------------------------
 
-    def _start_pull(self, image: str) -> _Flight:
-        flight = _Flight(image, self._clock.monotonic())
+    def _start_pull(self, image: str) -> Flight:
+        flight = Flight(image, self._clock.monotonic())
         self._flights[image] = flight
         flight.task = asyncio.create_task(self._pull(flight), name=f"pull {image}")
         flight.task.add_done_callback(lambda t: self._ended(flight, t))
         return flight
 
-    def _ended(self, flight: _Flight, task: asyncio.Task[None]) -> None:
+    def _ended(self, flight: Flight, task: asyncio.Task[None]) -> None:
         self._flights.pop(flight.image, None)
         error = None if task.cancelled() else task.exception()
         if error is not None:
@@ -358,7 +332,7 @@ class ImageCache:
                 log.warning("pull of image %s failed: %s", flight.image, error)
         self._recent = ([*self._recent, flight.view()])[-RECENT:]
 
-    async def _pull(self, flight: _Flight) -> None:
+    async def _pull(self, flight: Flight) -> None:
         image = flight.image
         if self._store is None:
             exists = await self._backend.image_exists(image)  # type: ignore[attr-defined]
@@ -392,8 +366,10 @@ class ImageCache:
                 self.meters.pulls.add(1, {"result": "failed"})
                 raise
             finally:
-                # Landed, the engine's listing counts the image from now on.
-                self._room.release(image)
+                # Landed, the engine's listing counts the image from now on;
+                # until the next listing its room counts as used.
+                landed = self._room.release(image)
+            self._used += landed
             found = await self._store.inspect_image(image)
             if found is None:
                 self.meters.pulls.add(1, {"result": "failed"})
@@ -408,67 +384,6 @@ class ImageCache:
         if self._evicts:
             self._check_budget_soon()
 
-    async def _make_room(self, image: str, auth: RegistryAuth | None) -> None:
-        """Reserves what ``image`` will take (its registry manifest's layers
-        the engine lacks) and evicts unused images for it before the pull
-        begins, so the disk stays within the budget while it lands. When what
-        the cache holds is in use or wanted the pull still goes on (the
-        budget is the cache's, not the disk's, and refusing it would fail an
-        acquire that the disk can hold): a warning and
-        ``sandboxd_image_pulls_over_budget_total`` say so."""
-        assert self._store is not None
-        if not self._evicts or self._budget <= 0:
-            return
-        try:
-            remote = await self._store.registry_image(image, auth)
-        except SandboxdError as e:
-            # The pull answers with its own error if there is one; its room
-            # is then made once it landed.
-            log.info("image cache: no size for %s before its pull: %s", image, e)
-            return
-        self._room.reserve(image, remote, self._room.need(remote, list(self._entries)))
-        try:
-            await self.enforce_budget()
-        except SandboxdError as e:
-            log.warning("image cache: no room made before the pull of %s: %s", image, e)
-            return
-        short = self._used + self._room.reserved() - self._budget
-        if short > 0:
-            self.meters.over_budget.add(1)
-            log.warning(
-                "image cache: pulling %s (%.1f MB expected) goes %.1f MB over the %.1f MB budget: "
-                "what the cache holds is in use or wanted",
-                image,
-                (self._room.reserved() - self._room.reserved(besides=image)) / 1e6,
-                short / 1e6,
-                self._budget / 1e6,
-            )
-
-    def _pinned(self, image: str) -> bool:
-        return (
-            image in self._in_use
-            or image in self._flights
-            or image in self._demand.images()
-            or self._ensured.get(image, 0.0) > self._clock.monotonic()
-        )
-
-    def _check_budget_soon(self) -> None:
-        # One check waiting is enough however many pulls end meanwhile: it
-        # lists the engine's images after they all landed.
-        if self._check_queued:
-            return
-        self._check_queued = True
-
-        async def check() -> None:
-            try:
-                async with self._evicting:
-                    self._check_queued = False
-                await self.enforce_budget()
-            finally:
-                self._check_queued = False
-
-        self._spawn(check())
-
     def _touch(self, image: str) -> None:
         entry = self._entries.get(image)
         if entry is not None:
@@ -480,95 +395,6 @@ class ImageCache:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_failure)
         return task
-
-    # -- the budget ---------------------------------------------------------------
-
-    async def _tick(self) -> None:
-        while True:
-            await self._clock.sleep(self.settings.evict_interval_seconds)
-            try:
-                await self.enforce_budget()
-            except SandboxdError as e:
-                log.warning("image cache budget check failed: %s", e)
-
-    async def _images_by_reference(self) -> dict[str, EngineImage]:
-        assert self._store is not None
-        out: dict[str, EngineImage] = {}
-        for found in await self._store.list_images():
-            for ref in found.references:
-                out[ref] = found
-        return out
-
-    async def enforce_budget(self) -> list[Entry]:
-        """Removes unused images sandboxd pulled or built, least recently used
-        first, until they fit the budget; returns what it removed. An entry
-        whose reference now names another image (re-tagged by someone else)
-        is forgotten, never removed."""
-        if self._store is None:
-            return []
-        async with self._evicting:
-            on_engine = await self._images_by_reference()
-            # What an inspect found under a name the listing spells otherwise
-            # stays known, unless it is one of sandboxd's own (listed as asked).
-            kept = {r for r in self._present if r not in self._entries}
-            self._present = set(on_engine) | kept
-            for ref, entry in list(self._entries.items()):
-                if _image_id(on_engine.get(ref)) != entry.image_id:
-                    del self._entries[ref]
-                    self._room.forget(ref)
-                    await self._ledger.delete(ref)
-            footprints = {
-                ref: Footprint(max(0, img.size_bytes - img.shared_bytes), img.shared_bytes)
-                for ref, img in on_engine.items()
-                if ref in self._entries
-            }
-            self._used = cache_bytes(footprints)
-            now = self._clock.monotonic()
-            self._ensured = {image: until for image, until in self._ensured.items() if until > now}
-            pinned = set(self._in_use) | self._demand.images() | set(self._flights) | set(self._ensured)
-            if self._budget <= 0:
-                return []
-            # Pulls under way land into the room set aside for them.
-            room = self._budget - self._room.reserved()
-            victims = choose_victims(self._entries.values(), footprints, room, pinned)
-            removed: list[Entry] = []
-            for entry in victims:
-                if self._pinned(entry.reference):
-                    # Ensured, used or wanted while the removals before it ran.
-                    continue
-                try:
-                    await self._store.remove_image(entry.reference)
-                except FailedPrecondition as e:
-                    # A container sandboxd does not track still runs it.
-                    log.info("image cache: %s stays: %s", entry.reference, e)
-                    continue
-                del self._entries[entry.reference]
-                self._room.forget(entry.reference)
-                self._present.discard(entry.reference)
-                del footprints[entry.reference]
-                await self._ledger.delete(entry.reference)
-                self.meters.evictions.add(1, {"reason": "budget"})
-                removed.append(entry)
-                log.info(
-                    "image cache: removed %s (%.1f MB, unused, least recently used) to stay within %.1f MB"
-                    " (%.1f MB of it set aside for pulls under way)",
-                    entry.reference,
-                    entry.size / 1e6,
-                    self._budget / 1e6,
-                    self._room.reserved() / 1e6,
-                )
-            self._used = cache_bytes(footprints)
-            if self._used > self._budget:
-                log.warning(
-                    "image cache holds %.1f MB over its %.1f MB budget: the rest is in use or wanted",
-                    self._used / 1e6,
-                    self._budget / 1e6,
-                )
-            return removed
-
-
-def _image_id(found: EngineImage | None) -> str:
-    return found.image_id if found is not None else ""
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 QUEUED = "queued"
@@ -36,3 +37,23 @@ class PullProgress:
             done = "nothing fetched yet"
         text = f"{self.state}, {done}"
         return f"{text} ({self.detail})" if self.detail else text
+
+
+@dataclass
+class Flight:
+    """One pull in progress, shared by every caller waiting for its image."""
+
+    image: str
+    started: float
+    task: asyncio.Task[None] | None = None
+    state: str = QUEUED
+    bytes_done: int = 0
+    bytes_total: int = 0
+    detail: str = ""
+    waiters: int = 0
+
+    def view(self) -> PullProgress:
+        """What watchers are shown of it."""
+        return PullProgress(
+            self.image, self.state, self.bytes_done, self.bytes_total, self.started, self.detail
+        )

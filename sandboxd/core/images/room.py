@@ -47,10 +47,10 @@ class Room:
         self._layers[image] = frozenset(digest for digest, _ in remote.layers)
         self._reserved[image] = size
 
-    def release(self, image: str) -> None:
+    def release(self, image: str) -> int:
         """The pull of ``image`` ended: landed (the engine's listing counts it
-        from now) or failed."""
-        self._reserved.pop(image, None)
+        from now) or failed. Returns the bytes that were set aside."""
+        return self._reserved.pop(image, 0)
 
     def forget(self, image: str) -> None:
         """``image`` left the engine: its layers no longer count as held."""
