@@ -219,7 +219,7 @@ async def test_rllm_oracle_shape(app: App, pool: str, tmp_path: Path) -> None:
     # Root is uid 0 without capabilities, and uploads are the sandbox user's:
     # the user cannot write into root's new directory (nor root chmod the
     # user's file), and the failure says so.
-    with pytest.raises(errors.InvalidArgument, match="Permission denied"):
+    with pytest.raises(errors.PermissionDenied, match="(?i)permission denied"):
         await asyncio.to_thread(_rllm_oracle, app.address, pool, solution_dir, None)
     # Mapping rLLM's root onto the sandbox's user is the explicit way through.
     out = await asyncio.to_thread(_rllm_oracle, app.address, pool, solution_dir, {"root": ""})

@@ -43,6 +43,18 @@ class Counting(FakeBackend):
         return await super().create(spec)
 
 
+class Gated(Counting):
+    """Counting, its creates held until ``gate`` is set."""
+
+    def __init__(self, gate: asyncio.Event, **kw: object) -> None:
+        super().__init__(**kw)
+        self.gate = gate
+
+    async def create(self, spec: SandboxSpec) -> str:
+        await self.gate.wait()
+        return await super().create(spec)
+
+
 class Ticking(FakeBackend):
     """Each create takes ``seconds`` on a FakeClock (so start-up latency is measured)."""
 
@@ -289,10 +301,14 @@ async def test_create_failures_are_counted_by_reason(make_control: MakeControl) 
 
 async def test_total_budget_is_shared_fairly_between_pools(make_control: MakeControl) -> None:
     # One create at a time per pool, so both pools compete for the budget.
-    backend = Counting(start_delay=0.02)
+    # Creates wait until both pools exist: on a loaded host the first pool
+    # could otherwise fill the budget before the second is made.
+    both = asyncio.Event()
+    backend = Gated(both, start_delay=0.02)
     h = await make_control(backend=backend, pools__max_total_sandboxes=6, pools__max_starting=1)
     a = await h.pool("a", min_ready=6, max_size=8)
     b = await h.pool("b", min_ready=6, max_size=8)
+    both.set()
     await wait_for(lambda: a.ready + b.ready == 6 and not a.creating and not b.creating, what="budget full")
     # A pass of the background loop on the full budget, then one more here:
     # neither may create past it.
