@@ -107,6 +107,7 @@ def make_backend(settings: Settings) -> Backend:
                 inbox_dir=_inbox_dir(settings, cfg),
                 host_workspaces=cfg.host_workspaces,
                 session_pipes=cfg.session_pipes,
+                egress_hosts=dict(cfg.egress_hosts),
             )
         )
     if isinstance(cfg, FakeBackendSettings):

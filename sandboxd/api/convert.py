@@ -61,6 +61,7 @@ def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
         idle_seconds=spec.idle_seconds,
         runtime=spec.runtime or RUNC,
         images=list(spec.images),
+        network=list(spec.network),
     )
 
 
@@ -80,6 +81,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             idle_seconds=c.idle_seconds,
             runtime=c.runtime,
             images=c.images,
+            network=c.network,
         ),
         status=pools_pb2.PoolStatus(
             ready=pool.ready,

@@ -47,4 +47,5 @@ class PreflightServicer(preflight_pb2_grpc.PreflightServiceServicer):
             ),
             predicted_warm_seconds=report.predicted_warm_seconds,
             measured_start_seconds=report.measured_start_seconds,
+            network=report.network,
         )

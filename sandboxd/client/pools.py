@@ -25,11 +25,13 @@ class PoolCalls(Connection):
         idle_seconds: float = 0.0,
         runtime: str = "",
         images: Sequence[str] = (),
+        network: Sequence[str] = (),
     ) -> pools_pb2.Pool:
         """``max_ready`` above ``min_ready`` makes the pool follow demand
         between the two; ``idle_seconds`` is its scale-down delay; ``runtime``
         is runc (the default) or gvisor; ``images`` are those an acquire may
-        name besides ``image`` (``["*"]``: any)."""
+        name besides ``image`` (``["*"]``: any); ``network`` the egress
+        allow-list (empty: no network)."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -42,6 +44,7 @@ class PoolCalls(Connection):
             idle_seconds=idle_seconds,
             runtime=runtime,
             images=list(images),
+            network=list(network),
         )
         with rpc_errors():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(

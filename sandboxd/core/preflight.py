@@ -14,6 +14,7 @@ from sandboxd.backends.base import HostCapacity, Limits, TenantQuotas
 from sandboxd.core import capacity
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
+from sandboxd.core.pools.config import network_refusal
 from sandboxd.core.runtimes import fit_limits, runtime_name, runtime_refusal
 from sandboxd.core.tenancy import current_tenant
 from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument, Unavailable
@@ -38,6 +39,7 @@ class ProblemKind(enum.IntEnum):
     LIFETIME_TOO_SHORT = 7
     RUNTIME_UNAVAILABLE = 8
     IMAGE_TOO_LARGE = 9
+    NETWORK_UNAVAILABLE = 10
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Report:
     quota_memory_left_bytes: int | None = None
     host_sandboxes: int = 0
     """Sandboxes of these limits the backend's host is estimated to hold (0 = unknown)."""
+    network: list[str] = field(default_factory=list)
+    """What the pool's sandboxes may reach (its network rules); empty = no network."""
 
     @property
     def ok(self) -> bool:
@@ -98,6 +102,7 @@ async def preflight(
     starts: list[float] = []
     if pool:
         p = control.get_pool(pool, "pool")
+        report.network = list(p.config.network)
         image, resolved, runtime = p.config.image, p.config.limits, p.config.runtime
         ready, max_size = p.ready, p.config.max_size
         for rec in p.records.values():
@@ -136,6 +141,9 @@ async def preflight(
         refusal = await runtime_refusal(control.backend, runtime, Limits() if pool else (limits or Limits()))
         if refusal is not None:
             add(Problem(ProblemKind.RUNTIME_UNAVAILABLE, refusal, "runtime"))
+        blocked = network_refusal(control.backend, runtime, report.network)
+        if blocked is not None:
+            add(Problem(ProblemKind.NETWORK_UNAVAILABLE, blocked, "spec.network"))
         report.memory_bytes, report.cpus = await control.backend.capacity()
         if isinstance(control.backend, HostCapacity):
             facts = await control.backend.host_facts()

@@ -24,7 +24,7 @@ from sandboxd.core import validation as v
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
-from sandboxd.core.pools.config import check_images
+from sandboxd.core.pools.config import check_images, check_network, network_refusal
 from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
@@ -230,6 +230,7 @@ class SandboxRegistry:
         self._check_sizes(config.min_ready, config.max_size)
         check_scaling(config)
         check_images(config)
+        check_network(config)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)
         runtime = runtime_name(config.runtime)
@@ -249,6 +250,9 @@ class SandboxRegistry:
                 "build or load it first, e.g. `sandboxd image build` for the default image)"
             )
         await check_runtime(self._backend, runtime, explicit)
+        refusal = network_refusal(self._backend, runtime, config.network)
+        if refusal is not None:
+            raise FailedPrecondition(f"pool {name!r}: {refusal}")
         # Checked again: another create of the same name may have finished meanwhile.
         if config.name in self.pools:
             raise AlreadyExists(f"pool {name!r} already exists")

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from sandboxd.v1 import common_pb2 as sandboxd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/preflight.proto\x12\x0bsandboxd.v1\x1a\x18sandboxd/v1/common.proto\"\x9e\x01\n\x10PreflightRequest\x12\x0e\n\x04pool\x18\x01 \x01(\tH\x00\x12)\n\x08template\x18\x02 \x01(\x0b\x32\x15.sandboxd.v1.TemplateH\x00\x12\x12\n\nconcurrent\x18\x03 \x01(\x05\x12!\n\x19\x65xpected_duration_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06images\x18\x05 \x03(\tB\x08\n\x06target\"O\n\x08Template\x12\r\n\x05image\x18\x01 \x01(\t\x12#\n\x06limits\x18\x02 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12\x0f\n\x07runtime\x18\x03 \x01(\t\"Q\n\x07Problem\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.sandboxd.v1.ProblemKind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\"\xde\x01\n\x08\x43\x61pacity\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x0c\n\x04\x63pus\x18\x02 \x01(\x05\x12\x1b\n\x13memory_needed_bytes\x18\x03 \x01(\x03\x12\x13\n\x0b\x63pus_needed\x18\x04 \x01(\x01\x12!\n\x14quota_sandboxes_left\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12$\n\x17quota_memory_left_bytes\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\x17\n\x15_quota_sandboxes_leftB\x1a\n\x18_quota_memory_left_bytes\"\xb0\x01\n\x11PreflightResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12&\n\x08problems\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Problem\x12\'\n\x08\x63\x61pacity\x18\x03 \x01(\x0b\x32\x15.sandboxd.v1.Capacity\x12\x1e\n\x16predicted_warm_seconds\x18\x04 \x01(\x01\x12\x1e\n\x16measured_start_seconds\x18\x05 \x01(\x01*\xe5\x02\n\x0bProblemKind\x12\x1c\n\x18PROBLEM_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPROBLEM_KIND_IMAGE_MISSING\x10\x01\x12\x1f\n\x1bPROBLEM_KIND_LIMITS_INVALID\x10\x02\x12 \n\x1cPROBLEM_KIND_QUOTA_TOO_SMALL\x10\x03\x12#\n\x1fPROBLEM_KIND_CAPACITY_TOO_SMALL\x10\x04\x12\"\n\x1ePROBLEM_KIND_BACKEND_UNHEALTHY\x10\x05\x12\x1f\n\x1bPROBLEM_KIND_POOL_TOO_SMALL\x10\x06\x12#\n\x1fPROBLEM_KIND_LIFETIME_TOO_SHORT\x10\x07\x12$\n PROBLEM_KIND_RUNTIME_UNAVAILABLE\x10\x08\x12 \n\x1cPROBLEM_KIND_IMAGE_TOO_LARGE\x10\t2^\n\x10PreflightService\x12J\n\tPreflight\x12\x1d.sandboxd.v1.PreflightRequest\x1a\x1e.sandboxd.v1.PreflightResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/preflight.proto\x12\x0bsandboxd.v1\x1a\x18sandboxd/v1/common.proto\"\x9e\x01\n\x10PreflightRequest\x12\x0e\n\x04pool\x18\x01 \x01(\tH\x00\x12)\n\x08template\x18\x02 \x01(\x0b\x32\x15.sandboxd.v1.TemplateH\x00\x12\x12\n\nconcurrent\x18\x03 \x01(\x05\x12!\n\x19\x65xpected_duration_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06images\x18\x05 \x03(\tB\x08\n\x06target\"O\n\x08Template\x12\r\n\x05image\x18\x01 \x01(\t\x12#\n\x06limits\x18\x02 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12\x0f\n\x07runtime\x18\x03 \x01(\t\"Q\n\x07Problem\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.sandboxd.v1.ProblemKind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\"\xde\x01\n\x08\x43\x61pacity\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x0c\n\x04\x63pus\x18\x02 \x01(\x05\x12\x1b\n\x13memory_needed_bytes\x18\x03 \x01(\x03\x12\x13\n\x0b\x63pus_needed\x18\x04 \x01(\x01\x12!\n\x14quota_sandboxes_left\x18\x05 \x01(\x03H\x00\x88\x01\x01\x12$\n\x17quota_memory_left_bytes\x18\x06 \x01(\x03H\x01\x88\x01\x01\x42\x17\n\x15_quota_sandboxes_leftB\x1a\n\x18_quota_memory_left_bytes\"\xc1\x01\n\x11PreflightResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12&\n\x08problems\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Problem\x12\'\n\x08\x63\x61pacity\x18\x03 \x01(\x0b\x32\x15.sandboxd.v1.Capacity\x12\x1e\n\x16predicted_warm_seconds\x18\x04 \x01(\x01\x12\x1e\n\x16measured_start_seconds\x18\x05 \x01(\x01\x12\x0f\n\x07network\x18\x06 \x03(\t*\x8b\x03\n\x0bProblemKind\x12\x1c\n\x18PROBLEM_KIND_UNSPECIFIED\x10\x00\x12\x1e\n\x1aPROBLEM_KIND_IMAGE_MISSING\x10\x01\x12\x1f\n\x1bPROBLEM_KIND_LIMITS_INVALID\x10\x02\x12 \n\x1cPROBLEM_KIND_QUOTA_TOO_SMALL\x10\x03\x12#\n\x1fPROBLEM_KIND_CAPACITY_TOO_SMALL\x10\x04\x12\"\n\x1ePROBLEM_KIND_BACKEND_UNHEALTHY\x10\x05\x12\x1f\n\x1bPROBLEM_KIND_POOL_TOO_SMALL\x10\x06\x12#\n\x1fPROBLEM_KIND_LIFETIME_TOO_SHORT\x10\x07\x12$\n PROBLEM_KIND_RUNTIME_UNAVAILABLE\x10\x08\x12 \n\x1cPROBLEM_KIND_IMAGE_TOO_LARGE\x10\t\x12$\n PROBLEM_KIND_NETWORK_UNAVAILABLE\x10\n2^\n\x10PreflightService\x12J\n\tPreflight\x12\x1d.sandboxd.v1.PreflightRequest\x1a\x1e.sandboxd.v1.PreflightResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sandboxd.v1.preflight_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROBLEMKIND']._serialized_start=800
-  _globals['_PROBLEMKIND']._serialized_end=1157
+  _globals['_PROBLEMKIND']._serialized_start=817
+  _globals['_PROBLEMKIND']._serialized_end=1212
   _globals['_PREFLIGHTREQUEST']._serialized_start=71
   _globals['_PREFLIGHTREQUEST']._serialized_end=229
   _globals['_TEMPLATE']._serialized_start=231
@@ -43,7 +43,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CAPACITY']._serialized_start=396
   _globals['_CAPACITY']._serialized_end=618
   _globals['_PREFLIGHTRESPONSE']._serialized_start=621
-  _globals['_PREFLIGHTRESPONSE']._serialized_end=797
-  _globals['_PREFLIGHTSERVICE']._serialized_start=1159
-  _globals['_PREFLIGHTSERVICE']._serialized_end=1253
+  _globals['_PREFLIGHTRESPONSE']._serialized_end=814
+  _globals['_PREFLIGHTSERVICE']._serialized_start=1214
+  _globals['_PREFLIGHTSERVICE']._serialized_end=1308
 # @@protoc_insertion_point(module_scope)

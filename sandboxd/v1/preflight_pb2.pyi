@@ -20,6 +20,7 @@ class ProblemKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROBLEM_KIND_LIFETIME_TOO_SHORT: _ClassVar[ProblemKind]
     PROBLEM_KIND_RUNTIME_UNAVAILABLE: _ClassVar[ProblemKind]
     PROBLEM_KIND_IMAGE_TOO_LARGE: _ClassVar[ProblemKind]
+    PROBLEM_KIND_NETWORK_UNAVAILABLE: _ClassVar[ProblemKind]
 PROBLEM_KIND_UNSPECIFIED: ProblemKind
 PROBLEM_KIND_IMAGE_MISSING: ProblemKind
 PROBLEM_KIND_LIMITS_INVALID: ProblemKind
@@ -30,6 +31,7 @@ PROBLEM_KIND_POOL_TOO_SMALL: ProblemKind
 PROBLEM_KIND_LIFETIME_TOO_SHORT: ProblemKind
 PROBLEM_KIND_RUNTIME_UNAVAILABLE: ProblemKind
 PROBLEM_KIND_IMAGE_TOO_LARGE: ProblemKind
+PROBLEM_KIND_NETWORK_UNAVAILABLE: ProblemKind
 
 class PreflightRequest(_message.Message):
     __slots__ = ("pool", "template", "concurrent", "expected_duration_seconds", "images")
@@ -82,15 +84,17 @@ class Capacity(_message.Message):
     def __init__(self, memory_bytes: _Optional[int] = ..., cpus: _Optional[int] = ..., memory_needed_bytes: _Optional[int] = ..., cpus_needed: _Optional[float] = ..., quota_sandboxes_left: _Optional[int] = ..., quota_memory_left_bytes: _Optional[int] = ...) -> None: ...
 
 class PreflightResponse(_message.Message):
-    __slots__ = ("ok", "problems", "capacity", "predicted_warm_seconds", "measured_start_seconds")
+    __slots__ = ("ok", "problems", "capacity", "predicted_warm_seconds", "measured_start_seconds", "network")
     OK_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_WARM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     MEASURED_START_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     problems: _containers.RepeatedCompositeFieldContainer[Problem]
     capacity: Capacity
     predicted_warm_seconds: float
     measured_start_seconds: float
-    def __init__(self, ok: _Optional[bool] = ..., problems: _Optional[_Iterable[_Union[Problem, _Mapping]]] = ..., capacity: _Optional[_Union[Capacity, _Mapping]] = ..., predicted_warm_seconds: _Optional[float] = ..., measured_start_seconds: _Optional[float] = ...) -> None: ...
+    network: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ok: _Optional[bool] = ..., problems: _Optional[_Iterable[_Union[Problem, _Mapping]]] = ..., capacity: _Optional[_Union[Capacity, _Mapping]] = ..., predicted_warm_seconds: _Optional[float] = ..., measured_start_seconds: _Optional[float] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...

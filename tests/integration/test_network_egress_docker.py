@@ -33,6 +33,9 @@ from sandboxd.backends.network import netns
 from sandboxd.backends.network.egress import PROXY_URL, SandboxEgress, command_env, open_egress
 from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.backends.network.proxy import EgressLimits
+from sandboxd.client import AsyncClient
+from sandboxd.errors import FailedPrecondition, InvalidArgument
+from tests.integration.conftest import make_settings, poll, running_app
 
 pytestmark = [
     pytest.mark.docker,
@@ -389,3 +392,37 @@ async def test_a_real_container_reaches_only_its_proxy(
         assert PROXY_URL.startswith("http://169.254.77.1")
     finally:
         await asyncio.to_thread(container.remove, force=True)
+
+
+async def test_a_pool_with_a_policy_serves_it_to_its_sandboxes(
+    upstream: Upstream, image: str, engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    hosts = {"pypi.test": upstream.address, "secure.test": upstream.address, "loop.test": "127.0.0.1"}
+    settings = make_settings(tmp_path, **{"backend.egress_hosts": hosts})
+    before = set(netns.leftover())
+    async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
+        with pytest.raises(InvalidArgument, match=r"spec\.network.*'\*\.com'"):
+            await client.create_pool("bad", image, network=["*.com"])
+        with pytest.raises(FailedPrecondition, match="runc"):
+            await client.create_pool("gv", image, runtime="gvisor", network=POLICY)
+        await client.create_pool("net", image, max_size=2, network=POLICY)
+        await client.create_pool("closed", image, max_size=1)
+        assert list((await client.get_pool("net")).spec.network) == POLICY
+        report = await client.preflight(concurrent=1, pool="net")
+        assert report.ok and list(report.network) == POLICY, report
+        probe = (HERE / "egress_probe.py").read_text()
+        async with client.acquire("net") as sb, client.acquire("closed") as shut:
+            fetch = "import urllib.request;print(urllib.request.urlopen('http://pypi.test/simple/tinypkg/').read())"
+            result = await sb.exec(["python3", "-c", fetch])
+            assert result.exit_code == 0 and "tinypkg-0.1" in result.text, result.text
+            result = await sb.exec(["python3", "-c", probe, upstream.address])
+            check_probe(json.loads(result.text))
+            assert len(set(netns.leftover()) - before) == 1
+            # A pool without rules has no network at all, and no proxy settings.
+            result = await shut.exec(["python3", "-c", probe, upstream.address])
+            closed = json.loads(result.text)
+            assert {closed[k] for k in ("egress_other_port", "raw_ip_tcp", "dns_denied")} == {"ENETUNREACH"}
+            assert "HTTP_PROXY" not in (await shut.exec(["env"])).text
+        await client.delete_pool("net", force=True)
+        await client.delete_pool("closed", force=True)
+        await poll(lambda: not set(netns.leftover()) - before, what="the egress namespaces to go")

@@ -16,7 +16,8 @@ from sandboxd.errors import InvalidArgument
 
 
 def test_rules_match_names_suffixes_addresses_and_ports() -> None:
-    policy = EgressPolicy.parse(["pypi.internal", "*.corp.example:443", "10.0.0.0/8:8000-8100", "[fd00::1]:22"])
+    rules = ["pypi.internal", "*.corp.example:443", "10.0.0.0/8:8000-8100", "[fd00::1]:22"]
+    policy = EgressPolicy.parse(rules)
     assert policy.rule_for("PYPI.internal.", 443) is policy.rules[0]
     assert policy.rule_for("pypi.internal", 80) is policy.rules[0]
     assert policy.rule_for("pypi.internal", 8080) is None
@@ -98,7 +99,9 @@ async def test_client_hello_split_over_records_is_gathered() -> None:
     assert (await _read(records))[1] == "split.test"
 
 
-@pytest.mark.parametrize("data", [b"GET / HTTP/1.1\r\n\r\n", b"\x16\x03\x01\x00", b"\x16\x03\x01\x00\x05\x02abcd"])
+@pytest.mark.parametrize(
+    "data", [b"GET / HTTP/1.1\r\n\r\n", b"\x16\x03\x01\x00", b"\x16\x03\x01\x00\x05\x02abcd"]
+)
 async def test_what_is_not_a_client_hello_raises(data: bytes) -> None:
     with pytest.raises(NotTls):
         await _read(data)

@@ -41,6 +41,7 @@ from sandboxd.backends.base import (
 from sandboxd.backends.docker.cgroups import ContainerProbe
 from sandboxd.backends.docker.checkpoints import NOT_CARRIED_SCRIPT, Checkpoints, parse_not_carried
 from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
+from sandboxd.backends.docker.egress import DockerEgress
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
@@ -134,6 +135,9 @@ class DockerBackend(DockerImages):
         self._no_pipes: set[str] = set()
         # gVisor sandboxes' `runsc exec` (None: not gVisor, or not from this host).
         self._runsc: dict[str, RunscExec | None] = {}
+        self._egress = DockerEgress(
+            local=not address or address.startswith("unix://"), hosts=options.egress_hosts
+        )
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -148,6 +152,7 @@ class DockerBackend(DockerImages):
         return await self._containers.image_exists(image)
 
     async def create(self, spec: SandboxSpec) -> str:
+        spec = self._egress.prepare(spec)
         creating = asyncio.ensure_future(self._containers.create(spec))
         session: ShellSession | None = None
         try:
@@ -157,6 +162,8 @@ class DockerBackend(DockerImages):
             # pids, /proc/<pid>/root) is gVisor's own, not the sandbox's.
             host_view = pid and spec.runtime != GVISOR
             self._probes[handle] = ContainerProbe.open(pid) if host_view else None
+            # Linked before any command runs: a sandbox never sees its network half-made.
+            await self._egress.attach(spec, handle, pid)
             # The keeper has started the spare's shell with the sandbox.
             session = await self._shells.new(handle, env=spec.env, first=True)
             await self._shells.ready_spare(handle, session)
@@ -178,6 +185,8 @@ class DockerBackend(DockerImages):
             await creating
         if session is not None:
             await session.close()
+        if creating.done() and not creating.cancelled() and creating.exception() is None:
+            await self._egress.detach(creating.result()[0])
         await self._containers.discard(sandbox_id)
 
     async def capacity(self) -> tuple[int, int]:
@@ -218,6 +227,7 @@ class DockerBackend(DockerImages):
                 await self._checkpoints.resume(handle)
         self._runtimes.pop(handle, None)
         await self._containers.remove(handle)
+        await self._egress.detach(handle)
         await self._raw.cut(handle)
         if kept:
             await asyncio.gather(*(session.close() for session in sessions))
@@ -237,7 +247,11 @@ class DockerBackend(DockerImages):
         """One ``containers list`` call for every handle asked about."""
         return await self._containers.alive(handles)
 
+    def network_refusal(self, runtime: str) -> str | None:
+        return self._egress.refusal(runtime)
+
     async def close(self) -> None:
+        await self._egress.close()
         await self._background.close()
         await self._shells.close()
         await self._containers.close()

@@ -28,7 +28,7 @@ import functools
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +105,9 @@ class DockerOptions:
     session_pipes: bool = True
     """Shells' stdio on FIFOs in the inbox where the host sees the sandbox's
     processes (sandboxd.backends.docker.pipes); False: the engine's stream."""
+    egress_hosts: Mapping[str, str] = field(default_factory=dict)
+    """Host names a network policy's proxy resolves from this table (name ->
+    address) rather than with the host's resolver."""
 
 
 def container_name(sandbox_id: str) -> str:

@@ -148,7 +148,7 @@ class EgressProxy:
         if task is not None:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        # A connection cut by close() ends quietly: the streams' callback reports any other ending as an error.
+        # A connection cut by close() ends quietly (the streams callback logs any other end as an error).
         with contextlib.suppress(asyncio.CancelledError):
             await self._serve(reader, writer)
 

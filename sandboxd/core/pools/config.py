@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from sandboxd.backends.base import RUNC, Limits
+from sandboxd.backends.base import RUNC, EgressPolicies, Limits
+from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.core import validation as v
 from sandboxd.core.images.references import normalize
 from sandboxd.core.scaling import Bounds, PolicyConfig
@@ -43,6 +44,9 @@ class PoolConfig:
     = the pool serves its own image only; ``["*"]`` = any image (the pool is
     a template: limits, runtime, network and users, the image chosen per
     acquire)."""
+    network: list[str] = field(default_factory=list)
+    """Egress allow-list rules (sandboxd.backends.network.policy); empty = no
+    network at all, the default."""
 
     def serves(self, image: str) -> bool:
         """Whether an acquire may ask this pool for ``image``."""
@@ -102,6 +106,27 @@ def check_images(config: PoolConfig) -> None:
     for i, image in enumerate(config.images):
         if image != ANY_IMAGE:
             v.image_ref(f"spec.images[{i}]", image)
+
+
+def check_network(config: PoolConfig) -> None:
+    """Validates a pool spec's network rules (INVALID_ARGUMENT naming ``spec.network`` and the rule)."""
+    try:
+        EgressPolicy.parse(config.network)
+    except InvalidArgument as e:
+        raise InvalidArgument("spec.network", e.message.removeprefix("network: ")) from e
+
+
+def network_refusal(backend: object, runtime: str, network: list[str]) -> str | None:
+    """Why a pool with these network rules cannot be had on ``backend``; None
+    when it can (or has no rules). A policy is never accepted unenforced."""
+    if not network:
+        return None
+    if not isinstance(backend, EgressPolicies):
+        return (
+            f"the {type(backend).__name__} backend does not enforce network policies; "
+            "leave spec.network empty (no network) or use the Docker backend"
+        )
+    return backend.network_refusal(runtime)
 
 
 def check_announcement(

@@ -445,6 +445,7 @@ class WarmPool:
             env=self.config.env,
             labels=self.config.labels,
             runtime=self.config.runtime,
+            network=tuple(self.config.network),
         )
         own = rec.image == self.config.image
         began = self._clock.monotonic()
