@@ -108,6 +108,8 @@ def make_backend(settings: Settings) -> Backend:
                 host_workspaces=cfg.host_workspaces,
                 session_pipes=cfg.session_pipes,
                 egress_hosts=dict(cfg.egress_hosts),
+                egress_max_connections=cfg.egress_max_connections,
+                egress_bytes_per_second=cfg.egress_bytes_per_second,
             )
         )
     if isinstance(cfg, FakeBackendSettings):

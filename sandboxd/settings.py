@@ -185,6 +185,12 @@ class DockerBackendSettings:
     """Host names (name -> address) the egress proxy of a pool with a network
     policy resolves from this table instead of the host's resolver: an
     internal mirror or forge known by a name of its own."""
+    egress_max_connections: int = 64
+    """Connections through its egress proxy a sandbox with a network policy
+    may hold open at once; more are answered 429."""
+    egress_bytes_per_second: int = 64 << 20
+    """Bandwidth of such a sandbox's egress, both directions and all its
+    connections together; 0 = unbounded."""
 
 
 @dataclass

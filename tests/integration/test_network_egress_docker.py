@@ -417,6 +417,13 @@ async def test_a_pool_with_a_policy_serves_it_to_its_sandboxes(
             assert result.exit_code == 0 and "tinypkg-0.1" in result.text, result.text
             result = await sb.exec(["python3", "-c", probe, upstream.address])
             check_probe(json.loads(result.text))
+            # Names resolve through the egress resolver: allowed ones to the proxy, others not at all.
+            lookup = (
+                "import socket,sys\ntry: print(socket.gethostbyname(sys.argv[1]))\n"
+                "except OSError: print('none')"
+            )
+            assert (await sb.exec(["python3", "-c", lookup, "pypi.test"])).text == f"{netns.EGRESS_ADDRESS}\n"
+            assert (await sb.exec(["python3", "-c", lookup, "evil.test"])).text == "none\n"
             assert len(set(netns.leftover()) - before) == 1
             # A pool without rules has no network at all, and no proxy settings.
             result = await shut.exec(["python3", "-c", probe, upstream.address])

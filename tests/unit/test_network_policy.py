@@ -11,6 +11,7 @@ import pytest
 
 from sandboxd.backends.network.dns import answer
 from sandboxd.backends.network.policy import EgressPolicy, parse_rule
+from sandboxd.backends.network.proxy import Bucket
 from sandboxd.backends.network.sni import NotTls, read_client_hello
 from sandboxd.errors import InvalidArgument
 
@@ -124,3 +125,24 @@ def test_dns_answers_allowed_names_with_the_proxy_address_only() -> None:
     assert reply[3] & 0x0F == 3 and struct.unpack("!H", reply[6:8])[0] == 0
     assert answer(b"\x00\x01junk", policy, "169.254.77.1") == (b"", "")
     assert answer(b"\x00\x01" + b"\x01\x00\x00\x05" + b"\x00" * 8, policy, "169.254.77.1")[0][3] & 0x0F == 1
+
+
+async def test_the_bandwidth_bucket_makes_a_sender_wait_for_its_share() -> None:
+    clock = [0.0]
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        clock[0] += seconds
+
+    bucket = Bucket(1000, now=lambda: clock[0], sleep=sleep)
+    await bucket.take(1000)  # the first second's burst
+    assert waits == []
+    await bucket.take(500)
+    assert waits == [0.5]
+    clock[0] += 10.0  # idle time refills one second's worth, not more
+    await bucket.take(1500)
+    assert waits == [0.5, 0.5]
+    unbounded = Bucket(0, now=lambda: clock[0], sleep=sleep)
+    await unbounded.take(1 << 30)
+    assert waits == [0.5, 0.5]

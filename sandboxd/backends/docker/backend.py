@@ -52,6 +52,7 @@ from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
 from sandboxd.backends.docker.shells import Shells
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
+from sandboxd.backends.network.proxy import EgressLimits
 from sandboxd.backends.session import SessionClosed, ShellSession
 from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote, bash_argv
 from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
@@ -136,7 +137,12 @@ class DockerBackend(DockerImages):
         # gVisor sandboxes' `runsc exec` (None: not gVisor, or not from this host).
         self._runsc: dict[str, RunscExec | None] = {}
         self._egress = DockerEgress(
-            local=not address or address.startswith("unix://"), hosts=options.egress_hosts
+            local=not address or address.startswith("unix://"),
+            hosts=options.egress_hosts,
+            limits=EgressLimits(
+                max_connections=options.egress_max_connections,
+                bytes_per_second=options.egress_bytes_per_second,
+            ),
         )
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -54,6 +54,7 @@ from sandboxd.backends.base import (
 )
 from sandboxd.backends.docker.keeper import KEEP_FIFO, KEEPER_COMMAND
 from sandboxd.backends.docker.users import LABEL_USER, USER_TABLES, ContainerUsers
+from sandboxd.backends.network.netns import EGRESS_ADDRESS
 from sandboxd.backends.uids import DEFAULT_UIDS, SANDBOX_NAME, UidRange
 from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
 
@@ -108,6 +109,8 @@ class DockerOptions:
     egress_hosts: Mapping[str, str] = field(default_factory=dict)
     """Host names a network policy's proxy resolves from this table (name ->
     address) rather than with the host's resolver."""
+    egress_max_connections: int = 64
+    egress_bytes_per_second: int = 64 << 20
 
 
 def container_name(sandbox_id: str) -> str:
@@ -166,6 +169,10 @@ def container_spec(
         hostname="sandbox",
         stop_signal="SIGKILL",
     )
+    if spec.network:
+        # The sandbox's resolver is its egress resolver, which names only what the policy allows.
+        kwargs["dns"] = [EGRESS_ADDRESS]
+        kwargs["dns_search"] = ["."]
     if limits.memory_bytes:
         kwargs["mem_limit"] = limits.memory_bytes
         kwargs["memswap_limit"] = limits.memory_bytes

@@ -43,8 +43,8 @@ async def system_resolve(host: str, port: int) -> list[str]:
 class EgressLimits:
     max_connections: int = 64
     """Proxied connections open at once; more are answered 429."""
-    bytes_per_second: int = 0
-    """Both directions together, all connections; 0 = unbounded."""
+    bytes_per_second: int = 64 << 20
+    """Both directions together, all the sandbox's connections; 0 = unbounded."""
     connect_timeout: float = 10.0
     head_timeout: float = 30.0
 
@@ -67,23 +67,31 @@ class Denied(Exception):
         self.status = status
 
 
-class _Bucket:
-    """Token bucket over bytes; a connection waits for its share rather than being cut."""
+class Bucket:
+    """Token bucket over bytes (one second's worth of burst); a connection
+    waits for its share rather than being cut."""
 
-    def __init__(self, rate: int) -> None:
+    def __init__(
+        self,
+        rate: int,
+        now: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.rate = rate
+        self._now = now
+        self._sleep = sleep
         self.tokens = float(rate)
-        self.stamp = time.monotonic()
+        self.stamp = now()
 
     async def take(self, n: int) -> None:
         if self.rate <= 0:
             return
-        now = time.monotonic()
+        now = self._now()
         self.tokens = min(float(self.rate), self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
         self.tokens -= n
         if self.tokens < 0:
-            await asyncio.sleep(-self.tokens / self.rate)
+            await self._sleep(-self.tokens / self.rate)
 
 
 def _split_hostport(target: str, default: int | None) -> tuple[str, int]:
@@ -117,7 +125,7 @@ class EgressProxy:
         self.resolve = resolve
         self.limits = limits or EgressLimits()
         self.stats = EgressStats()
-        self._bucket = _Bucket(self.limits.bytes_per_second)
+        self._bucket = Bucket(self.limits.bytes_per_second)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
