@@ -33,6 +33,7 @@ from sandboxd.e2b.connect import (
 )
 from sandboxd.e2b.processes import Proc, find_process, input_bytes, start_process
 from sandboxd.e2b.registry import RUNNING, Box, Registry
+from sandboxd.e2b.watch import Watcher, watch_request
 
 __all__ = ["REGISTRY", "add_routes"]
 
@@ -133,6 +134,78 @@ async def connect(request: web.Request) -> web.StreamResponse:
     except ConnectError as e:
         return error_response(e)
     return await _follow(request, proc, timeout)
+
+
+_KEEPALIVE = 5.0
+"""Seconds between a quiet watch stream's keepalives, which also find a
+client that has gone (its write fails) and end the watch."""
+
+
+async def watch_dir(request: web.Request) -> web.StreamResponse:
+    try:
+        message = await parse_stream_request(request)
+        timeout = stream_timeout(request)
+        box = _box(request)
+        path, recursive = watch_request(message)
+        watcher = Watcher(box, _user(request), path, recursive)
+        await watcher.start()
+    except ConnectError as e:
+        return error_response(e)
+    response = web.StreamResponse(status=200, headers={"Content-Type": STREAM_CONTENT_TYPE})
+    try:
+        await response.prepare(request)
+        await response.write(frame({"start": {}}))
+        async with asyncio.timeout(timeout or None):
+            while True:
+                try:
+                    item = await asyncio.wait_for(watcher.events.get(), _KEEPALIVE)
+                except TimeoutError:
+                    await response.write(frame({"keepalive": {}}))
+                    continue
+                if isinstance(item, ConnectError):
+                    await response.write(end_frame(item))
+                    break
+                await response.write(frame({"filesystem": item}))
+    except TimeoutError:
+        await response.write(end_frame())
+    except ConnectionResetError:
+        return response
+    finally:
+        watcher.cancel()
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
+    return response
+
+
+async def create_watcher(box: Box, user: str, message: dict[str, Any]) -> dict[str, Any]:
+    path, recursive = watch_request(message)
+    watcher = Watcher(box, user, path, recursive)
+    await watcher.start()
+    box.watchers[watcher.id] = watcher
+    return {"watcherId": watcher.id}
+
+
+def _watcher(box: Box, message: dict[str, Any]) -> Watcher:
+    watcher_id = message.get("watcherId", "")
+    watcher = box.watchers.get(watcher_id) if isinstance(watcher_id, str) else None
+    if watcher is None:
+        raise ConnectError("not_found", f"watcher {watcher_id!r} not found")
+    return watcher
+
+
+async def get_watcher_events(box: Box, _user: str, message: dict[str, Any]) -> dict[str, Any]:
+    watcher = _watcher(box, message)
+    try:
+        return {"events": watcher.drain()}
+    except ConnectError:
+        box.watchers.pop(watcher.id, None)
+        raise
+
+
+async def remove_watcher(box: Box, _user: str, message: dict[str, Any]) -> dict[str, Any]:
+    _watcher(box, message).cancel()
+    box.watchers.pop(message["watcherId"], None)
+    return {}
 
 
 async def list_processes(box: Box, _user: str, _message: dict[str, Any]) -> dict[str, Any]:
@@ -241,3 +314,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/filesystem.Filesystem/MakeDir", _unary(filesystem.make_dir))
     app.router.add_post("/filesystem.Filesystem/Move", _unary(filesystem.move))
     app.router.add_post("/filesystem.Filesystem/Remove", _unary(filesystem.remove))
+    app.router.add_post("/filesystem.Filesystem/WatchDir", watch_dir)
+    app.router.add_post("/filesystem.Filesystem/CreateWatcher", _unary(create_watcher))
+    app.router.add_post("/filesystem.Filesystem/GetWatcherEvents", _unary(get_watcher_events))
+    app.router.add_post("/filesystem.Filesystem/RemoveWatcher", _unary(remove_watcher))

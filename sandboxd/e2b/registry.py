@@ -16,6 +16,7 @@ from sandboxd.client import AsyncClient
 
 if TYPE_CHECKING:
     from sandboxd.e2b.processes import Proc
+    from sandboxd.e2b.watch import Watcher
 
 __all__ = ["Box", "Registry", "now"]
 
@@ -50,6 +51,7 @@ class Box:
     """How it is paused: frozen in memory (gVisor) or as a filesystem snapshot."""
     snapshot_id: str = ""
     processes: dict[int, Proc] = field(default_factory=dict)
+    watchers: dict[str, Watcher] = field(default_factory=dict)
     next_pid: int = 1000
 
     def extend(self, timeout: float) -> None:
@@ -93,6 +95,9 @@ class Registry:
         self._boxes.pop(box.id, None)
         for proc in list(box.processes.values()):
             proc.cancel()
+        for watcher in box.watchers.values():
+            watcher.cancel()
+        box.watchers.clear()
 
     def by_id(self, box_id: str) -> Box | None:
         """Any key's box (envd calls prove access with its token instead)."""

@@ -226,3 +226,68 @@ async def test_a_sandbox_lost_under_a_command_is_a_sandbox_error(
         assert not isinstance(exc.value, CommandExitException)
     finally:
         await sbx.kill()
+
+
+def _sync_watch() -> list[tuple[str, str]]:
+    """A sync watcher's events (CreateWatcher / GetWatcherEvents) for a
+    create, a write and a remove, polled until all three have come."""
+    import time
+
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.make_dir("/tmp/w")
+        handle = sbx.files.watch_dir("/tmp/w")
+        sbx.files.write("/tmp/w/f.txt", "1")
+        seen: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 60
+        wrote = removed = False
+        while time.monotonic() < deadline:
+            seen += [(e.name, e.type.value) for e in handle.get_new_events()]
+            if ("f.txt", "create") in seen and not wrote:
+                sbx.files.write("/tmp/w/f.txt", "22")
+                wrote = True
+            if ("f.txt", "write") in seen and not removed:
+                sbx.files.remove("/tmp/w/f.txt")
+                removed = True
+            if ("f.txt", "remove") in seen:
+                break
+            time.sleep(0.1)  # the poll interval of this deadline-bounded loop
+        handle.stop()
+        return seen
+    finally:
+        sbx.kill()
+
+
+async def test_watch_dir_sync_and_async(e2b_url: str) -> None:
+    from e2b import AsyncSandbox, FilesystemEvent
+
+    seen = await asyncio.to_thread(_sync_watch)
+    assert [e for e in seen if e[0] == "f.txt"] == [
+        ("f.txt", "create"),
+        ("f.txt", "write"),
+        ("f.txt", "remove"),
+    ]
+
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        await sbx.files.make_dir("/tmp/w/sub")
+        events: list[FilesystemEvent] = []
+        created = asyncio.Event()
+
+        def on_event(e: FilesystemEvent) -> None:
+            events.append(e)
+            if e.name == "sub/deep.txt":
+                created.set()
+
+        handle = await sbx.files.watch_dir("/tmp/w", on_event, recursive=True, timeout=0)
+        await sbx.files.write("/tmp/w/sub/deep.txt", "x")
+        await asyncio.wait_for(created.wait(), 60)
+        await handle.stop()  # type: ignore[no-untyped-call]
+        first = next(e for e in events if e.name == "sub/deep.txt")
+        assert first.type == e2b.FilesystemEventType.CREATE
+        with pytest.raises(e2b.NotFoundException):
+            await sbx.files.watch_dir("/tmp/none", on_event)
+    finally:
+        await sbx.kill()
