@@ -54,6 +54,7 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/sandboxes/{sandbox_id}/connect", _route(app, rest.connect))
     r.add_post("/sandboxes/{sandbox_id}/pause", _route(app, rest.pause))
     r.add_post("/sandboxes/{sandbox_id}/resume", _route(app, rest.resume))
+    r.add_post("/sandboxes/{sandbox_id}/fork", _route(app, rest.fork))
     envd.add_routes(app)
 
     async def close(app: web.Application) -> None:

@@ -1,6 +1,6 @@
 """E2B's control API (api.e2b.app's /sandboxes routes) over sandboxd leases:
 create, get, list (with metadata queries), set timeout, kill, connect,
-pause and resume.
+pause, resume and fork (each fork a restore of a workspace snapshot).
 
 The sandbox timeout is the lease's TTL: the server ends the sandbox when it
 passes, and set_timeout/connect heartbeat the lease. Pause keeps memory
@@ -13,6 +13,7 @@ E2B id. The pause answer's ``X-Sandboxd-Pause`` header (``live`` or
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import hmac
@@ -354,3 +355,53 @@ async def connect(control: Control, request: web.Request) -> web.Response:
     if now() + dt.timedelta(seconds=timeout) > box.end_at:
         await _extend(control, box, timeout)
     return web.json_response(created(box), status=200)
+
+
+MAX_FORKS = 64
+
+
+async def _fork_one(control: Control, box: Box, snapshot_id: str, timeout: int) -> dict[str, Any]:
+    try:
+        lease = await box.client.restore(
+            snapshot_id, pool=box.pool, lease_ttl=max(timeout, 1), timeout=control.settings.acquire_timeout
+        )
+    except errors.SandboxdError as e:
+        failed = refused(e)
+        return {"error": {"code": failed.status, "message": failed.message}}
+    child = Box(
+        id=new_id(),
+        key=box.key,
+        client=box.client,
+        template=box.template,
+        pool=box.pool,
+        metadata=dict(box.metadata),
+        envs=dict(box.envs),
+        timeout=timeout,
+        sandbox_id=lease.sandboxes[0].id,
+        lease_id=lease.id,
+    )
+    child.extend(timeout)
+    control.registry.add(child)
+    return {"sandbox": created(child)}
+
+
+async def fork(control: Control, request: web.Request) -> web.Response:
+    """N sandboxes from this one's workspace, each under a lease of its own."""
+    box = control.box(request)
+    given = await body(request)
+    timeout = timeout_of(given, 300)
+    count = given.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORKS:
+        raise Refused(400, f"count must be an integer from 1 to {MAX_FORKS}")
+    if box.state != RUNNING:
+        raise Refused(409, f"sandbox {box.id} is paused; resume it to fork it")
+    try:
+        snap = await box.client.snapshot(box.sandbox_id)
+    except errors.SandboxdError as e:
+        raise refused(e) from e
+    try:
+        results = await asyncio.gather(*(_fork_one(control, box, snap.id, timeout) for _ in range(count)))
+    finally:
+        with contextlib.suppress(errors.SandboxdError):
+            await box.client.delete_snapshot(snap.id)
+    return web.json_response(list(results), status=201)

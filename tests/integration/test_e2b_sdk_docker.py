@@ -291,3 +291,25 @@ async def test_watch_dir_sync_and_async(e2b_url: str) -> None:
             await sbx.files.watch_dir("/tmp/none", on_event)
     finally:
         await sbx.kill()
+
+
+async def test_fork_copies_the_workspace_into_independent_sandboxes(e2b_url: str) -> None:
+    from e2b import AsyncSandbox
+
+    sbx = await AsyncSandbox.create(timeout=120)
+    forks: list[AsyncSandbox] = []
+    try:
+        await sbx.files.write("/workspace/seed.txt", "from the parent")
+        results = await sbx.fork(count=2, timeout=60)
+        forks = [f for f in results if isinstance(f, AsyncSandbox)]
+        assert len(forks) == 2 and len({f.sandbox_id for f in forks} | {sbx.sandbox_id}) == 3
+        for f in forks:
+            assert await f.files.read("/workspace/seed.txt") == "from the parent"
+        await forks[0].files.write("/workspace/seed.txt", "changed")
+        assert await forks[1].files.read("/workspace/seed.txt") == "from the parent"
+        await forks[0].kill()
+        assert await forks[1].is_running() and await sbx.is_running()
+    finally:
+        for f in forks:
+            await f.kill()
+        await sbx.kill()
