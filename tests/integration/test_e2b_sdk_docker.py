@@ -313,3 +313,26 @@ async def test_fork_copies_the_workspace_into_independent_sandboxes(e2b_url: str
         for f in forks:
             await f.kill()
         await sbx.kill()
+
+
+async def test_connect_to_a_running_command_and_to_unknown_things(e2b_url: str) -> None:
+    from e2b import AsyncSandbox, NotFoundException, SandboxException
+
+    sbx = await AsyncSandbox.create(timeout=120)
+    try:
+        cat = await sbx.commands.run("cat; echo done", background=True, stdin=True)
+        await cat.disconnect()
+        other = await AsyncSandbox.connect(sbx.sandbox_id)
+        follower = await other.commands.connect(cat.pid)
+        await other.commands.send_stdin(cat.pid, "late line\n")
+        await other.commands.close_stdin(cat.pid)
+        result = await follower.wait()
+        assert "late line\ndone\n" in result.stdout and result.exit_code == 0
+        with pytest.raises(SandboxException):
+            await sbx.commands.connect(999999)
+        stream = await sbx.files.read("/etc/hostname", format="stream")
+        assert b"".join([chunk async for chunk in stream])
+    finally:
+        await sbx.kill()
+    with pytest.raises(NotFoundException):
+        await AsyncSandbox.connect(sbx.sandbox_id)
