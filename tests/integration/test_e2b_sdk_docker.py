@@ -12,10 +12,10 @@ import docker
 import pytest
 from aiohttp import web
 
-from sandboxd.backends.base import LABEL_SANDBOX
+from sandboxd.backends.base import GVISOR, LABEL_SANDBOX
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import E2bSettings, make_app
-from tests.integration.conftest import poll
+from tests.integration.conftest import NO_GVISOR, gvisor_registered, poll
 
 e2b = pytest.importorskip("e2b")
 
@@ -336,3 +336,35 @@ async def test_connect_to_a_running_command_and_to_unknown_things(e2b_url: str) 
         await sbx.kill()
     with pytest.raises(NotFoundException):
         await AsyncSandbox.connect(sbx.sandbox_id)
+
+
+async def test_pause_under_gvisor_is_live(
+    e2b_url: str, client: AsyncClient, engine: docker.DockerClient
+) -> None:
+    from e2b import AsyncSandbox
+
+    if not gvisor_registered(engine):
+        pytest.skip(NO_GVISOR)
+    await client.create_pool("itg", await _image_of(client), min_ready=1, max_size=2, runtime=GVISOR)
+    try:
+        sbx = await AsyncSandbox.create(template="itg", timeout=120)
+        try:
+            await sbx.files.write("/tmp/outside-workspace.txt", "in memory")
+            sleeper = await sbx.commands.run("sleep 600", background=True, timeout=0)
+            (before,) = [s for s in await client.list_sandboxes("itg") if s.lease_id]
+            assert await sbx.pause() is True
+            (frozen,) = [s for s in await client.list_sandboxes("itg") if s.lease_id]
+            assert frozen.id == before.id and frozen.paused, "the same sandbox, frozen in place"
+            assert (await sbx.get_info()).state.value == "paused"
+
+            resumed = await AsyncSandbox.connect(sbx.sandbox_id)
+            assert await resumed.files.read("/tmp/outside-workspace.txt") == "in memory"
+            assert sleeper.pid in [p.pid for p in await resumed.commands.list()]
+        finally:
+            await sbx.kill()
+    finally:
+        await client.delete_pool("itg", force=True)
+
+
+async def _image_of(client: AsyncClient) -> str:
+    return (await client.get_pool("it")).spec.image
