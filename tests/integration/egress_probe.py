@@ -107,6 +107,7 @@ def main() -> None:
         "connect_denied": via_proxy(b"CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n"),
         "connect_other_port": via_proxy(b"CONNECT secure.test:8443 HTTP/1.1\r\nHost: secure.test\r\n\r\n"),
         "name_to_loopback": via_proxy(b"GET http://loop.test/ HTTP/1.1\r\nHost: loop.test\r\n\r\n"),
+        "name_to_host": via_proxy(b"GET http://hostlocal.test/ HTTP/1.1\r\nHost: hostlocal.test\r\n\r\n"),
         "sni_mismatch": tunnel_tls("secure.test", "other.test"),
         "sni_match": tunnel_tls("secure.test", "secure.test"),
     }

@@ -43,7 +43,7 @@ pytestmark = [
 ]
 
 HERE = Path(__file__).parent
-POLICY = ["pypi.test", "secure.test:443", "loop.test"]
+POLICY = ["pypi.test", "secure.test:443", "loop.test", "hostlocal.test"]
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,11 @@ class Upstream:
     address: str
     root: Path
     ca: Path
+    host_end: str
+    """This host's own address on the link to the upstream namespace."""
 
     async def resolve(self, host: str, port: int) -> list[str]:
-        table = {"loop.test": "127.0.0.1"}
+        table = {"loop.test": "127.0.0.1", "hostlocal.test": self.host_end}
         if host in ("pypi.test", "secure.test", "other.test", "evil.test"):
             return [self.address]
         if host in table:
@@ -188,7 +190,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
             text=True,
         )
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        yield Upstream(address, root, ca)
+        yield Upstream(address, root, ca, host_end)
     finally:
         if server is not None:
             server.terminate()
@@ -253,6 +255,7 @@ EXPECTED_BYPASSES = {
     "connect_denied": "HTTP/1.1 403 Forbidden",
     "connect_other_port": "HTTP/1.1 403 Forbidden",
     "name_to_loopback": "HTTP/1.1 403 Forbidden",
+    "name_to_host": "HTTP/1.1 403 Forbidden",
 }
 
 
@@ -314,7 +317,7 @@ async def test_allowed_tools_work_and_every_bypass_fails(
         assert rc == 0, out
         check_probe(json.loads(out))
         # Every attempt the proxy or resolver saw was counted (the others never left the sandbox).
-        assert opened.stats.denied - denied_before == 9, list(opened.stats.recent_denials)
+        assert opened.stats.denied - denied_before == 10, list(opened.stats.recent_denials)
         assert any("other.test" in d for d in opened.stats.recent_denials)
         assert opened.stats.allowed >= 4 and opened.stats.bytes_in > 0
 
@@ -385,7 +388,7 @@ async def test_a_real_container_reaches_only_its_proxy(
             code, out = await asyncio.to_thread(docker_exec, "python3", "-c", probe, upstream.address)
             assert code == 0, out
             check_probe(json.loads(out))
-            assert opened.stats.denied == 9
+            assert opened.stats.denied == 10
         # Closed: the sandbox's link went with the egress namespace.
         code, out = await asyncio.to_thread(docker_exec, "python3", "-c", probe, upstream.address)
         assert json.loads(out)["proxy_raw_ip"] == "ENETUNREACH"
@@ -397,7 +400,12 @@ async def test_a_real_container_reaches_only_its_proxy(
 async def test_a_pool_with_a_policy_serves_it_to_its_sandboxes(
     upstream: Upstream, image: str, engine: docker.DockerClient, tmp_path: Path
 ) -> None:
-    hosts = {"pypi.test": upstream.address, "secure.test": upstream.address, "loop.test": "127.0.0.1"}
+    hosts = {
+        "pypi.test": upstream.address,
+        "secure.test": upstream.address,
+        "loop.test": "127.0.0.1",
+        "hostlocal.test": upstream.host_end,
+    }
     settings = make_settings(tmp_path, **{"backend.egress_hosts": hosts})
     before = set(netns.leftover())
     async with running_app(settings, engine) as app, AsyncClient(app.address) as client:

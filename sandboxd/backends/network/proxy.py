@@ -268,10 +268,13 @@ class EgressProxy:
             except (OSError, TimeoutError) as e:
                 raise Denied(f"{host} does not resolve ({e})", 502) from e
             candidates = [ipaddress.ip_address(a) for a in found]
-            # A name allowed by a name rule may not lead to this host's own or link-local services.
+            # A name allowed by a name rule may not lead to this host's own services (a
+            # rebinding name's trick): only an address rule lets a sandbox reach those.
             candidates = [a for a in candidates if not _special(a) or self.policy.address_allowed(a, port)]
             if not candidates:
-                raise Denied(f"{host} resolves only to loopback, link-local or unspecified addresses")
+                raise Denied(
+                    f"{host} resolves only to this host's own, loopback, link-local or unspecified addresses"
+                )
         last: Exception | None = None
         for address in candidates:
             try:
@@ -299,4 +302,17 @@ class EgressProxy:
 
 
 def _special(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    return address.is_loopback or address.is_link_local or address.is_unspecified or address.is_multicast
+    if address.is_loopback or address.is_link_local or address.is_unspecified or address.is_multicast:
+        return True
+    return _is_local(address)
+
+
+def _is_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether ``address`` is one of this host's own (in sandboxd's namespace): only those can be bound."""
+    family = socket.AF_INET if address.version == 4 else socket.AF_INET6
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
