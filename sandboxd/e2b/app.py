@@ -55,6 +55,7 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/sandboxes/{sandbox_id}/pause", _route(app, rest.pause))
     r.add_post("/sandboxes/{sandbox_id}/resume", _route(app, rest.resume))
     r.add_post("/sandboxes/{sandbox_id}/fork", _route(app, rest.fork))
+    r.add_get("/templates/aliases/{alias}", _route(app, rest.template_alias))
     envd.add_routes(app)
 
     async def close(app: web.Application) -> None:

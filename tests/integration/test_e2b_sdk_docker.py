@@ -160,6 +160,8 @@ async def test_async_sdk_commands_background_stdin_timeout_and_errors(e2b_url: s
         await AsyncSandbox.get_info(sbx.sandbox_id)
     with pytest.raises(SandboxException, match="not found"):
         await AsyncSandbox.create(template="no-such-template")
+    assert await e2b.AsyncTemplate.alias_exists("base") is True
+    assert await e2b.AsyncTemplate.alias_exists("no-such-template") is False
 
 
 async def test_expiry_ends_the_sandbox(e2b_url: str) -> None:
