@@ -1,8 +1,9 @@
 """Pools as templates on the real engine: task images (the sandbox image plus
 a layer of their own) pushed to a real registry (Debian's docker-registry on
 127.0.0.1) and removed from the engine; an acquire by image pulls and starts
-one, an image the registry lacks is refused at once, and an image announced
-with SetDemand is pulled ahead and handed over warm."""
+one, an image the registry lacks is refused at once, an image announced
+with SetDemand is pulled ahead and handed over warm, and a leased sandbox
+adopted after a restart keeps its own image."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import docker
 import pytest
 
 from sandboxd import errors
+from sandboxd.app import build_app
 from sandboxd.client import AsyncClient
+from sandboxd.client.aio import Sandbox
 from tests.integration.conftest import make_settings, poll, running_app
 from tests.registry import Registry, run_registry
 
@@ -113,3 +116,27 @@ async def test_an_announced_image_is_pulled_ahead_and_handed_over_warm(
         assert pool.created_total == created
         # The acquires spent the announcement: the image is no longer wanted (evictable when unused).
         await poll(lambda: tasks[1] not in cache.wanted(), what="the spent announcement withdrawn")
+
+
+async def test_a_leased_sandbox_keeps_its_own_image_across_a_restart(
+    tmp_path: Path, engine: docker.DockerClient, image: str, tasks: list[str]
+) -> None:
+    settings = make_settings(tmp_path)
+    first = build_app(settings)
+    await first.start()
+    try:
+        async with AsyncClient(first.address) as client:
+            await client.create_pool("swe", image, max_size=4, images=["*"])
+            lease = await client.lease("swe", image=tasks[2], lease_ttl=600, timeout=120)
+            [sb] = lease.sandboxes
+    finally:
+        # Leased sandboxes stay on the engine for the next start to adopt.
+        await first.stop(grace=1)
+    async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
+        rec = app.control.get_sandbox(sb.id)
+        assert rec.image == tasks[2]
+        cache = app.control.images
+        assert cache is not None and cache._in_use[tasks[2]] == 1, "its own image pinned, not the pool's"
+        again = Sandbox(client, sb.info, lease.id)
+        assert (await again.exec(["cat", "/opt/task/id"])).text == "task-2\n"
+        await client.release(lease.id)
