@@ -303,6 +303,11 @@ async def pause(control: Control, request: web.Request) -> web.Response:
             with contextlib.suppress(errors.FailedPrecondition):
                 await box.client.pause(box.sandbox_id)
                 box.paused_live = True
+        if box.paused_live:
+            # A paused E2B sandbox has no timeout: its lease is stretched to
+            # the longest the server grants (at worst it keeps its own).
+            with contextlib.suppress(errors.SandboxdError):
+                await box.client.heartbeat(box.lease_id, ttl=MAX_TIMEOUT)
         if not box.paused_live:
             snap = await box.client.snapshot(box.sandbox_id)
             box.snapshot_id = snap.id

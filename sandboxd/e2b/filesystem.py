@@ -77,13 +77,17 @@ def entry_from_line(line: bytes) -> dict[str, Any]:
     if len(fields) != 9:
         raise ConnectError("unknown", f"unreadable entry description: {line[:200]!r}")
     path, kind, size, mode, perms, owner, group, mtime, target = fields
-    stamp = dt.datetime.fromtimestamp(float(mtime), dt.UTC)
+    try:
+        stamp = dt.datetime.fromtimestamp(float(mtime), dt.UTC)
+        mode_bits = int(mode, 8)
+    except ValueError as e:
+        raise ConnectError("unknown", f"unreadable entry description: {line[:200]!r}") from e
     entry: dict[str, Any] = {
         "name": posixpath.basename(path.rstrip("/")) or "/",
         "type": _types(kind),
         "path": path,
         "size": size,
-        "mode": int(mode, 8),
+        "mode": mode_bits,
         "permissions": perms,
         "owner": owner,
         "group": group,

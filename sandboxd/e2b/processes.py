@@ -130,7 +130,9 @@ class Proc:
             f"trap 'exec 3>&-' USR1; mkdir -p {_STDIN_DIR} && chmod 1777 {_STDIN_DIR} 2>/dev/null; "
             f"mkfifo -m 666 {fifo} || exit 125; exec 3<>{fifo}; "
             f'"$@" < {fifo} 3>&- & child=$!; echo $$ > {fifo}.pid; '
-            "while :; do wait $child; rc=$?; kill -0 $child 2>/dev/null || break; done; "
+            # A trapped signal interrupts wait; the last wait, once the
+            # command has ended, gives its own status.
+            "while kill -0 $child 2>/dev/null; do wait $child; done; wait $child; rc=$?; "
             f"rm -f {fifo} {fifo}.pid; exit $rc"
         )
         return ["/bin/bash", "-c", script, "e2b-stdin", *argv]

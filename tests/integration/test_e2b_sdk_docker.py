@@ -164,16 +164,25 @@ async def test_async_sdk_commands_background_stdin_timeout_and_errors(e2b_url: s
     assert await e2b.AsyncTemplate.alias_exists("no-such-template") is False
 
 
-async def test_expiry_ends_the_sandbox(e2b_url: str) -> None:
-    from e2b import AsyncSandbox
+async def test_expiry_ends_the_sandbox(e2b_url: str, client: AsyncClient) -> None:
+    from e2b import AsyncSandbox, NotFoundException
 
     sbx = await AsyncSandbox.create(timeout=2)
     assert await sbx.is_running()
+    behind = await _leased_sandbox_id(client)
 
     async def gone() -> bool:
         return not await sbx.is_running()
 
     await poll(gone, timeout=60, what="the sandbox to end at its timeout")
+    with pytest.raises(NotFoundException):
+        await sbx.get_info()
+
+    async def destroyed() -> bool:
+        return behind not in [s.id for s in await client.list_sandboxes("it")]
+
+    # The server ends it as its lease expires.
+    await poll(destroyed, timeout=60, what="sandboxd to destroy the expired sandbox")
 
 
 async def _leased_sandbox_id(client: AsyncClient) -> str:
