@@ -81,6 +81,8 @@ RESERVED_LABELS = frozenset(
         "sandboxd.runtime",
         "sandboxd.tenant",
         "sandboxd.build",
+        # A sandbox's network rules (sandboxd.backends.docker.egress): forged, they would give it network.
+        "sandboxd.network",
         # Lineage (sandboxd.core.snapshots.lineage) and parked rollouts.
         "sandboxd.snapshot",
         "sandboxd.run",

@@ -29,6 +29,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from sandboxd.app import build_app
 from sandboxd.backends.network import netns
 from sandboxd.backends.network.egress import PROXY_URL, SandboxEgress, command_env, open_egress
 from sandboxd.backends.network.policy import EgressPolicy
@@ -441,3 +442,35 @@ async def test_a_pool_with_a_policy_serves_it_to_its_sandboxes(
         await client.delete_pool("net", force=True)
         await client.delete_pool("closed", force=True)
         await poll(lambda: not set(netns.leftover()) - before, what="the egress namespaces to go")
+
+
+async def test_a_restarted_control_plane_links_its_adopted_sandboxes_again(
+    upstream: Upstream, image: str, engine: docker.DockerClient, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, **{"backend.egress_hosts": {"pypi.test": upstream.address}})
+    fetch = "import urllib.request;print(urllib.request.urlopen('http://pypi.test/simple/tinypkg/').status)"
+    probe = (HERE / "egress_probe.py").read_text()
+    before = set(netns.leftover())
+    first = build_app(settings)
+    await first.start()
+    try:
+        async with AsyncClient(first.address) as client:
+            await client.create_pool("net", image, max_size=1, network=["pypi.test"])
+            lease = await client.lease("net", lease_ttl=600, timeout=60)
+            kept = lease.sandboxes[0]
+            assert (await kept.exec(["python3", "-c", fetch])).text == "200\n"
+    finally:
+        await first.stop(grace=1)
+    # Stopped: the sandbox lives on with no link at all (it fails closed).
+    assert not set(netns.leftover()) - before
+    container = await asyncio.to_thread(engine.containers.get, f"sandboxd-{kept.id}")
+    _, out = await asyncio.to_thread(container.exec_run, ["python3", "-c", probe, upstream.address])
+    assert json.loads(out)["egress_other_port"] == "ENETUNREACH", "with a link it would be refused"
+    async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
+        result = await client.exec(kept.id, ["python3", "-c", probe, upstream.address])
+        assert json.loads(result.text)["egress_other_port"] == "ECONNREFUSED", "linked again"
+        result = await client.exec(kept.id, ["python3", "-c", fetch])
+        assert result.text == "200\n", result.stderr
+        await client.release(lease.id)
+        await client.delete_pool("net", force=True)
+        await poll(lambda: not set(netns.leftover()) - before, what="the egress namespace to go")

@@ -76,3 +76,9 @@ def test_rules_are_kept_with_the_pool() -> None:
     assert pool_from_json(pool_to_json(config)).network == config.network
     old = pool_to_json(PoolConfig("t/old", "img", 0, 4, Limits())).replace(', "network": []', "")
     assert pool_from_json(old).network == []
+
+
+async def test_the_rules_label_cannot_be_set_by_a_user(client: AsyncClient) -> None:
+    # Read back from containers after a restart, a forged one would give a sandbox network.
+    with pytest.raises(InvalidArgument, match=r"sandboxd\.network"):
+        await client.create_pool("forged", IMAGE, labels={"sandboxd.network": '["*.example.com"]'})

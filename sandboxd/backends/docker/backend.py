@@ -175,6 +175,7 @@ class DockerBackend(DockerImages):
             await self._shells.ready_spare(handle, session)
             return handle
         except BaseException:
+            self._egress.abandon(spec.sandbox_id)
             # Failed or cancelled half-way: the container must not outlive us,
             # even one the engine is still creating in the worker thread.
             cleanup = self._background.spawn(self._cleanup_create(creating, spec.sandbox_id, session))
@@ -247,6 +248,7 @@ class DockerBackend(DockerImages):
                 with contextlib.suppress(BackendError):
                     await self._checkpoints.resume(sandbox.handle)
                     found[i] = replace(sandbox, paused=False)
+        await self._egress.relink(found, self._containers.host_pid)
         return found
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:

@@ -11,16 +11,23 @@ and a remote engine's containers live in namespaces this process cannot enter.
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
-from sandboxd.backends.base import GVISOR, SandboxSpec
+from sandboxd.backends.base import GVISOR, BackendSandbox, SandboxSpec
 from sandboxd.backends.network import netns
 from sandboxd.backends.network.egress import SandboxEgress, command_env, open_egress
 from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.backends.network.proxy import EgressLimits, EgressStats, system_resolve
-from sandboxd.errors import FailedPrecondition
+from sandboxd.errors import FailedPrecondition, SandboxdError
+
+log = logging.getLogger(__name__)
+
+LABEL_NETWORK = "sandboxd.network"
+"""On a sandbox with a policy: its rules (JSON), set by sandboxd only."""
 
 
 class DockerEgress:
@@ -30,6 +37,11 @@ class DockerEgress:
         self._hosts = {k.lower(): v for k, v in hosts.items()}
         self._limits = limits or EgressLimits()
         self._open: dict[str, SandboxEgress] = {}
+        # Sandbox ids being created (their egress opens in create) and handles
+        # being destroyed or relinked: a listing meanwhile leaves them alone.
+        self._pending: set[str] = set()
+        self._busy: set[str] = set()
+        self._gone: set[str] = set()
 
     def refusal(self, runtime: str) -> str | None:
         """Why sandboxes of ``runtime`` cannot have a network policy here; None when they can."""
@@ -47,12 +59,20 @@ class DockerEgress:
             return f"network policies need {', '.join(missing)} on the host"
         return None
 
-    @staticmethod
-    def prepare(spec: SandboxSpec) -> SandboxSpec:
-        """``spec`` with the proxy settings in its environment when it has rules (over the pool's own)."""
+    def prepare(self, spec: SandboxSpec) -> SandboxSpec:
+        """``spec`` with the proxy settings in its environment when it has rules
+        (over the pool's own), and its rules on the container for a restarted
+        control plane to link it again."""
+        labels = {k: v for k, v in spec.labels.items() if k != LABEL_NETWORK}
         if not spec.network:
-            return spec
-        return replace(spec, env={**spec.env, **command_env()})
+            return replace(spec, labels=labels) if len(labels) != len(spec.labels) else spec
+        self._pending.add(spec.sandbox_id)
+        labels[LABEL_NETWORK] = json.dumps(list(spec.network))
+        return replace(spec, env={**spec.env, **command_env()}, labels=labels)
+
+    def abandon(self, sandbox_id: str) -> None:
+        """A create that failed before its egress opened."""
+        self._pending.discard(sandbox_id)
 
     async def _resolve(self, host: str, port: int) -> list[str]:
         fixed = self._hosts.get(host)
@@ -62,14 +82,52 @@ class DockerEgress:
         """Opens the sandbox's egress (none when its spec has no rules)."""
         if not spec.network:
             return
-        policy = EgressPolicy.parse(spec.network)
+        try:
+            await self._open_for(spec.sandbox_id, handle, pid, spec.network)
+        finally:
+            self._pending.discard(spec.sandbox_id)
+
+    async def _open_for(self, sandbox_id: str, handle: str, pid: int, rules: Sequence[str]) -> None:
+        policy = EgressPolicy.parse(rules)
         if not pid:
-            raise FailedPrecondition(f"sandbox {spec.sandbox_id}: no host pid to link its network to")
+            raise FailedPrecondition(f"sandbox {sandbox_id}: no host pid to link its network to")
         self._open[handle] = await open_egress(
-            spec.sandbox_id, str(pid), policy, resolve=self._resolve, limits=self._limits
+            sandbox_id, str(pid), policy, resolve=self._resolve, limits=self._limits
         )
 
+    async def relink(
+        self, found: Sequence[BackendSandbox], host_pid: Callable[[str], Awaitable[int]]
+    ) -> None:
+        """Opens the egress again of listed sandboxes that carry rules but have
+        none open here (a restarted control plane's adopted ones). One that
+        cannot be linked keeps no network at all (it fails closed)."""
+        listed = {s.handle for s in found}
+        self._gone &= listed
+        for s in found:
+            rules_text = s.labels.get(LABEL_NETWORK)
+            if (
+                not rules_text
+                or not s.running
+                or s.paused
+                or s.handle in self._open
+                or s.handle in self._busy
+                or s.handle in self._gone
+                or s.sandbox_id in self._pending
+            ):
+                continue
+            self._busy.add(s.handle)
+            try:
+                rules = json.loads(rules_text)
+                await self._open_for(s.sandbox_id, s.handle, await host_pid(s.handle), rules)
+                log.info("egress of adopted sandbox %s linked again", s.sandbox_id)
+            except (SandboxdError, OSError, ValueError) as e:
+                log.warning("egress of sandbox %s not linked again (it has no network): %s", s.sandbox_id, e)
+            finally:
+                self._busy.discard(s.handle)
+
     async def detach(self, handle: str) -> None:
+        """Closes the sandbox's egress; a listing never links it again."""
+        self._gone.add(handle)
         egress = self._open.pop(handle, None)
         if egress is not None:
             await egress.close()
