@@ -6,6 +6,7 @@ async client."""
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterator
 
 import docker
@@ -341,6 +342,9 @@ async def test_connect_to_a_running_command_and_to_unknown_things(e2b_url: str) 
         assert "late line\ndone\n" in result.stdout and result.exit_code == 0
         with pytest.raises(SandboxException):
             await sbx.commands.connect(999999)
+        # A file-like body goes up as one octet-stream request.
+        await sbx.files.write("/tmp/io/streamed.bin", io.BytesIO(b"\x00streamed"))
+        assert await sbx.files.read("/tmp/io/streamed.bin", format="bytes") == b"\x00streamed"
         stream = await sbx.files.read("/etc/hostname", format="stream")
         assert b"".join([chunk async for chunk in stream])
     finally:
