@@ -149,8 +149,10 @@ async def test_async_sdk_commands_background_stdin_timeout_and_errors(e2b_url: s
         with pytest.raises(NotFoundException):
             await sbx.files.read("/tmp/d/none")
 
-        await sbx.set_timeout(200)
-        assert (await sbx.get_info()).end_at > (await sbx.get_info()).started_at
+        first = await sbx.get_info()
+        await sbx.set_timeout(600)
+        later = await sbx.get_info()
+        assert later.end_at > first.end_at and (later.end_at - later.started_at).total_seconds() >= 600
 
         second = await AsyncSandbox.connect(sbx.sandbox_id)
         assert (await second.commands.run("cat /tmp/d/c.txt")).stdout == "c"
