@@ -81,6 +81,8 @@ RESERVED_LABELS = frozenset(
         "sandboxd.runtime",
         "sandboxd.tenant",
         "sandboxd.build",
+        # A sandbox's own image (sandboxd.backends.base.LABEL_IMAGE), read back on adoption.
+        "sandboxd.image",
         # A sandbox's network rules (sandboxd.backends.docker.egress): forged, they would give it network.
         "sandboxd.network",
         # Lineage (sandboxd.core.snapshots.lineage) and parked rollouts.

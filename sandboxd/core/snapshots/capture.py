@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from sandboxd.core import validation as v
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots import manifest as mf
+from sandboxd.core.snapshots import owners
 from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.catalog import MAX_DEPTH, BaseGone, SnapshotCatalog, SnapshotInfo
 from sandboxd.core.snapshots.contents import Contents
@@ -238,6 +239,8 @@ class Capture:
                         await scan.close()
                     if view is not None:
                         await asyncio.to_thread(view.close)
+            # What its owner could not read in the sandbox is refused, read in place or not.
+            owners.refuse_unreadable(by_path.values())
             size_bytes = sum(e.size for e in by_path.values() if e.kind == FILE)
             if check.disk_bytes and size_bytes + PAGE_BYTES * len(by_path) > check.disk_bytes:
                 # It may not fit: what was read (not listed) is counted exactly.
