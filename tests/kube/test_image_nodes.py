@@ -17,6 +17,19 @@ from tests.kube.conftest import kube_settings, pods, poll
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
 
 
+async def _open_nodes(kube: KubeClient) -> list[str]:
+    """The nodes a sandbox Pod of default settings may land on: those without
+    a NoSchedule or NoExecute taint (the real kubelet node carries one)."""
+    items = (await kube.request("GET", "/api/v1/nodes"))["items"]
+    return sorted(
+        n["metadata"]["name"]
+        for n in items
+        if not any(
+            t.get("effect") in ("NoSchedule", "NoExecute") for t in (n.get("spec") or {}).get("taints") or []
+        )
+    )
+
+
 async def _set_images(kube: KubeClient, node: str, names: list[str]) -> None:
     body = {"status": {"images": [{"names": names, "sizeBytes": 800 << 20}] if names else []}}
     await kube.request(
@@ -27,7 +40,7 @@ async def _set_images(kube: KubeClient, node: str, names: list[str]) -> None:
 async def test_a_pod_goes_where_its_image_already_is(
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
 ) -> None:
-    nodes = sorted(n["metadata"]["name"] for n in (await kube.request("GET", "/api/v1/nodes"))["items"])
+    nodes = await _open_nodes(kube)
     holder = nodes[-1]
     image = f"127.0.0.1:5000/task-{secrets.token_hex(4)}:v1"
     await _set_images(kube, holder, [image])
@@ -64,7 +77,7 @@ async def test_announced_images_are_pulled_onto_the_nodes_lacking_them(
 ) -> None:
     from sandboxd.backends.kubernetes.prepull import LABEL_PREPULL
 
-    nodes = sorted(n["metadata"]["name"] for n in (await kube.request("GET", "/api/v1/nodes"))["items"])
+    nodes = await _open_nodes(kube)
     holder = nodes[0]
     image = f"127.0.0.1:5000/task-{secrets.token_hex(4)}:v1"
     await _set_images(kube, holder, [image])
