@@ -99,22 +99,7 @@ class Tars:
     async def contents(self, info: SnapshotInfo, entries: list[Entry], ns: str) -> dict[str, bytes]:
         """The verified content of every non-empty file of ``entries``, by
         digest, in memory (a restore in rounds builds a tar per round)."""
-        digests = sorted({e.digest for e in entries if e.kind == FILE and e.size})
-        try:
-            blobs = await self._blobs.get_many([blob_key(ns, d) for d in digests])
-        except NotFound as err:
-            raise UnsafeSnapshot(f"snapshot {info.id} is corrupt: {err}") from err
-        contents = {d: blobs[blob_key(ns, d)] for d in digests}
-        for e in entries:
-            if e.kind == FILE and e.size and len(contents[e.digest]) != e.size:
-                raise _wrong_size(info, e, len(contents[e.digest]))
-        bad = await asyncio.to_thread(_mismatches, contents)
-        if bad:
-            raise UnsafeSnapshot(
-                f"snapshot {info.id} is corrupt: blob {bad[0]} does not match its digest "
-                f"({len(bad)} bad blob(s)); nothing was restored"
-            )
-        return contents
+        return await self._fetch(info, ns, [e for e in entries if e.kind == FILE and e.size])
 
     async def _write_streamed(self, info: SnapshotInfo, entries: list[Entry], ns: str, to: Path) -> None:
         """Writes the archive to new file ``to`` in bounded memory."""
