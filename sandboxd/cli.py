@@ -55,12 +55,17 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-async def _serve(settings: Settings) -> None:
+async def _serve(settings: Settings, args: argparse.Namespace) -> None:
     from sandboxd.app import build_app
 
     _raise_open_files_limit()
     app = build_app(settings)
     await app.start()
+    stop_e2b = None
+    if args.e2b_port is not None:
+        from sandboxd.cli_e2b import start_beside
+
+        stop_e2b = await start_beside(app, args)
     # Everything allocated so far lives as long as the server: keep it out of
     # the collector's full passes, which otherwise stall every RPC at once.
     gc.collect()
@@ -72,6 +77,8 @@ async def _serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     print("sandboxd: shutting down (leased sandboxes are kept for the next start)", flush=True)
+    if stop_e2b is not None:
+        await stop_e2b()
     await app.stop()
 
 
@@ -168,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--kubeconfig", help="kubeconfig file (kubernetes backend; default: in-cluster)")
         p.add_argument("--namespace", help="namespace of the sandbox Pods (kubernetes backend)")
 
-    server_flags(sub.add_parser("serve", help="run the gRPC control plane"))
+    serve_parser = sub.add_parser("serve", help="run the gRPC control plane")
+    server_flags(serve_parser)
+    e2b_api.add_serve_flags(serve_parser)
     ex = sub.add_parser("example", help="start a server and run an example rollout workload against it")
     server_flags(ex)
     ex.add_argument("--groups", type=int, default=2, help="GRPO groups to run")
@@ -188,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     rc.add_argument("--pool", required=True)
     rc.add_argument("--host", default="127.0.0.1")
     rc.add_argument("--port", type=int, default=8080)
-    rc.add_argument("--acquire-timeout", type=float, default=8.0, help="wait for a sandbox, then 504")
+    rc.add_argument(
+        "--acquire-timeout", type=float, default=8.0, help="wait for a sandbox and a run slot, then 504"
+    )
     rc.add_argument("--max-uses", type=int, default=50, help="requests per sandbox, then destroyed")
     rc.add_argument(
         "--reserve", type=int, default=4, help="sandboxes prepared ahead of requests, at least (demand adds)"
@@ -198,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-mb", type=int, default=1024, help="memory per sandbox of a pool it creates (verl's default)"
     )
     rc.add_argument("--max-size", type=int, default=64, help="sandboxes of a pool it creates, at most")
+    rc.add_argument(
+        "--max-running",
+        type=int,
+        default=0,
+        help="requests whose programs run at once (default 0: the sandbox host's CPUs; -1: no limit)",
+    )
     pa = sub.add_parser("prime-api", help="serve the Prime sandbox API (prime-sandboxes SDK) over pools")
     pa.add_argument("--target", default="127.0.0.1:50051")
     pa.add_argument("--token", help="tenant bearer token")
@@ -268,11 +285,14 @@ def main(argv: list[str] | None = None) -> int:
                     image=args.image,
                     memory_mb=args.memory_mb,
                     max_size=args.max_size,
+                    max_running=args.max_running,
                 )
             )
         return 0
     if args.command == "e2b-api":
-        return e2b_api.run_cli(args)
+        from sandboxd.cli_e2b import standalone_builder
+
+        return e2b_api.run_cli(args, standalone_builder(args.config))
     if args.command == "prime-api":
         from sandboxd.adapters.prime import run_cli
 
@@ -311,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = _settings(args)
     if args.command == "serve":
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(settings))
+            asyncio.run(_serve(settings, args))
         return 0
     from sandboxd.example import run_example
 

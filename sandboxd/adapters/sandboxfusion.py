@@ -6,9 +6,11 @@ Statuses mean what SandboxFusion's ``parse_run_status`` makes them mean:
 ``SandboxError`` only for the service's own failures (a sandbox lost under a
 command, an acquire that cannot be served, a language whose toolchain the
 image lacks, a memory limit above the pool's), ``Failed`` for a compile
-error, a non-zero exit or a time-out, ``Success`` otherwise. A wait for a
-sandbox past ``acquire_timeout`` answers HTTP 504, the one status verl
-retries. Output is kept as SandboxFusion keeps it: the first MiB of each
+error, a non-zero exit or a time-out, ``Success`` otherwise. At most as
+many requests run their programs at once as the sandbox host has CPUs (the
+others queue, their time limits not yet started: sandboxfusion_admission); a
+wait for a sandbox and a run slot past ``acquire_timeout`` answers HTTP 504,
+the one status verl retries. Output is kept as SandboxFusion keeps it: the first MiB of each
 stream, the program running on to its own end and status. Sandboxes are
 prepared ahead of requests and reused between them under the rules of
 sandboxd.adapters.sandboxfusion_warm.
@@ -24,14 +26,13 @@ import dataclasses
 import json
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from sandboxd import errors
+from sandboxd.adapters.sandboxfusion_admission import RunSlots, host_cpus
 from sandboxd.adapters.sandboxfusion_langs import (
-    LANGUAGE_NAMES,
     LANGUAGES,
     UNPACKAGED,
     Runner,
@@ -39,6 +40,7 @@ from sandboxd.adapters.sandboxfusion_langs import (
     runner_for,
 )
 from sandboxd.adapters.sandboxfusion_probes import LAUNCH_FAILED, clean_command, launch, setup_command
+from sandboxd.adapters.sandboxfusion_request import RunCodeArgs, parse_request
 from sandboxd.adapters.sandboxfusion_warm import (
     CLEAN_OUTCOMES,
     STEP_TIMEOUT,
@@ -52,6 +54,7 @@ from sandboxd.client import AsyncClient, ExecResult
 __all__ = [
     "CAPTURE_BYTES",
     "POOL_MEMORY_MB",
+    "SLOTS",
     "WARM",
     "RunCodeArgs",
     "command_result",
@@ -82,88 +85,6 @@ _MIN_MEMORY = 16 << 20
 _SIGNALLED = 128
 # Ends that cannot come from a lost sandbox, or already say it was lost.
 _NOT_CHECKED = frozenset({"SANDBOX_LOST", "KILLED", "TIMED_OUT"})
-
-
-@dataclass
-class RunCodeArgs:
-    """A validated ``/run_code`` body, with SandboxFusion's defaults."""
-
-    code: str
-    language: str
-    compile_timeout: float = 10.0
-    run_timeout: float = 10.0
-    memory_limit_MB: int = -1
-    stdin: str | None = None
-    files: dict[str, str] = field(default_factory=dict)
-    fetch_files: list[str] = field(default_factory=list)
-
-
-def _error(loc: str, msg: str, kind: str) -> dict[str, Any]:
-    return {"loc": ["body", loc], "msg": msg, "type": kind}
-
-
-def _number(value: Any) -> float | None:
-    # pydantic's lax mode: numbers and numeric strings, never booleans.
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def parse_request(body: Any) -> RunCodeArgs | list[dict[str, Any]]:
-    """The request, or the pydantic-style error list that FastAPI would answer 422 with."""
-    if not isinstance(body, dict):
-        return [{"loc": ["body"], "msg": "Input should be a valid dictionary", "type": "dict_type"}]
-    problems: list[dict[str, Any]] = []
-    code, language = body.get("code"), body.get("language")
-    if not isinstance(code, str):
-        problems.append(
-            _error(
-                "code",
-                "Field required" if code is None else "Input should be a valid string",
-                "missing" if code is None else "string_type",
-            )
-        )
-    if language not in LANGUAGE_NAMES:
-        problems.append(
-            _error("language", f"Input should be one of {', '.join(LANGUAGE_NAMES)}", "literal_error")
-        )
-    args = RunCodeArgs(code=code if isinstance(code, str) else "", language=str(language))
-    for name in ("compile_timeout", "run_timeout"):
-        if name in body:
-            number = _number(body[name])
-            if number is None or not math.isfinite(number):
-                problems.append(_error(name, "Input should be a valid number", "float_parsing"))
-            else:
-                setattr(args, name, number)
-    if "memory_limit_MB" in body:
-        mem = _number(body["memory_limit_MB"])
-        if mem is None or not mem.is_integer():
-            problems.append(_error("memory_limit_MB", "Input should be a valid integer", "int_parsing"))
-        else:
-            args.memory_limit_MB = int(mem)
-    stdin = body.get("stdin")
-    if stdin is not None and not isinstance(stdin, str):
-        problems.append(_error("stdin", "Input should be a valid string", "string_type"))
-    args.stdin = stdin if isinstance(stdin, str) else None
-    files = body.get("files", {})
-    if not isinstance(files, dict) or not all(isinstance(v, str | None) for v in files.values()):
-        problems.append(_error("files", "Input should map names to base64 strings or null", "dict_type"))
-    else:
-        # A null entry is skipped, as SandboxFusion's restore_files does.
-        args.files = {k: v for k, v in files.items() if isinstance(v, str)}
-    fetch = body.get("fetch_files", [])
-    if not isinstance(fetch, list) or not all(isinstance(f, str) for f in fetch):
-        problems.append(_error("fetch_files", "Input should be a valid list of strings", "list_type"))
-    else:
-        args.fetch_files = fetch
-    return problems or args
 
 
 def command_result(result: ExecResult) -> dict[str, Any]:
@@ -226,15 +147,25 @@ def _response(
 
 
 WARM = web.AppKey("warm", WarmSandboxes)
+SLOTS = web.AppKey("slots", RunSlots)
 
 
 class RunCode:
     """Serves one ``/run_code`` request at a time per sandbox, over ``WarmSandboxes``."""
 
-    def __init__(self, warm: WarmSandboxes, *, acquire_timeout: float, capture: int = CAPTURE_BYTES) -> None:
+    def __init__(
+        self,
+        warm: WarmSandboxes,
+        *,
+        acquire_timeout: float,
+        capture: int = CAPTURE_BYTES,
+        slots: RunSlots | None = None,
+    ) -> None:
         self.warm = warm
         self.acquire_timeout = acquire_timeout
         self.capture = capture
+        self.slots = slots or RunSlots(-1)
+        """Admission of programs to the host's CPUs (sandboxfusion_admission)."""
 
     async def _user(
         self, slot: Slot, command: str, top: str, timeout: float, stdin: str | None
@@ -300,6 +231,8 @@ class RunCode:
         # Known once a sandbox of the pool's image was prepared: then no sandbox is taken.
         if runner.tool and self.warm.has_tool(runner.tool) is False:
             return self._unavailable(args.language, runner.tool)
+        # One deadline for every wait of the request: for a sandbox, then a run slot.
+        deadline = asyncio.get_running_loop().time() + self.acquire_timeout
         memory = await self._memory(args.memory_limit_MB)
         if isinstance(memory, web.Response):
             return memory
@@ -323,6 +256,26 @@ class RunCode:
         if runner.tool and self.warm.has_tool(runner.tool, image) is False:
             self.warm.put_back(slot)
             return self._unavailable(args.language, runner.tool, image)
+        admitted = False
+        try:
+            async with self.slots.hold(deadline):
+                admitted = True
+                return await self._served(slot, runner, args)
+        except errors.ResourceExhausted as e:
+            if admitted:
+                raise
+            return web.json_response(
+                {"detail": f"no run slot within {self.acquire_timeout:g}s: {e.message}"},
+                status=504,
+                headers={"Retry-After": str(math.ceil(e.retry_after or 1))},
+            )
+        finally:
+            if not admitted:
+                # Refused or cancelled in the queue: nothing of the request reached the sandbox.
+                self.warm.put_back(slot)
+
+    async def _served(self, slot: Slot, runner: Runner, args: RunCodeArgs) -> web.Response:
+        """The answer of a request that holds its sandbox and run slot."""
         top = slot.new_top()
         clean = cleaned = False
         try:
@@ -398,13 +351,17 @@ def make_app(
     max_uses: int = 50,
     capture: int = CAPTURE_BYTES,
     reserve: int = 0,
+    max_running: int = 0,
 ) -> web.Application:
     """The aiohttp app serving ``POST /run_code`` and ``GET /v1/ping`` over sandboxes of ``pool``,
     with at least ``reserve`` sandboxes prepared ahead of requests, keeping ``capture`` bytes
-    of each output stream; ``GET /sandboxd/stats`` tells how requests were served."""
+    of each output stream, running at most ``max_running`` requests' programs at once (0: as
+    many as the sandbox host has CPUs; < 0: no limit); ``GET /sandboxd/stats`` tells how
+    requests were served."""
     tools = sorted({r.tool for r in LANGUAGES.values() if r.tool})
     warm = WarmSandboxes(client, pool, max_uses=max_uses, reserve=reserve, tools=tools)
-    service = RunCode(warm, acquire_timeout=acquire_timeout, capture=capture)
+    slots = RunSlots(max_running, lambda: host_cpus(client, pool))
+    service = RunCode(warm, acquire_timeout=acquire_timeout, capture=capture, slots=slots)
 
     async def run_code(request: web.Request) -> web.Response:
         try:
@@ -424,7 +381,17 @@ def make_app(
 
     async def stats(_: web.Request) -> web.Response:
         return web.json_response(
-            {**dataclasses.asdict(warm.stats), "idle": warm.idle(), "in_use": len(warm.in_use())}
+            {
+                **dataclasses.asdict(warm.stats),
+                "idle": warm.idle(),
+                "in_use": len(warm.in_use()),
+                "admission": {
+                    **dataclasses.asdict(slots.stats),
+                    "limit": slots.limit,
+                    "running": slots.running,
+                    "queued": slots.queued,
+                },
+            }
         )
 
     async def start(_: web.Application) -> None:
@@ -441,6 +408,7 @@ def make_app(
     app.on_startup.append(start)
     app.on_cleanup.append(close)
     app[WARM] = warm
+    app[SLOTS] = slots
     return app
 
 
@@ -493,15 +461,23 @@ async def serve(
     image: str = "",
     memory_mb: int = POOL_MEMORY_MB,
     max_size: int = 64,
+    max_running: int = 0,
 ) -> None:
     """Serves the SandboxFusion API on ``host:port`` against sandboxd at ``target`` until
     cancelled; with ``image``, creates ``pool`` first if it does not exist (``memory_mb``
-    of memory per sandbox, at most ``max_size`` sandboxes)."""
+    of memory per sandbox, at most ``max_size`` sandboxes); ``max_running`` as make_app's."""
     async with AsyncClient(target, token=token) as client:
         await ensure_pool(
             client, pool, image, memory_mb=memory_mb, min_ready=reserve, max_size=max(max_size, reserve)
         )
-        app = make_app(client, pool, acquire_timeout=acquire_timeout, max_uses=max_uses, reserve=reserve)
+        app = make_app(
+            client,
+            pool,
+            acquire_timeout=acquire_timeout,
+            max_uses=max_uses,
+            reserve=reserve,
+            max_running=max_running,
+        )
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, host, port)

@@ -57,15 +57,10 @@ async def test_sandboxfusion_case(case: Case, endpoint: str) -> None:
 
 @pytest.mark.timeout(900)
 async def test_sandboxfusion_suite_eight_at_once(endpoint: str) -> None:
-    """Eight requests at once answer as one at a time: every case passes, but where a
-    compile or run ran out of its time limit (two cores shared eight ways give some
-    of SandboxFusion's one-second budgets too little CPU, as they would
-    SandboxFusion's own server). A wrong file, mixed output or a reuse leak is no
-    time-out, and fails this."""
+    """Eight requests at once answer as one at a time: every case passes. run-code runs
+    at most as many programs at once as the host has CPUs, and a queued request's time
+    limits start only once it runs, so a crowded host costs latency, never a time-out."""
     expected = [c for c in CASES if not _expected_to_fail(c)]
     outcomes = await replay(expected, concurrency=8)
-    wrong = [f"{o.name}: {o.error}" for o in outcomes if not o.passed and not o.timed_out]
-    assert not wrong, "\n".join(wrong)
-    # Not vacuous: most cases are not near their limits.
-    passed = sum(o.passed for o in outcomes)
-    assert passed >= len(expected) // 2, [o.name for o in outcomes if not o.passed]
+    failed = [f"{o.name}{' (timed out)' if o.timed_out else ''}: {o.error}" for o in outcomes if not o.passed]
+    assert not failed, "\n".join(failed)
