@@ -7,6 +7,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from sandboxd.backends.base import RUNC, ExecResult, Limits
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
+from sandboxd.core.live_setting import LIVE_OFF, LIVE_ON, keeps_sessions
 from sandboxd.core.pools import PoolConfig, WarmPool
 from sandboxd.core.tenancy import split_pool_key
 from sandboxd.errors import printable
@@ -62,6 +63,7 @@ def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
         runtime=spec.runtime or RUNC,
         images=list(spec.images),
         network=list(spec.network),
+        live_snapshots=spec.live_snapshots,
     )
 
 
@@ -82,6 +84,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             runtime=c.runtime,
             images=c.images,
             network=c.network,
+            live_snapshots=c.live_snapshots or (LIVE_ON if keeps_sessions(c) else LIVE_OFF),
         ),
         status=pools_pb2.PoolStatus(
             ready=pool.ready,

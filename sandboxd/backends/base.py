@@ -75,6 +75,11 @@ class SandboxSpec:
     """Isolation runtime (one of RUNTIMES), already checked against the backend's."""
     network: tuple[str, ...] = ()
     """Egress allow-list rules (sandboxd.backends.network.policy); empty = no network at all."""
+    live_snapshots: bool = True
+    """gVisor: started so that a live snapshot carries its sessions (the
+    keeper and relay of sandboxd.backends.docker.keeper); False: its shells
+    run straight on ``runsc exec``, a faster start, and no live snapshot is
+    taken of it."""
 
 
 @dataclass(frozen=True)

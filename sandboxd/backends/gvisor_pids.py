@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["KILL_ALL", "RESCUE_SESSION", "STDERR_KEPT", "refused_fork"]
+from sandboxd.backends.base import GVISOR
+
+__all__ = ["KILL_ALL", "RESCUE_SESSION", "STDERR_KEPT", "engine_pids", "refused_fork"]
 
 # What a refused fork or clone prints from the shells and runtimes commonly
 # run (bash, dash, Python's os.fork and threading, glibc's posix_spawn users).
@@ -56,3 +58,18 @@ KILL_ALL = (
 def refused_fork(stderr: bytes) -> bool:
     """Whether ``stderr`` shows a fork or thread start refused for want of processes."""
     return _FORK_REFUSED.search(stderr) is not None
+
+
+# gVisor's own host threads count against the engine's pids limit (about 26
+# at rest and two per sandbox process under systrap, measured), so a gVisor
+# sandbox gets this much room there and its own limit as RLIMIT_NPROC, which
+# gVisor enforces on fork and clone inside.
+_GVISOR_BASE_THREADS = 128
+_GVISOR_THREADS_PER_TASK = 2
+
+
+def engine_pids(runtime: str, pids: int) -> int:
+    """The engine's pids limit for a sandbox of ``runtime`` whose own limit is ``pids``."""
+    if runtime == GVISOR:
+        return _GVISOR_BASE_THREADS + _GVISOR_THREADS_PER_TASK * pids
+    return pids

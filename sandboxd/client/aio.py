@@ -348,7 +348,8 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         result = await self.exec(sandbox_id, ["bash", "-c", script, "keep", command])
         if result.exit_code == 3:
             raise errors.FailedPrecondition(
-                f"sandbox {sandbox_id} has no keeper: only gVisor sandboxes keep processes for live snapshots"
+                f"sandbox {sandbox_id} has no keeper: only gVisor sandboxes of pools with live_snapshots "
+                '"on" keep processes for live snapshots'
             )
         if result.exit_code != 0:
             raise errors.BackendError(f"keep in {sandbox_id} failed: {result.stderr[:200]!r}")

@@ -26,12 +26,16 @@ class PoolCalls(Connection):
         runtime: str = "",
         images: Sequence[str] = (),
         network: Sequence[str] = (),
+        live_snapshots: str = "",
     ) -> pools_pb2.Pool:
         """``max_ready`` above ``min_ready`` makes the pool follow demand
         between the two; ``idle_seconds`` is its scale-down delay; ``runtime``
         is runc (the default) or gvisor; ``images`` are those an acquire may
         name besides ``image`` (``["*"]``: any); ``network`` the egress
-        allow-list (empty: no network)."""
+        allow-list (empty: no network); ``live_snapshots`` "on" or "off"
+        says whether live snapshots of a gVisor pool's sandboxes are asked
+        for ("off": they start faster, without the keeper; empty: the
+        runtime's default)."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -45,6 +49,7 @@ class PoolCalls(Connection):
             runtime=runtime,
             images=list(images),
             network=list(network),
+            live_snapshots=live_snapshots,
         )
         with rpc_errors():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(

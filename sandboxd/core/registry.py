@@ -23,6 +23,7 @@ from sandboxd.clock import Clock
 from sandboxd.core import validation as v
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
+from sandboxd.core.live_setting import live_setting
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
 from sandboxd.core.pools.config import check_images, check_network, network_refusal
 from sandboxd.core.pools.images import ImageSource
@@ -253,6 +254,7 @@ class SandboxRegistry:
         refusal = network_refusal(self._backend, runtime, config.network)
         if refusal is not None:
             raise FailedPrecondition(f"pool {name!r}: {refusal}")
+        config = replace(config, live_snapshots=live_setting(config, self._backend))
         # Checked again: another create of the same name may have finished meanwhile.
         if config.name in self.pools:
             raise AlreadyExists(f"pool {name!r} already exists")

@@ -79,6 +79,8 @@ RESERVED_LABELS = frozenset(
         "sandboxd.sandbox",
         "sandboxd.user",
         "sandboxd.runtime",
+        # Whether a gVisor sandbox runs the keeper (sandboxd.backends.docker.containers.LABEL_KEEPER).
+        "sandboxd.keeper",
         "sandboxd.tenant",
         "sandboxd.build",
         # A sandbox's own image (sandboxd.backends.base.LABEL_IMAGE), read back on adoption.

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PoolSpec(_message.Message):
-    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds", "runtime", "images", "network")
+    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds", "runtime", "images", "network", "live_snapshots")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class PoolSpec(_message.Message):
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     min_ready: int
@@ -50,7 +51,8 @@ class PoolSpec(_message.Message):
     runtime: str
     images: _containers.RepeatedScalarFieldContainer[str]
     network: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., runtime: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
+    live_snapshots: str
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., runtime: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., network: _Optional[_Iterable[str]] = ..., live_snapshots: _Optional[str] = ...) -> None: ...
 
 class PoolStatus(_message.Message):
     __slots__ = ("ready", "creating", "leased", "releasing", "failed_total", "waiting", "last_error", "warm_target")

@@ -26,7 +26,6 @@ from sandboxd.backends.base import (
     GVISOR,
     ROOT_USER,
     RUNC,
-    WORKSPACE,
     BackendSandbox,
     ExecEvent,
     ExecOutcome,
@@ -50,12 +49,12 @@ from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
 from sandboxd.backends.docker.shells import Shells
+from sandboxd.backends.docker.subshell import in_subshell
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.network.proxy import EgressLimits
 from sandboxd.backends.session import SessionClosed, ShellSession
-from sandboxd.backends.shell import ONESHOT_TRAPS, ansi_c_quote, bash_argv
-from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
+from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxLost, TransientBackendError
 
 T = TypeVar("T")
 
@@ -64,26 +63,6 @@ _RUNNER_STDIN_MAX = 64 << 10
 # How long a failed or cancelled create waits for its cleanup before it
 # reports; the cleanup goes on in the background.
 _CLEANUP_WAIT_SECONDS = 5.0
-
-
-def _in_subshell(spec: ExecSpec) -> ExecSpec:
-    """A one-shot exec as a subshell command: its own process, cwd and
-    environment, nothing shared with the shell that forks it. The subshell
-    execs, so the command's processes carry the exec tag in their environment
-    (a bare fork would not). It runs as a background job the shell waits
-    for, with the signals trapped: bash reports nothing about it then (a
-    foreground job killed by a signal gets "bash: line 3: 24 Killed ( cd --
-    ... )" on the command's stderr)."""
-    body = (
-        "exec " + " ".join(ansi_c_quote(a) for a in spec.argv)
-        if spec.argv
-        else "exec " + " ".join(ansi_c_quote(a) for a in bash_argv(spec.shell))
-    )
-    # <&0: a background job's stdin would be /dev/null, not the command's.
-    command = (
-        f"{ONESHOT_TRAPS}; ( cd -- {ansi_c_quote(spec.cwd or WORKSPACE)} || exit 127; {body} ) <&0 & wait $!"
-    )
-    return replace(spec, argv=(), shell=command, cwd="", session="")
 
 
 # How the engine names ROOT_USER: uid and gid 0. The container keeps its
@@ -124,10 +103,12 @@ class DockerBackend(DockerImages):
             shell_stdin_max=_RUNNER_STDIN_MAX,
         )
         self._background = Background()
-        self._shells = Shells(self._transport, self._runtime, self._spawn)
+        self._shells = Shells(self._transport, self._kept, self._spawn)
         self._probes: dict[str, ContainerProbe | None] = {}
         # Each sandbox's isolation runtime, looked up once for adopted ones.
         self._runtimes: dict[str, str] = {}
+        # gVisor sandboxes started without the keeper (SandboxSpec.live_snapshots).
+        self._keeperless: set[str] = set()
         address = options.base_url or ""
         self._checkpoints = Checkpoints(self._containers, local=not address or address.startswith("unix://"))
         # Paused containers: thawed before removal (the engine cannot remove a paused runsc one).
@@ -164,13 +145,15 @@ class DockerBackend(DockerImages):
         try:
             handle, pid = await asyncio.shield(creating)
             self._runtimes[handle] = spec.runtime
+            if spec.runtime == GVISOR and not spec.live_snapshots:
+                self._keeperless.add(handle)
             # Under gVisor the host's view of the container (its cgroup's
             # pids, /proc/<pid>/root) is gVisor's own, not the sandbox's.
             host_view = pid and spec.runtime != GVISOR
             self._probes[handle] = ContainerProbe.open(pid) if host_view else None
             # Linked before any command runs: a sandbox never sees its network half-made.
             await self._egress.attach(spec, handle, pid)
-            # The keeper has started the spare's shell with the sandbox.
+            # The keeper (if any) has started the spare's shell with the sandbox.
             session = await self._shells.new(handle, env=spec.env, first=True)
             await self._shells.ready_spare(handle, session)
             return handle
@@ -218,8 +201,16 @@ class DockerBackend(DockerImages):
 
     async def _runtime(self, handle: str) -> str:
         if handle not in self._runtimes:
-            self._runtimes[handle] = await self._containers.runtime_of(handle) or RUNC
+            runtime, keeper = await self._containers.runtime_of(handle)
+            if runtime == GVISOR and not keeper:
+                self._keeperless.add(handle)
+            self._runtimes[handle] = runtime or RUNC
         return self._runtimes[handle]
+
+    async def _kept(self, handle: str) -> bool:
+        """Whether the sandbox's shells are kept by its keeper (a gVisor one
+        started for live snapshots)."""
+        return await self._runtime(handle) == GVISOR and handle not in self._keeperless
 
     async def destroy(self, handle: str) -> None:
         sessions, kept = self._shells.release(handle)
@@ -233,6 +224,7 @@ class DockerBackend(DockerImages):
             with contextlib.suppress(BackendError):
                 await self._checkpoints.resume(handle)
         self._runtimes.pop(handle, None)
+        self._keeperless.discard(handle)
         await self._containers.remove(handle)
         await self._egress.detach(handle)
         await self._raw.cut(handle)
@@ -396,7 +388,7 @@ class DockerBackend(DockerImages):
                         # an idle shell of this sandbox (about 1 ms instead of ~40).
                         runner = await self._shells.take_runner(handle)
                         try:
-                            async for event in runner.run(_in_subshell(spec)):
+                            async for event in runner.run(in_subshell(spec)):
                                 yield event
                         finally:
                             await self._shells.give_runner(handle, runner)
@@ -457,6 +449,11 @@ class DockerBackend(DockerImages):
         return parse_not_carried(out)
 
     async def checkpoint(self, handle: str, dest: Path) -> None:
+        if not await self._kept(handle):
+            raise FailedPrecondition(
+                "the sandbox runs without the keeper (its pool has live_snapshots off): a checkpoint would "
+                "lose every shell and what runs in it; use a pool with live_snapshots on"
+            )
         # Between commands: a command's input or output in flight would be
         # half in the image, and its caller would be answered by the
         # original only.
@@ -464,6 +461,11 @@ class DockerBackend(DockerImages):
             await self._checkpoints.checkpoint(handle, dest)
 
     async def restore_checkpoint(self, handle: str, image: Path) -> None:
+        if not await self._kept(handle):
+            raise FailedPrecondition(
+                "the target sandbox runs without the keeper (its pool has live_snapshots off); restore into "
+                "a pool with live_snapshots on"
+            )
         # The restore replaces every process the sandbox runs: the shells
         # held for it end with them (closed after, see destroy).
         shells, _ = self._shells.release(handle)

@@ -54,6 +54,7 @@ from sandboxd.backends.base import (
 )
 from sandboxd.backends.docker.keeper import KEEP_FIFO, KEEPER_COMMAND
 from sandboxd.backends.docker.users import LABEL_USER, USER_TABLES, ContainerUsers
+from sandboxd.backends.gvisor_pids import engine_pids
 from sandboxd.backends.network.netns import EGRESS_ADDRESS
 from sandboxd.backends.uids import DEFAULT_UIDS, SANDBOX_NAME, UidRange
 from sandboxd.errors import BackendError, PermanentBackendError, SandboxLost, TransientBackendError
@@ -69,14 +70,11 @@ _SCRATCH_FILES = 4096
 _DEFAULT_ENGINE = "unix:///var/run/docker.sock"
 INBOX = "/.sandboxd/inbox"
 """Where a sandbox sees its inbox (read-only)."""
-# gVisor's own host threads count against the engine's pids limit (about 26
-# at rest and two per sandbox process under systrap, measured), so a gVisor
-# sandbox gets this much room there and its own limit as RLIMIT_NPROC, which
-# gVisor enforces on fork and clone inside.
-_GVISOR_BASE_THREADS = 128
-_GVISOR_THREADS_PER_TASK = 2
 LABEL_RUNTIME = "sandboxd.runtime"
 """The sandbox's isolation runtime, for a restarted control plane."""
+LABEL_KEEPER = "sandboxd.keeper"
+"""On a gVisor sandbox: "true" when it runs the keeper (its shells are kept
+for live snapshots), "false" when its shells run straight on ``runsc exec``."""
 # An inbox directory without a container is only removed once it is this old,
 # so a sweep never races a create that made the directory a moment ago.
 _INBOX_GRACE_SECONDS = 300.0
@@ -143,6 +141,8 @@ def container_spec(
         LABEL_RUNTIME: spec.runtime,
         LABEL_USER: engine_user,
     }
+    if spec.runtime == GVISOR:
+        labels[LABEL_KEEPER] = "true" if spec.live_snapshots else "false"
     kwargs: dict[str, Any] = dict(
         image=spec.image,
         command=["sleep", "infinity"],
@@ -180,9 +180,10 @@ def container_spec(
         kwargs["nano_cpus"] = limits.cpu_millis * 1_000_000
     if spec.runtime == GVISOR:
         kwargs["runtime"] = options.gvisor_runtime
-        # A live snapshot carries the init tree only: the keeper puts processes there.
-        kwargs["command"] = KEEPER_COMMAND
-        kwargs["environment"][KEEP_VAR] = KEEP_FIFO
+        if spec.live_snapshots:
+            # A live snapshot carries the init tree only: the keeper puts processes there.
+            kwargs["command"] = KEEPER_COMMAND
+            kwargs["environment"][KEEP_VAR] = KEEP_FIFO
         if limits.pids:
             kwargs["pids_limit"] = engine_pids(GVISOR, limits.pids)
             kwargs["ulimits"] = [docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)]
@@ -199,13 +200,6 @@ def container_spec(
                 for target, name in USER_TABLES
             ]
     return kwargs
-
-
-def engine_pids(runtime: str, pids: int) -> int:
-    """The engine's pids limit for a sandbox of ``runtime`` whose own limit is ``pids``."""
-    if runtime == GVISOR:
-        return _GVISOR_BASE_THREADS + _GVISOR_THREADS_PER_TASK * pids
-    return pids
 
 
 class Containers:
@@ -433,13 +427,17 @@ class Containers:
             return False
         return bool(state.get("State", {}).get("OOMKilled"))
 
-    async def runtime_of(self, handle: str) -> str:
-        """The sandbox's isolation runtime, from its label ("" when unknown)."""
+    async def runtime_of(self, handle: str) -> tuple[str, bool]:
+        """The sandbox's isolation runtime ("" when unknown) and whether it
+        runs the keeper, from its labels (a gVisor sandbox made before the
+        keeper label did)."""
         try:
             state = await self.run(self._client.api.inspect_container, handle)
         except (docker.errors.DockerException, requests.exceptions.RequestException):
-            return ""
-        return str((state.get("Config", {}).get("Labels") or {}).get(LABEL_RUNTIME, ""))
+            return "", False
+        labels = state.get("Config", {}).get("Labels") or {}
+        runtime = str(labels.get(LABEL_RUNTIME, ""))
+        return runtime, runtime == GVISOR and labels.get(LABEL_KEEPER, "true") != "false"
 
     async def engine_info(self) -> dict[str, Any]:
         """The engine's ``info`` (memory, CPUs, containers)."""

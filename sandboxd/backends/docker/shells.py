@@ -2,10 +2,12 @@
 (started with it: its health check), its named sessions, and the idle shells
 that fork one-shot commands.
 
-In a gVisor sandbox every one of them is kept by the sandbox's keeper
-(sandboxd.backends.docker.keeper), so a live snapshot carries it: a named
-session's under its name, by which a restored sandbox's session attaches to
-its own shell; a checkpoint holds them all between commands.
+In a gVisor sandbox started for live snapshots every one of them is kept by
+the sandbox's keeper (sandboxd.backends.docker.keeper), so a live snapshot
+carries it: a named session's under its name, by which a restored sandbox's
+session attaches to its own shell; a checkpoint holds them all between
+commands. Other sandboxes (runc, and gVisor ones without the keeper) hold
+plain shells, started straight by the engine or ``runsc exec``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import secrets
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-from sandboxd.backends.base import GVISOR, ExecOutcome, ExecResult, ExecSpec
+from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.execs import EngineExec
 from sandboxd.backends.docker.keeper import FIRST_KEY, session_key
 from sandboxd.backends.session import ShellSession, Spawn
@@ -28,8 +30,8 @@ log = logging.getLogger(__name__)
 Transport = Callable[[str, tuple[str, bool] | None], Awaitable[EngineExec]]
 """A fresh exec stream into a sandbox (see EngineExec's ``kept``)."""
 
-Runtime = Callable[[str], Awaitable[str]]
-"""A sandbox's isolation runtime."""
+Kept = Callable[[str], Awaitable[bool]]
+"""Whether a sandbox's shells are kept by its keeper."""
 
 _IDLE_RUNNERS = 4
 # What starting a shell or a command in it raises when the sandbox will not have it.
@@ -42,16 +44,16 @@ _QUIET_WAIT_SECONDS = 60.0
 class Shells:
     """The shells of every sandbox of one backend, by the sandbox's handle."""
 
-    def __init__(self, transport: Transport, runtime: Runtime, spawn: Spawn) -> None:
+    def __init__(self, transport: Transport, kept: Kept, spawn: Spawn) -> None:
         self._transport = transport
-        self._runtime = runtime
+        self._kept_by = kept
         self._spawn = spawn
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._spare: dict[str, ShellSession] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
         self._runners: dict[str, list[ShellSession]] = {}
-        # Every shell held per gVisor sandbox (sessions, idle and busy
-        # runners, the spare): a checkpoint waits for them to be idle.
+        # Every shell held per sandbox with a keeper (sessions, idle and
+        # busy runners, the spare): a checkpoint waits for them to be idle.
         self._kept: dict[str, weakref.WeakSet[ShellSession]] = {}
         # Named sessions whose kept shells came with a restored image, not
         # yet attached to.
@@ -66,10 +68,10 @@ class Shells:
         first: bool = False,
     ) -> ShellSession:
         """A shell for session ``name`` ("": an idle shell or the spare),
-        not started; in a gVisor sandbox a kept one: ``attach`` finds the
-        one of that name a restored image holds, ``first`` the one the
-        keeper started with the sandbox."""
-        if await self._runtime(handle) != GVISOR:
+        not started; in a sandbox with a keeper a kept one: ``attach``
+        finds the one of that name a restored image holds, ``first`` the one
+        the keeper started with the sandbox."""
+        if not await self._kept_by(handle):
             return ShellSession(await self._transport(handle, None), self._spawn, env)
         key = session_key(name) if name else FIRST_KEY if first else "r-" + secrets.token_hex(8)
         shell = ShellSession(await self._transport(handle, (key, attach or first)), self._spawn, env)
@@ -117,7 +119,7 @@ class Shells:
                 return session
             # A kept shell is found after a restore by its session's name:
             # the spare has none.
-            spare = self._spare.pop(handle, None) if await self._runtime(handle) != GVISOR else None
+            spare = self._spare.pop(handle, None) if not await self._kept_by(handle) else None
             if spare is not None and not spare.dead:
                 session = spare
             else:

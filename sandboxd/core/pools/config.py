@@ -47,6 +47,10 @@ class PoolConfig:
     network: list[str] = field(default_factory=list)
     """Egress allow-list rules (sandboxd.backends.network.policy); empty = no
     network at all, the default."""
+    live_snapshots: str = ""
+    """LIVE_ON or LIVE_OFF once created (sandboxd.core.live_setting);
+    "" in a spec saved before the setting existed, read as its runtime's
+    default."""
 
     def serves(self, image: str) -> bool:
         """Whether an acquire may ask this pool for ``image``."""

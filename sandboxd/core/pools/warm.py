@@ -15,6 +15,7 @@ from typing import Any
 from sandboxd.backends.base import Backend, SandboxSpec
 from sandboxd.clock import Clock
 from sandboxd.core.lifecycle import SandboxRecord, State
+from sandboxd.core.live_setting import keeps_sessions
 from sandboxd.core.meters import PoolMeters
 from sandboxd.core.pools.config import PoolConfig, check_announcement
 from sandboxd.core.pools.congestion import Call
@@ -446,6 +447,7 @@ class WarmPool:
             labels=self.config.labels,
             runtime=self.config.runtime,
             network=tuple(self.config.network),
+            live_snapshots=keeps_sessions(self.config),
         )
         own = rec.image == self.config.image
         began = self._clock.monotonic()

@@ -37,6 +37,7 @@ from sandboxd.backends.snapshot_shell import restore_script
 from sandboxd.core import validation as v
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.live_setting import refuse_keeperless
 from sandboxd.core.pausing import live_backend
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots.baselines import Baselines
@@ -127,6 +128,9 @@ class LiveSnapshots:
         if turn < 0:
             raise InvalidArgument("turn", f"must be >= 0, got {turn}")
         backend = live_backend(self._control, rec, "take a live snapshot of")
+        pool = self._control.registry.pools.get(rec.pool)
+        if pool is not None:
+            refuse_keeperless(pool.config, f"take a live snapshot of sandbox {rec.sandbox_id}")
         tenant = current_tenant()
         quota = self._quota(tenant)
         if quota and await self._catalog.usage(tenant) >= quota:
@@ -251,6 +255,7 @@ class LiveSnapshots:
                 f"live snapshot {info.id} cannot be restored into pool {name!r}: {refusal}"
             )
         assert isinstance(backend, LiveCheckpoints)
+        refuse_keeperless(target.config, f"restore live snapshot {info.id} into pool {name!r}")
         memory = target.config.limits.memory_bytes
         if memory and (not info.memory_limit_bytes or memory < info.memory_limit_bytes):
             raise FailedPrecondition(
