@@ -408,7 +408,14 @@ def build_app(
     rollout_store = RolloutStore(
         settings.state_dir / f"{settings.instance_id}-rollouts.sqlite3" if persist else None
     )
-    rollouts = RolloutManager(control, rollout_store, control.clock, snapshots=snapshots)
+    rollouts = RolloutManager(
+        control,
+        rollout_store,
+        control.clock,
+        snapshots=snapshots,
+        tracer=telemetry.tracer,
+        prices=settings.cost,
+    )
     register_rollout_gauges(telemetry.meter, rollouts)
     register_journal_meters(telemetry.meter, snapshots.watcher)
     rollouts_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(rollouts), server)

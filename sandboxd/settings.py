@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from sandboxd.backends.base import Limits
 from sandboxd.backends.uids import DEFAULT_UIDS, UidRange
+from sandboxd.cost_settings import CostSettings
 from sandboxd.errors import InvalidArgument
 
 
@@ -446,6 +447,8 @@ class Settings:
     snapshots: SnapshotSettings = field(default_factory=SnapshotSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     images: ImageSettings = field(default_factory=ImageSettings)
+    cost: CostSettings = field(default_factory=CostSettings)
+    """Prices of the rollout figures' dollars (sandboxd.cost_settings)."""
 
 
 def load_settings(

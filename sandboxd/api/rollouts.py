@@ -6,6 +6,7 @@ import enum
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
+from sandboxd.core.rollouts.cost import CostFigures
 from sandboxd.core.rollouts.figures import Figures, StalenessStats
 from sandboxd.core.rollouts.model import (
     Batch,
@@ -20,6 +21,7 @@ from sandboxd.core.rollouts.model import (
     Trajectory,
 )
 from sandboxd.core.rollouts.service import RolloutManager
+from sandboxd.core.rollouts.timeline import LifecycleFigures
 from sandboxd.core.rollouts.verifier import VerifierSpec
 from sandboxd.errors import InvalidArgument
 from sandboxd.v1 import rollouts_pb2 as pb
@@ -209,6 +211,49 @@ def figures_to(f: Figures) -> pb.Figures:
         infra_failures_masked=f.infra_failures_masked,
         window_seconds=f.window_seconds,
         controller_reason=f.controller_reason,
+        lifecycle=lifecycle_to(f.lifecycle) if f.lifecycle is not None else None,
+        cost=cost_to(f.cost) if f.cost is not None else None,
+    )
+
+
+def lifecycle_to(f: LifecycleFigures) -> pb.RolloutLifecycle:
+    """The wire form of a run's stage distributions and sandbox counts."""
+    return pb.RolloutLifecycle(
+        stages=[
+            pb.StageDistribution(
+                stage=d.stage, count=d.count, p50_seconds=d.p50, p90_seconds=d.p90, p99_seconds=d.p99,
+                mean_seconds=d.mean, max_seconds=d.max, share=d.share,
+            )
+            for d in f.stages
+        ],
+        warm_sandboxes=f.warm_sandboxes,
+        cold_sandboxes=f.cold_sandboxes,
+        image_pulls=f.image_pulls,
+        bottleneck=f.bottleneck,
+        traces=f.traces,
+    )
+
+
+def cost_to(c: CostFigures) -> pb.CostFigures:
+    """The wire form of a run's dollar figures, with the prices they were computed at."""
+    return pb.CostFigures(
+        trainer_idle_usd_per_step=c.trainer_idle_usd_per_step,
+        trainer_idle_usd_per_hour=c.trainer_idle_usd_per_hour,
+        sandbox_usd_per_rollout=c.sandbox_usd_per_rollout,
+        sandbox_usd_per_step=c.sandbox_usd_per_step,
+        usd_per_mtok=c.usd_per_mtok,
+        sandbox_usd_per_mtok=c.sandbox_usd_per_mtok,
+        trainer_idle_usd_per_mtok=c.trainer_idle_usd_per_mtok,
+        window_trainer_idle_usd=c.window_trainer_idle_usd,
+        window_sandbox_usd=c.window_sandbox_usd,
+        sandbox_usd_total=c.sandbox_usd_total,
+        steps=c.steps,
+        rollouts=c.rollouts,
+        tokens=c.tokens,
+        gpu_hour_usd=c.prices.gpu_hour_usd,
+        trainer_gpus=c.prices.trainer_gpus,
+        sandbox_cpu_hour_usd=c.prices.sandbox_cpu_hour_usd,
+        sandbox_gb_hour_usd=c.prices.sandbox_gb_hour_usd,
     )
 
 

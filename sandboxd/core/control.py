@@ -21,7 +21,7 @@ from typing import overload
 
 from opentelemetry.metrics import Meter
 
-from sandboxd.backends.base import Backend, Limits
+from sandboxd.backends.base import Backend, ExecSpec, Limits
 from sandboxd.clock import Clock
 from sandboxd.core import capacity
 from sandboxd.core.images import ImageCache
@@ -33,6 +33,8 @@ from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
 from sandboxd.core.registry import SandboxRegistry
 from sandboxd.core.state import StateStore
+from sandboxd.core.tenancy import current_tenant, pool_key
+from sandboxd.errors import SandboxdError
 from sandboxd.settings import Settings
 
 __all__ = ["AcquireRequest", "ControlPlane", "ExecRequest", "paths_in_order"]
@@ -89,7 +91,6 @@ class ControlPlane:
         self.using = leasing.using
         self.reap_expired = leasing.reap_expired
         self.sweep_orphans = leasing.sweep_orphans
-        self.prepare_exec = operations.prepare_exec
         self.exec = operations.exec
         self.usage_of = operations.usage_of
         self.write_files = operations.write_files
@@ -163,7 +164,34 @@ class ControlPlane:
             request = AcquireRequest(
                 request, n, min_n, labels, ttl, timeout, call_remaining, limits, image=image
             )
-        return await self.leasing.acquire(request)
+        # What a rollout's lifecycle reads of this acquire: when it was asked
+        # for (a sandbox ready before then came warm) and whether it waited
+        # for its image to be pulled.
+        requested_at, pulled = self.clock.time(), self._will_pull(request)
+        lease, records = await self.leasing.acquire(request)
+        if not lease.requested_at:  # a repeated request id answers its first grant
+            lease.requested_at, lease.image_pulled = requested_at, pulled
+        return lease, records
+
+    def _will_pull(self, request: AcquireRequest) -> bool:
+        """Whether the acquire's image (one of the pool's task images) is absent and must be pulled first."""
+        pool = self.registry.pools.get(pool_key(current_tenant(), request.pool))
+        if pool is None or self.images is None or not request.image:
+            return False
+        try:
+            image = pool.config.image_for(request.image)
+        except SandboxdError:
+            return False  # refused by the acquire itself, with its own answer
+        return image != pool.config.image and not self.images.present(image)
+
+    def prepare_exec(self, req: ExecRequest) -> tuple[SandboxRecord, ExecSpec]:
+        """``Operations.prepare_exec``; stamps the sandbox's first command
+        (a client's or a verifier's, not snapshot helpers'), which a rollout's
+        lifecycle reads as the moment its work in the sandbox began."""
+        rec, spec = self.operations.prepare_exec(req)
+        if not rec.first_command_at:
+            rec.first_command_at = self.clock.time()
+        return rec, spec
 
     # -- read-only views kept for tests that look inside ------------------------
 

@@ -38,6 +38,10 @@ class Lease:
     """Monotonic moment past which heartbeats cannot extend (sandbox lifetime); 0 = none."""
     request_id: str = ""
     """The client's id for the Acquire that granted it ("" = none); not persisted."""
+    requested_at: float = 0.0
+    """Wall-clock moment its Acquire was asked for (0 = adopted); not persisted."""
+    image_pulled: bool = False
+    """Its Acquire found the image absent and waited for the pull; not persisted."""
 
 
 def new_lease_id() -> str:

@@ -1,11 +1,13 @@
 """The sandbox lifecycle as an explicit transition table.
 
     CREATING ──> READY ──> LEASED ──> RELEASING ──> GONE
-        │          │          │                      ^
+        │          │  ^                    │         ^
+        │          │  └─────── reset ──────┘         │
         └──────────┴──────────┴──> FAILED ───────────┘
 
-A released sandbox is destroyed, never recycled: its files and processes
-belong to the rollout that used it.
+A released sandbox is destroyed, unless its pool recycles
+(sandboxd.core.pools.recycle): then it is reset in place while RELEASING and
+comes back READY only once its checks pass; anything in doubt destroys it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from sandboxd.backends.base import Limits
 from sandboxd.errors import FailedPrecondition
+from sandboxd.sandbox_reset import Baseline
 
 
 class State(enum.IntEnum):
@@ -38,6 +41,7 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (State.LEASED, State.RELEASING): "released by its client, lease expired, or lifetime reached",
     (State.LEASED, State.FAILED): "lost while leased (container gone)",
     (State.RELEASING, State.GONE): "destroyed on the backend",
+    (State.RELEASING, State.READY): "reset in place and passed its checks (a recycling pool)",
     (State.FAILED, State.GONE): "remains cleaned up on the backend",
 }
 
@@ -60,6 +64,15 @@ class SandboxRecord:
     paused: bool = False
     # Wall-clock timestamps per state entered (seconds since the epoch).
     entered: dict[State, float] = field(default_factory=dict)
+    # Recycling (sandboxd.core.pools.recycle): the sandbox as it came, the
+    # leases it served, whose it is now, and why it may not be reused.
+    baseline: Baseline | None = None
+    uses: int = 0
+    recycle_key: str | None = None
+    doubt: str = ""
+    # Wall-clock moment of the first command run in it (0 = none yet): a
+    # rollout's lifecycle reads when its work began.
+    first_command_at: float = 0.0
 
     def move(self, to: State, at: float, reason: str = "") -> None:
         """Takes the edge to ``to`` at wall-clock ``at``; an edge the table lacks is refused."""

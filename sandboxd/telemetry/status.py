@@ -10,7 +10,7 @@ from typing import TextIO
 
 from sandboxd.client import AsyncClient
 from sandboxd.errors import SandboxdError
-from sandboxd.v1 import demand_pb2
+from sandboxd.v1 import demand_pb2, rollouts_pb2
 
 _CLEAR = "\x1b[H\x1b[2J"
 
@@ -107,7 +107,35 @@ async def _run_line(client: AsyncClient, run: str) -> str:
         f"trainer idle {f.trainer_idle_ratio:.0%} generator idle {f.generator_idle_ratio:.0%} "
         f"queue {f.queue_depth} in flight {f.in_flight} target {f.target_concurrency} "
         f"staleness max {f.staleness_trajectory.max} masked {f.infra_failures_masked}"
-    )
+    ) + "".join(f"\n  {line}" for line in run_detail_lines(f))
+
+
+def run_detail_lines(f: rollouts_pb2.Figures) -> list[str]:
+    """A run's dollars and its rollouts' stage distributions, for ``sandboxd status --run``."""
+    lines = []
+    if f.HasField("cost"):
+        c = f.cost
+        mtok = f" ${c.usd_per_mtok:.2f}/Mtok (sandboxes ${c.sandbox_usd_per_mtok:.4f})" if c.tokens else ""
+        lines.append(
+            f"cost: trainer idle ${c.trainer_idle_usd_per_step:.4f}/step"
+            f" (${c.trainer_idle_usd_per_hour:.2f}/h"
+            f" of {c.trainer_gpus} GPUs at ${c.gpu_hour_usd:.2f}), sandboxes ${c.sandbox_usd_per_rollout:.6f}"
+            f"/rollout ${c.sandbox_usd_per_step:.4f}/step{mtok}; {c.steps} steps {c.rollouts} rollouts"
+            f" in {f.window_seconds:.0f} s"
+        )
+    if f.HasField("lifecycle"):
+        lc = f.lifecycle
+        lines.append(
+            f"lifecycle: {lc.traces} rollouts, sandboxes warm {lc.warm_sandboxes} cold {lc.cold_sandboxes} "
+            f"pulled {lc.image_pulls}; waits on: {lc.bottleneck or '-'}"
+        )
+        for d in lc.stages:
+            if d.count:
+                lines.append(
+                    f"  {d.stage:<17} p50 {d.p50_seconds:8.3f}s p90 {d.p90_seconds:8.3f}s "
+                    f"p99 {d.p99_seconds:8.3f}s  {d.share:4.0%}  n={d.count}"
+                )
+    return lines
 
 
 async def run_status(

@@ -403,7 +403,7 @@ class StalenessStats(_message.Message):
     def __init__(self, mean: _Optional[float] = ..., max: _Optional[int] = ..., share_stale: _Optional[float] = ..., over_budget: _Optional[int] = ..., histogram: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Figures(_message.Message):
-    __slots__ = ("production_rate", "keep_rate", "effective_rate", "consumption_rate", "trainer_idle_ratio", "generator_idle_ratio", "queue_depth", "in_flight", "parked", "unacked_batches", "staleness_trajectory", "staleness_token", "staleness_env", "filtered", "policy_version", "target_concurrency", "accepted_total", "consumed_groups", "infra_failures_masked", "window_seconds", "controller_reason")
+    __slots__ = ("production_rate", "keep_rate", "effective_rate", "consumption_rate", "trainer_idle_ratio", "generator_idle_ratio", "queue_depth", "in_flight", "parked", "unacked_batches", "staleness_trajectory", "staleness_token", "staleness_env", "filtered", "policy_version", "target_concurrency", "accepted_total", "consumed_groups", "infra_failures_masked", "window_seconds", "controller_reason", "lifecycle", "cost")
     class FilteredEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -432,6 +432,8 @@ class Figures(_message.Message):
     INFRA_FAILURES_MASKED_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_REASON_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     production_rate: float
     keep_rate: float
     effective_rate: float
@@ -453,7 +455,83 @@ class Figures(_message.Message):
     infra_failures_masked: int
     window_seconds: float
     controller_reason: str
-    def __init__(self, production_rate: _Optional[float] = ..., keep_rate: _Optional[float] = ..., effective_rate: _Optional[float] = ..., consumption_rate: _Optional[float] = ..., trainer_idle_ratio: _Optional[float] = ..., generator_idle_ratio: _Optional[float] = ..., queue_depth: _Optional[int] = ..., in_flight: _Optional[int] = ..., parked: _Optional[int] = ..., unacked_batches: _Optional[int] = ..., staleness_trajectory: _Optional[_Union[StalenessStats, _Mapping]] = ..., staleness_token: _Optional[_Union[StalenessStats, _Mapping]] = ..., staleness_env: _Optional[_Union[StalenessStats, _Mapping]] = ..., filtered: _Optional[_Mapping[str, int]] = ..., policy_version: _Optional[int] = ..., target_concurrency: _Optional[int] = ..., accepted_total: _Optional[int] = ..., consumed_groups: _Optional[int] = ..., infra_failures_masked: _Optional[int] = ..., window_seconds: _Optional[float] = ..., controller_reason: _Optional[str] = ...) -> None: ...
+    lifecycle: RolloutLifecycle
+    cost: CostFigures
+    def __init__(self, production_rate: _Optional[float] = ..., keep_rate: _Optional[float] = ..., effective_rate: _Optional[float] = ..., consumption_rate: _Optional[float] = ..., trainer_idle_ratio: _Optional[float] = ..., generator_idle_ratio: _Optional[float] = ..., queue_depth: _Optional[int] = ..., in_flight: _Optional[int] = ..., parked: _Optional[int] = ..., unacked_batches: _Optional[int] = ..., staleness_trajectory: _Optional[_Union[StalenessStats, _Mapping]] = ..., staleness_token: _Optional[_Union[StalenessStats, _Mapping]] = ..., staleness_env: _Optional[_Union[StalenessStats, _Mapping]] = ..., filtered: _Optional[_Mapping[str, int]] = ..., policy_version: _Optional[int] = ..., target_concurrency: _Optional[int] = ..., accepted_total: _Optional[int] = ..., consumed_groups: _Optional[int] = ..., infra_failures_masked: _Optional[int] = ..., window_seconds: _Optional[float] = ..., controller_reason: _Optional[str] = ..., lifecycle: _Optional[_Union[RolloutLifecycle, _Mapping]] = ..., cost: _Optional[_Union[CostFigures, _Mapping]] = ...) -> None: ...
+
+class StageDistribution(_message.Message):
+    __slots__ = ("stage", "count", "p50_seconds", "p90_seconds", "p99_seconds", "mean_seconds", "max_seconds", "share")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    P90_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    count: int
+    p50_seconds: float
+    p90_seconds: float
+    p99_seconds: float
+    mean_seconds: float
+    max_seconds: float
+    share: float
+    def __init__(self, stage: _Optional[str] = ..., count: _Optional[int] = ..., p50_seconds: _Optional[float] = ..., p90_seconds: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., mean_seconds: _Optional[float] = ..., max_seconds: _Optional[float] = ..., share: _Optional[float] = ...) -> None: ...
+
+class RolloutLifecycle(_message.Message):
+    __slots__ = ("stages", "warm_sandboxes", "cold_sandboxes", "image_pulls", "bottleneck", "traces")
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    WARM_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    COLD_SANDBOXES_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_PULLS_FIELD_NUMBER: _ClassVar[int]
+    BOTTLENECK_FIELD_NUMBER: _ClassVar[int]
+    TRACES_FIELD_NUMBER: _ClassVar[int]
+    stages: _containers.RepeatedCompositeFieldContainer[StageDistribution]
+    warm_sandboxes: int
+    cold_sandboxes: int
+    image_pulls: int
+    bottleneck: str
+    traces: int
+    def __init__(self, stages: _Optional[_Iterable[_Union[StageDistribution, _Mapping]]] = ..., warm_sandboxes: _Optional[int] = ..., cold_sandboxes: _Optional[int] = ..., image_pulls: _Optional[int] = ..., bottleneck: _Optional[str] = ..., traces: _Optional[int] = ...) -> None: ...
+
+class CostFigures(_message.Message):
+    __slots__ = ("trainer_idle_usd_per_step", "trainer_idle_usd_per_hour", "sandbox_usd_per_rollout", "sandbox_usd_per_step", "usd_per_mtok", "sandbox_usd_per_mtok", "trainer_idle_usd_per_mtok", "window_trainer_idle_usd", "window_sandbox_usd", "sandbox_usd_total", "steps", "rollouts", "tokens", "gpu_hour_usd", "trainer_gpus", "sandbox_cpu_hour_usd", "sandbox_gb_hour_usd")
+    TRAINER_IDLE_USD_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_IDLE_USD_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_USD_PER_ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_USD_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    USD_PER_MTOK_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_USD_PER_MTOK_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_IDLE_USD_PER_MTOK_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_TRAINER_IDLE_USD_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SANDBOX_USD_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_USD_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GPU_HOUR_USD_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_GPUS_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_CPU_HOUR_USD_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_GB_HOUR_USD_FIELD_NUMBER: _ClassVar[int]
+    trainer_idle_usd_per_step: float
+    trainer_idle_usd_per_hour: float
+    sandbox_usd_per_rollout: float
+    sandbox_usd_per_step: float
+    usd_per_mtok: float
+    sandbox_usd_per_mtok: float
+    trainer_idle_usd_per_mtok: float
+    window_trainer_idle_usd: float
+    window_sandbox_usd: float
+    sandbox_usd_total: float
+    steps: int
+    rollouts: int
+    tokens: int
+    gpu_hour_usd: float
+    trainer_gpus: int
+    sandbox_cpu_hour_usd: float
+    sandbox_gb_hour_usd: float
+    def __init__(self, trainer_idle_usd_per_step: _Optional[float] = ..., trainer_idle_usd_per_hour: _Optional[float] = ..., sandbox_usd_per_rollout: _Optional[float] = ..., sandbox_usd_per_step: _Optional[float] = ..., usd_per_mtok: _Optional[float] = ..., sandbox_usd_per_mtok: _Optional[float] = ..., trainer_idle_usd_per_mtok: _Optional[float] = ..., window_trainer_idle_usd: _Optional[float] = ..., window_sandbox_usd: _Optional[float] = ..., sandbox_usd_total: _Optional[float] = ..., steps: _Optional[int] = ..., rollouts: _Optional[int] = ..., tokens: _Optional[int] = ..., gpu_hour_usd: _Optional[float] = ..., trainer_gpus: _Optional[int] = ..., sandbox_cpu_hour_usd: _Optional[float] = ..., sandbox_gb_hour_usd: _Optional[float] = ...) -> None: ...
 
 class GetFiguresRequest(_message.Message):
     __slots__ = ("run",)

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from sandboxd.core.rollouts.cost import CostFigures
+from sandboxd.core.rollouts.timeline import LifecycleFigures
+
 HISTOGRAM_BUCKETS = 16
 
 
@@ -134,6 +137,15 @@ class Figures:
     window_seconds: float
     in_flight_mean: float = 0.0
     controller_reason: str = ""
+    trainer_idle_seconds: float = 0.0
+    """Over the window: seconds the trainer waited with its stream open."""
+    trainer_busy_seconds: float = 0.0
+    steps: int = 0
+    """Batches acknowledged over the window."""
+    lifecycle: LifecycleFigures | None = None
+    """Where rollouts spend their time, stage by stage (set by the rollout service)."""
+    cost: CostFigures | None = None
+    """The figures in dollars at the server's prices (set by the rollout service)."""
 
     def line(self) -> str:
         """One line for a progress display."""

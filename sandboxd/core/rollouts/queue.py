@@ -463,6 +463,9 @@ class RolloutQueue:
             window_seconds=window,
             in_flight_mean=r.in_flight_mean,
             controller_reason=self.controller_reason,
+            trainer_idle_seconds=r.trainer_idle_seconds,
+            trainer_busy_seconds=r.trainer_busy_seconds,
+            steps=r.steps,
         )
 
     def gate_size(self) -> int:

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import Tracer
+
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
 from sandboxd.core.control import ControlPlane
@@ -29,10 +31,12 @@ from sandboxd.core.rollouts.model import (
 from sandboxd.core.rollouts.persisted import batch_to_json, restore, state_of
 from sandboxd.core.rollouts.queue import Cancellation, RolloutQueue
 from sandboxd.core.rollouts.store import RolloutStore
+from sandboxd.core.rollouts.tracker import RunLifecycle
 from sandboxd.core.rollouts.verifier import VerifierSpec, run_verifier
 from sandboxd.core.snapshots import SnapshotManager
 from sandboxd.core.tenancy import acting_as, current_tenant, owns, pool_key, split_pool_key
-from sandboxd.errors import InvalidArgument, NotFound, SandboxdError
+from sandboxd.cost_settings import CostSettings
+from sandboxd.errors import InvalidArgument, NotFound, ResourceExhausted, SandboxdError
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +78,13 @@ class RolloutManager:
         clock: Clock,
         *,
         snapshots: SnapshotManager | None = None,
+        tracer: Tracer | None = None,
+        prices: CostSettings | None = None,
     ) -> None:
         self._control = control
+        self._tracer = tracer
+        self.prices = prices or CostSettings()
+        self._lifecycles: dict[str, RunLifecycle] = {}
         self._snapshots = snapshots
         self._store = store
         self.clock = clock
@@ -100,6 +109,14 @@ class RolloutManager:
         for run in self.runs.values():
             run.notify()
         await self._store.close()
+
+    def lifecycle(self, run: _Run) -> RunLifecycle:
+        """The run's rollout lifecycles and dollars (sandboxd.core.rollouts.tracker)."""
+        found = self._lifecycles.get(run.key)
+        if found is None:
+            found = RunLifecycle(run.queue.run, self.clock, self._control, self.prices, self._tracer)
+            self._lifecycles[run.key] = found
+        return found
 
     def _add(self, key: str, queue: RolloutQueue) -> _Run:
         run = _Run(key, queue)
@@ -144,6 +161,7 @@ class RolloutManager:
 
     async def _after(self, run: _Run, controller_changed: bool, cancels: list[Cancellation]) -> None:
         for c in cancels:
+            self.lifecycle(run).ended(c.group, "parked" if c.park else "cancelled", c.reason)
             await self._carry_out(run, c)
         if controller_changed:
             self._announce(run)
@@ -233,10 +251,14 @@ class RolloutManager:
             changed = run.queue.tick()
             try:
                 slots = run.queue.request_slots(count, images)
+            except ResourceExhausted:
+                self.lifecycle(run).refused()
+                raise
             finally:
                 await self._after(run, changed, [])
             if any(g.image for g in slots):
                 self._announce(run, slots)
+            self.lifecycle(run).granted(slots)
         return slots, run.queue.version
 
     def _check_images(self, run: _Run, images: Sequence[str]) -> list[str]:
@@ -261,6 +283,7 @@ class RolloutManager:
             if g.state is GroupState.RUNNING:  # a cancelled group learns so, whatever it reports
                 self._check_progress(g, lease_ids, trajectories)
             g = run.queue.report_progress(group_id, lease_ids, trajectories)
+            self.lifecycle(run).progress(g)
             await self._flush(run)
         return g
 
@@ -312,10 +335,12 @@ class RolloutManager:
         v.name_text("prompt_id", prompt_id, _ID_MAX)
         _check_names(trajectories)
         g = run.queue.find(group_id)
+        life = self.lifecycle(run)
         if g.state is GroupState.RUNNING:
+            life.submitting(g)
             await asyncio.gather(
                 *(
-                    run_verifier(self._control, t, spec)
+                    life.verify(group_id, t.trajectory_id, run_verifier(self._control, t, spec))
                     for t, spec in zip(trajectories, verifiers, strict=True)
                     if spec is not None
                 )
@@ -323,6 +348,7 @@ class RolloutManager:
         async with run.lock:
             changed = run.queue.tick()
             g, cancels = run.queue.submit(group_id, prompt_id, trajectories)
+            life.submitted(g)
             await self._after(run, changed, cancels)
         return g
 
@@ -341,6 +367,7 @@ class RolloutManager:
                     batch = run.queue.next_batch(stream)
                     await self._flush(run)
                 if batch is not None:
+                    self.lifecycle(run).delivered(batch)
                     sent += 1
                     yield batch
                     continue
@@ -356,7 +383,10 @@ class RolloutManager:
         """Retires a trained-on batch for good (a repeat is a no-op); NOT_FOUND for an unknown batch."""
         run = self.get(name)
         async with run.lock:
+            batch = run.queue.batches.get(batch_id)
             run.queue.ack(batch_id)
+            if batch is not None:
+                self.lifecycle(run).consumed(batch)
             changed = run.queue.tick()
             await self._after(run, changed, [])
 
@@ -386,7 +416,7 @@ class RolloutManager:
         async with run.lock:
             changed = run.queue.tick()
             await self._after(run, changed, [])
-        return run.queue.figures()
+        return self.lifecycle(run).attach(run.queue.figures())
 
 
 def check_run_name(name: str) -> str:

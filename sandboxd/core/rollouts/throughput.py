@@ -25,6 +25,11 @@ class Rates:
     generator_idle_ratio: float
     in_flight_mean: float
     """Time-weighted mean of the groups running."""
+    trainer_idle_seconds: float = 0.0
+    """Seconds the trainer's stream was open with no batch in hand."""
+    trainer_busy_seconds: float = 0.0
+    steps: int = 0
+    """Batches acknowledged."""
 
 
 class Throughput:
@@ -35,6 +40,7 @@ class Throughput:
         self._completed = EventRate()
         self._admitted = EventRate()
         self._consumed = EventRate()
+        self._steps = EventRate()
         self._trainer = TimeSplit(now, "away")
         self._generator = TimeSplit(now, "idle", 0)
         self._started_at = now
@@ -59,6 +65,7 @@ class Throughput:
     def acked(self, now: float, trajectories: int) -> None:
         """The trainer acknowledged a batch of ``trajectories``."""
         self._consumed.add(now, trajectories)
+        self._steps.add(now, 1)
         if self._last_ack:
             gap = now - self._last_ack
             self._ack_gap = gap if not self._ack_gap else 0.8 * self._ack_gap + 0.2 * gap
@@ -91,4 +98,7 @@ class Throughput:
             trainer_idle_ratio=idle / (idle + busy) if idle + busy > 0 else 0.0,
             generator_idle_ratio=generator["idle"] / gen_total if gen_total > 0 else 0.0,
             in_flight_mean=self._generator.mean_level(now, window),
+            trainer_idle_seconds=idle,
+            trainer_busy_seconds=busy,
+            steps=int(self._steps.total(now, window)),
         )

@@ -1,0 +1,128 @@
+"""Rollout lifecycles over gRPC on the fake backend: one trace per
+trajectory with a span per stage, stage distributions and dollars in
+GetFigures, cancelled and dropped groups traced to their end, and the
+status line that shows them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from sandboxd.app import App, build_app
+from sandboxd.backends.fake import FakeBackend
+from sandboxd.client import AsyncClient
+from sandboxd.client.rollouts import RolloutClient, trajectory
+from sandboxd.core.rollouts.spans import ROOT_SPAN, SANDBOX_START_SPAN, STAGE_SPAN_PREFIX
+from sandboxd.settings import TelemetrySettings
+from sandboxd.telemetry import Telemetry
+from sandboxd.telemetry.status import run_detail_lines
+from tests.lifecycle_run import TOKENS_PER_TRAJECTORY, run_rollouts, traces
+from tests.unit.conftest import IMAGE, make_settings
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def traced(no_task_leaks: None) -> AsyncIterator[tuple[App, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry(TelemetrySettings(), span_processors=(SimpleSpanProcessor(exporter),))
+    settings = make_settings(cost__gpu_hour_usd=3.6, cost__trainer_gpus=2)
+    app = build_app(settings, backend=FakeBackend(), persist=False, telemetry=telemetry)
+    await app.start()
+    try:
+        yield app, exporter
+    finally:
+        await app.stop(grace=0.5)
+
+
+async def test_each_trajectory_is_one_trace_and_figures_carry_stages_and_dollars(
+    traced: tuple[App, InMemorySpanExporter],
+) -> None:
+    app, exporter = traced
+    async with AsyncClient(app.address) as client:
+        await client.create_pool("p", IMAGE, max_size=4)
+        r = RolloutClient(client)
+        await r.configure("run", batch_groups=1, group_size=2, max_staleness=0)
+        f, used = await run_rollouts(client, "p", "run", groups=2)
+
+    lc = f.lifecycle
+    by = {d.stage: d for d in lc.stages}
+    assert lc.traces == 4 and lc.warm_sandboxes + lc.cold_sandboxes == 4
+    for stage in ("slot_wait", "to_acquire", "acquire", "to_first_command", "rollout", "verifier",
+                  "scoring", "queue_wait", "training"):  # fmt: skip
+        assert by[stage].count == 4, stage
+        d = by[stage]
+        assert 0 <= d.p50_seconds <= d.p90_seconds <= d.p99_seconds <= d.max_seconds
+    assert lc.bottleneck in {d.stage for d in lc.stages}
+
+    c = f.cost
+    assert c.steps == 2 and c.rollouts == 4 and c.tokens == 4 * TOKENS_PER_TRAJECTORY
+    assert (c.gpu_hour_usd, c.trainer_gpus) == (3.6, 2)
+    assert c.sandbox_usd_total > 0 and c.sandbox_usd_per_rollout == pytest.approx(c.window_sandbox_usd / 4)
+    assert c.sandbox_usd_per_step == pytest.approx(c.window_sandbox_usd / 2)
+    assert c.usd_per_mtok > c.sandbox_usd_per_mtok > 0
+
+    got = traces(exporter.get_finished_spans())
+    assert sorted(got) == ["g0t0", "g0t1", "g1t0", "g1t1"]
+    for tid, spans in got.items():
+        root, children = spans[0], spans[1:]
+        assert root.parent is None and root.name == ROOT_SPAN
+        assert (root.attributes or {})["sandboxd.outcome"] == "consumed"
+        assert (root.attributes or {})["sandboxd.tokens"] == TOKENS_PER_TRAJECTORY
+        names = {s.name for s in children}
+        for stage in ("queue_wait", "training", "verifier", "acquire", "rollout"):
+            assert STAGE_SPAN_PREFIX + stage in names, (tid, names)
+        assert root.start_time is not None and root.end_time is not None
+        for s in children:
+            assert s.start_time is not None and s.end_time is not None
+            assert root.start_time <= s.start_time <= s.end_time <= root.end_time
+            assert s.parent is not None
+        acquire = next(s for s in children if s.name == STAGE_SPAN_PREFIX + "acquire")
+        assert (acquire.attributes or {})["sandboxd.sandbox_id"] in used
+        if not (acquire.attributes or {})["sandboxd.warm"]:
+            start = [s for s in children if s.name == SANDBOX_START_SPAN]
+            assert start and start[0].parent is not None and acquire.context is not None
+            assert start[0].parent.span_id == acquire.context.span_id
+
+    lines = run_detail_lines(f)
+    assert lines[0].startswith("cost: trainer idle $") and "2 GPUs at $3.60" in lines[0]
+    assert "lifecycle: 4 rollouts" in lines[1] and any("acquire" in ln and "p99" in ln for ln in lines)
+
+
+async def test_cancelled_and_dropped_groups_end_their_traces(
+    traced: tuple[App, InMemorySpanExporter],
+) -> None:
+    app, exporter = traced
+    async with AsyncClient(app.address) as client:
+        await client.create_pool("p", IMAGE, max_size=8)
+        r = RolloutClient(client)
+        await r.configure(
+            "run", batch_groups=1, group_size=2, over_sample=1.0, filter_mode="FILTER_MODE_DROP_AND_BACKFILL"
+        )
+        a, b = await r.request_slots("run", 2)
+        lease = await client.lease("p")
+        await r.report_progress(
+            "run", b.group_id, lease_ids=[lease.id], trajectories=[trajectory("b0", sandbox_id=lease[0].id)]
+        )
+        same = [trajectory("flat0", reward=1.0), trajectory("flat1", reward=1.0)]
+        dropped = await r.submit("run", a.group_id, same)  # zero advantage: dropped
+        assert dropped.outcome == 3  # GROUP_OUTCOME_DROPPED
+        (c,) = await r.request_slots("run")
+        await r.submit("run", c.group_id, [trajectory("c0", reward=1.0), trajectory("c1", reward=0.0)])
+        straggler = await r.report_progress("run", b.group_id)
+        assert straggler.cancelled
+        f = await r.figures("run")
+    outcomes: dict[str, Any] = {}
+    for tid, spans in traces(exporter.get_finished_spans()).items():
+        outcomes[tid] = (spans[0].attributes or {})["sandboxd.outcome"]
+    # c is admitted, not yet consumed: its trace is still open
+    assert outcomes == {"flat0": "dropped", "flat1": "dropped", "b0": "cancelled"}
+    assert f.lifecycle.traces == 3 and f.cost.rollouts == 5  # dropped 2, cancelled 1, admitted 2
+    assert f.cost.sandbox_usd_total > 0  # the straggler's sandbox, held until it was cancelled
+    assert app.rollouts is not None
+    (run,) = app.rollouts.runs.values()
+    assert app.rollouts.lifecycle(run).following == 1
