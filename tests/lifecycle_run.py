@@ -56,8 +56,9 @@ async def run_rollouts(client: AsyncClient, pool: str, run: str, groups: int) ->
     return await r.figures(run), used
 
 
-def traces(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
-    """Finished spans of rollout traces, by trajectory id (each trace's spans, root first)."""
+def traces(spans: Sequence[ReadableSpan], run: str = "") -> dict[str, list[ReadableSpan]]:
+    """Finished spans of rollout traces (of ``run`` only, when named), by
+    trajectory id (each trace's spans, root first)."""
     by_trace: dict[int, list[ReadableSpan]] = defaultdict(list)
     for span in spans:
         assert span.context is not None
@@ -69,6 +70,8 @@ def traces(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
             continue
         assert len(roots) == 1, "one trace per trajectory"
         root = roots[0]
+        if run and (root.attributes or {})["sandboxd.run"] != run:
+            continue
         tid = str((root.attributes or {})["sandboxd.trajectory_id"])
         out[tid] = [root, *[s for s in group if s is not root]]
     return out

@@ -171,6 +171,8 @@ class ControlPlane:
         lease, records = await self.leasing.acquire(request)
         if not lease.requested_at:  # a repeated request id answers its first grant
             lease.requested_at, lease.image_pulled = requested_at, pulled
+            for rec in records:
+                rec.first_command_at = 0.0  # a recycled sandbox's first command was its last lease's
         return lease, records
 
     def _will_pull(self, request: AcquireRequest) -> bool:
