@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.dollars import idle_usd_per_step, prices_entry
 from sandboxd.clock import FakeClock
 from sandboxd.core.rollouts.model import FilterMode, InfraFailure, RunConfig, Segment, Trajectory
 from sandboxd.core.rollouts.queue import RolloutQueue
@@ -186,6 +187,10 @@ def run(total: float, seed: int) -> dict[str, object]:
         out[f"{name}_filtered"] = f.filtered
     c, fx = arms["controller"], arms["fixed"]
     cf = c.queue.figures()
+    # Simulated seconds priced as real ones: the trainer's GPUs cost the same waiting as training.
+    for name, arm in arms.items():
+        out[f"{name}_idle_usd_per_step"] = idle_usd_per_step(arm.idle, arm.steps)
+    out["prices"] = prices_entry()
     out.update(
         {
             "simulated_seconds": total,
@@ -218,6 +223,7 @@ def main() -> None:
     last = {k: result[k] for k in (
         "controller_trainer_idle", "fixed_trainer_idle", "controller_max_staleness",
         "staleness_budget", "zero_adv_filtered", "infra_failures_masked",
+        "controller_idle_usd_per_step", "fixed_idle_usd_per_step",
     )}  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k not in last}, indent=2))
     print(json.dumps(last, indent=2))

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -141,6 +142,9 @@ class Tally:
     cut: int = 0
     """Stopped early by the run's bounds."""
     execs: int = 0
+    held_seconds: float = 0.0
+    """Sandbox-seconds under lease, each sandbox from its acquire's answer to
+    its release's: what the sandboxes cost."""
 
 
 async def think(seconds: float, stop: asyncio.Event) -> None:
@@ -215,6 +219,7 @@ async def run_group(
         return
     finally:
         on_acquired()
+    held_since = time.perf_counter()
     try:
         await asyncio.gather(
             *(play(driver, rec, b, p, timeout, tally) for b, p in zip(boxes, plans, strict=True))
@@ -222,3 +227,4 @@ async def run_group(
     finally:
         with contextlib.suppress(OpFailed):
             await asyncio.shield(rec.call("release", lambda: driver.release(boxes), cleanup=True))
+        tally.held_seconds += len(boxes) * (time.perf_counter() - held_since)

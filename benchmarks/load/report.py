@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.dollars import prices_entry, sandbox_usd, trainer_usd
+
 SPEEDUP_GOAL = 3.0
 FLOOR_GOAL = 1.2
 """sandboxd's step time at most this many times the floor's (plain processes on the host)."""
@@ -61,10 +63,27 @@ def build_report(header: dict[str, Any], drivers: dict[str, dict[str, Any]]) -> 
             "goal": f"<= {FLOOR_GOAL:g}", "value": over_floor,
             "met": None if over_floor is None else over_floor <= FLOOR_GOAL,
         }  # fmt: skip
+    report.update(dollars(drivers))
     report["goals"] = goals
     report["goals_met"] = all(g["met"] for g in goals.values())
     report["drivers"] = drivers
     return report
+
+
+def dollars(drivers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each driver's figures in dollars: the trainer waits out every step's
+    rollouts (its GPUs idle meanwhile), and the sandboxes cost their
+    reservation for the time they were leased."""
+    out: dict[str, Any] = {"prices": prices_entry()}
+    for name, d in drivers.items():
+        step = step_time(d)
+        steps = len(d.get("step_s") or [])
+        completed = int(d.get("episodes", {}).get("completed", 0))
+        usd = sandbox_usd(float(d.get("sandbox_seconds", 0.0)))
+        out[f"{name}_idle_usd_per_step"] = None if step is None else round(trainer_usd(step), 6)
+        out[f"{name}_sandbox_usd_per_rollout"] = round(usd / completed, 8) if completed else None
+        out[f"{name}_sandbox_usd_per_step"] = round(usd / steps, 6) if steps else None
+    return out
 
 
 def _fmt(v: Any, unit: str = "") -> str:
@@ -106,6 +125,14 @@ def rows_of(report: dict[str, Any], driver: str) -> list[tuple[str, Any]]:
         ("server CPU (% of a core)", d.get("server_cpu_pct_of_one_core")),
         ("harness CPU (s)", d.get("harness_cpu_s")),
     ]
+    priced = (
+        ("trainer idle $/step", "idle_usd_per_step"),
+        ("sandbox $/rollout", "sandbox_usd_per_rollout"),
+        ("sandbox $/step", "sandbox_usd_per_step"),
+    )
+    for label, key in priced:
+        value = report.get(f"{driver}_{key}")
+        rows.append((label, None if value is None else f"${value:.6f}"))
     return rows
 
 

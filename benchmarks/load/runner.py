@@ -244,6 +244,7 @@ async def play_profile(
             "failed": tally.failed,
             "cut_by_bounds": tally.cut,
         },
+        "sandbox_seconds": round(tally.held_seconds, 3),
         "throughput": {
             "requests_per_s": round(bounds.requests / wall, 2) if wall else None,
             "execs_per_s": round(n_exec / wall, 2) if wall else None,
