@@ -197,6 +197,20 @@ async def test_dev_shm_is_limited_like_the_workspace(
     assert (await victim.exec("echo still here")).text == "still here\n"
 
 
+async def test_a_full_mnt_is_disk_full_naming_it(pair: tuple[Sandbox, Sandbox]) -> None:
+    # /mnt is scratch outside the workspace where programs expect to write
+    # (SandboxFusion's own tests do): a fill ends at its bound and is named
+    # like a full workspace, not left a plain failure.
+    victim, bystander = pair
+    attack = "with open('/mnt/big', 'wb') as f:\n    for _ in range(100):\n        f.write(bytes(1 << 20))\n"
+    result, latencies = await while_probing(bystander, victim.exec(["python3", "-c", attack], timeout=60))
+    assert result.outcome == "DISK_FULL" and "/mnt is full" in result.detail, result
+    assert latencies, "the bystander's commands were answered during the attack"
+    assert (await victim.exec("rm /mnt/big && echo still here")).text == "still here\n"
+    # The bystander's /mnt is its own.
+    assert (await bystander.exec("ls -A /mnt | wc -l")).text == "0\n"
+
+
 async def test_disk_fill_is_disk_full(pair: tuple[Sandbox, Sandbox]) -> None:
     victim, bystander = pair
     attack = victim.exec("dd if=/dev/zero of=big bs=1M count=100", timeout=60)

@@ -9,9 +9,11 @@ from sandboxd.backends.base import ExecOutcome
 from sandboxd.backends.kubernetes.limits import (
     Counters,
     explain_counters,
+    explain_filesystems,
     explain_fs,
     no_process_slot,
     parse_counters,
+    parse_filesystems,
     parse_fs,
 )
 
@@ -46,6 +48,20 @@ def test_a_full_workspace() -> None:
     room = parse_fs("2000 10 4096 10 4096\n")
     assert room is not None and explain_fs(room) is None
     assert parse_fs("stat: cannot read file system information") is None
+
+
+def test_a_full_scratch_mount_is_named() -> None:
+    # FS_ARGV's lines: five numbers, then the mount; one stat could not read is absent.
+    text = "2000 10 4096 10 4096 /workspace\n16384 16000 16384 0 4096 /mnt\n4096 4000 100 50 4096 /tmp\n"
+    found = parse_filesystems(text + "garbage\n")
+    assert sorted(found) == ["/mnt", "/tmp", "/workspace"]
+    why = explain_filesystems(found)
+    assert why is not None and why[0] is ExecOutcome.DISK_FULL and why[1].startswith("/mnt is full"), why
+    # The workspace is named first when both are full.
+    both = parse_filesystems("2000 0 4096 10 4096 /workspace\n" + text.split("\n", 1)[1])
+    files = (ExecOutcome.FILE_LIMIT, "the workspace holds its maximum of 2000 files")
+    assert explain_filesystems(both) == files
+    assert explain_filesystems(parse_filesystems("2000 10 4096 10 4096 /workspace\n")) is None
 
 
 def test_an_exec_refused_for_want_of_a_process_slot() -> None:

@@ -32,7 +32,7 @@ _PF_EXITING = 0x4
 # The sandbox's other writable filesystems, each with its own size and file
 # limit (the backend's tmpfs mounts): filling one is named like filling the
 # workspace.
-SCRATCH = ("/tmp", "/dev/shm")
+SCRATCH = ("/tmp", "/dev/shm", "/mnt")
 
 
 @dataclass(frozen=True)

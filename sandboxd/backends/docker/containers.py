@@ -161,7 +161,9 @@ def container_spec(
             "/dev/shm": f"rw,noexec,nosuid,nodev,mode=1777,size={_SHM_BYTES},nr_inodes={_SCRATCH_FILES}",
             # Scratch outside the workspace where SandboxFusion's programs write
             # (its own tests write /mnt), bounded like /tmp and gone with the sandbox.
-            "/mnt": f"rw,noexec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes={_SCRATCH_FILES}",
+            # The engine gives the mount the image directory's mode (root's 0755
+            # in most images), so it is the sandbox user's own, as the workspace is.
+            "/mnt": f"rw,noexec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes={_SCRATCH_FILES}{owner}",
         },
         user=engine_user,
         working_dir=WORKSPACE,

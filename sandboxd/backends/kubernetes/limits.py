@@ -13,9 +13,9 @@ one more exec, only after a command failed:
   kubelet's podPidsLimit is on the Pod's cgroup); on v2 it counts refusals
   by the container's own limit, and pids.events.local (kernel >= 6.12) is
   read too;
-- the workspace has no free inodes / bytes (statvfs): FILE_LIMIT /
-  DISK_FULL (kernel-enforced only on a sized tmpfs or an ephemeral volume;
-  see podspec).
+- the workspace or one of the scratch mounts (/tmp, /mnt, /dev/shm) has no
+  free inodes / bytes (statvfs): FILE_LIMIT / DISK_FULL, naming which
+  (kernel-enforced only on a sized tmpfs or an ephemeral volume; see podspec).
 
 A fresh container's counters are zero, so sandboxes this control plane
 created need no probe before a command; adopted ones are probed once. The
@@ -38,7 +38,11 @@ _FILES = (
     "/sys/fs/cgroup/pids/pids.events",
 )
 COUNTERS_ARGV = ["grep", "-s", "-H", "-e", "^oom_kill ", "-e", "^max ", *_FILES]
-FS_ARGV = ["stat", "-f", "-c", "%c %d %b %a %S", WORKSPACE]
+# The Pod's other writable filesystems, each a sized tmpfs (podspec): filling
+# one is named like filling the workspace.
+SCRATCH = ("/tmp", "/mnt", "/dev/shm")
+# The name last, so each line's first five fields read as parse_fs reads them.
+FS_ARGV = ["stat", "-f", "-c", "%c %d %b %a %S %n", WORKSPACE, *SCRATCH]
 # Builtins only (no fork): stops, then kills, every process in the sandbox
 # but its init, itself and init's keep-alive ``sleep``, which is all a fork
 # bomb leaves room for. Stopping first (``kill -STOP -1``, swept 50 times, a
@@ -128,10 +132,31 @@ def explain_counters(before: Counters, after: Counters) -> tuple[ExecOutcome, st
     return None
 
 
-def explain_fs(fs: Workspace) -> tuple[ExecOutcome, str] | None:
+def parse_filesystems(text: str) -> dict[str, Workspace]:
+    """Mount -> its filesystem, from FS_ARGV's output (a mount stat could not read is absent)."""
+    found: dict[str, Workspace] = {}
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        fs = parse_fs(line)
+        if fs is not None and len(fields) == 6:
+            found[fields[5]] = fs
+    return found
+
+
+def explain_fs(fs: Workspace, where: str = "the workspace") -> tuple[ExecOutcome, str] | None:
     """FILE_LIMIT when no inode is free, DISK_FULL when no block is; None while there is room."""
     if fs.files and fs.files_free == 0:
-        return ExecOutcome.FILE_LIMIT, f"the workspace holds its maximum of {fs.files} files"
+        return ExecOutcome.FILE_LIMIT, f"{where} holds its maximum of {fs.files} files"
     if fs.blocks and fs.blocks_free == 0:
-        return ExecOutcome.DISK_FULL, f"the workspace is full ({fs.blocks * fs.block_size} bytes)"
+        return ExecOutcome.DISK_FULL, f"{where} is full ({fs.blocks * fs.block_size} bytes)"
+    return None
+
+
+def explain_filesystems(found: dict[str, Workspace]) -> tuple[ExecOutcome, str] | None:
+    """The first of the workspace and the scratch mounts that is out of inodes or bytes."""
+    for mount in (WORKSPACE, *SCRATCH):
+        fs = found.get(mount)
+        why = explain_fs(fs, "the workspace" if mount == WORKSPACE else mount) if fs else None
+        if why is not None:
+            return why
     return None

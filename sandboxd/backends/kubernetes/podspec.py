@@ -252,10 +252,14 @@ def build_pod(
     mounts: list[dict[str, Any]] = [
         {"name": "workspace", "mountPath": WORKSPACE},
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "mnt", "mountPath": "/mnt"},
     ]
     volumes = [
         _workspace_volume(spec.limits, opts),
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": str(_TMP_BYTES)}},
+        # Scratch outside the workspace where programs expect to write (SandboxFusion's
+        # own tests write /mnt), as on Docker: a tmpfs bounded like /tmp, gone with the Pod.
+        {"name": "mnt", "emptyDir": {"medium": "Memory", "sizeLimit": str(_TMP_BYTES)}},
     ]
     if user is not None:
         # The user tables travel as annotations, projected read-only over
