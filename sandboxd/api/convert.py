@@ -64,6 +64,9 @@ def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
         images=list(spec.images),
         network=list(spec.network),
         live_snapshots=spec.live_snapshots,
+        recycle=spec.recycle or "off",
+        recycle_label=spec.recycle_label,
+        max_uses=spec.max_uses,
     )
 
 
@@ -85,6 +88,9 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             images=c.images,
             network=c.network,
             live_snapshots=c.live_snapshots or (LIVE_ON if keeps_sessions(c) else LIVE_OFF),
+            recycle=c.recycle,
+            recycle_label=c.recycle_label,
+            max_uses=c.max_uses,
         ),
         status=pools_pb2.PoolStatus(
             ready=pool.ready,
@@ -95,6 +101,9 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             waiting=pool.waiting,
             last_error=pool.permanent_error or pool.last_error,
             warm_target=pool.warm_target,
+            recycled_total=pool.recycled_total,
+            reset_p50_seconds=pool.reset_p50_seconds,
+            create_p50_seconds=pool.create_p50_seconds,
         ),
         created_at=ts(c.created_at),
     )

@@ -38,6 +38,7 @@ from sandboxd.backends.base import (
     SandboxUsage,
 )
 from sandboxd.backends.fake_images import FakeImages
+from sandboxd.backends.fake_reset import FakeReset
 from sandboxd.backends.uids import DEFAULT_UIDS, SandboxUids
 from sandboxd.errors import (
     InvalidArgument,
@@ -72,6 +73,9 @@ class FakeSandbox:
     stamps: dict[str, float] = field(default_factory=dict)
     user: tuple[int, int] = (0, 0)
     """The sandbox user's (uid, gid)."""
+    leftover_processes: int = 0
+    oom_kills: int = 0
+    """Injected for resets in place (sandboxd.backends.fake_reset)."""
 
 
 _TMP = "/tmp"
@@ -99,7 +103,7 @@ class _Exit(Exception):
         self.code = code
 
 
-class FakeBackend(FakeImages):
+class FakeBackend(FakeImages, FakeReset):
     """A whole Backend in memory, with failures to inject; the module docstring
     lists them (sandboxd.backends.fake_images those of its images)."""
 

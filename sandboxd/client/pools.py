@@ -27,6 +27,9 @@ class PoolCalls(Connection):
         images: Sequence[str] = (),
         network: Sequence[str] = (),
         live_snapshots: str = "",
+        recycle: str = "",
+        recycle_label: str = "",
+        max_uses: int = 0,
     ) -> pools_pb2.Pool:
         """``max_ready`` above ``min_ready`` makes the pool follow demand
         between the two; ``idle_seconds`` is its scale-down delay; ``runtime``
@@ -35,7 +38,10 @@ class PoolCalls(Connection):
         allow-list (empty: no network); ``live_snapshots`` "on" or "off"
         says whether live snapshots of a gVisor pool's sandboxes are asked
         for ("off": they start faster, without the keeper; empty: the
-        runtime's default)."""
+        runtime's default); ``recycle`` "same-tenant" or "same-run" (by the
+        lease label ``recycle_label``) resets released sandboxes in place and
+        hands them out again, each for at most ``max_uses`` leases ("" or
+        "off": released sandboxes are destroyed)."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -50,6 +56,9 @@ class PoolCalls(Connection):
             images=list(images),
             network=list(network),
             live_snapshots=live_snapshots,
+            recycle=recycle,
+            recycle_label=recycle_label,
+            max_uses=max_uses,
         )
         with rpc_errors():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(

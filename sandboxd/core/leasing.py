@@ -84,8 +84,10 @@ class Leasing:
         self._quotas = quotas
         self._registry = registry
         self.table = table
-        # Commands and transfers running per sandbox: their lease is not reaped.
+        # Commands and transfers running per sandbox: their lease is not
+        # reaped, and a recycling pool does not reset the sandbox.
         self._busy: dict[str, int] = {}
+        registry.busy = self._busy
         self._orphan_suspects: set[str] = set()
         # Sandboxes each tenant's in-flight acquires were granted, not yet leased.
         self._reserved: dict[str, Usage] = {}
@@ -245,7 +247,7 @@ class Leasing:
         self._reserve(tenant, grant, memory_each)
         try:
             try:
-                records = await pool.acquire(grant, min_n, wait, image)
+                records = await pool.acquire(grant, min_n, wait, image, labels)
             except BaseException:
                 self._quotas.refund(tenant, grant)
                 raise

@@ -7,10 +7,13 @@ Observed at each collection (gauges): ``sandboxd_pool_sandboxes{state}``
 ``sandboxd_pool_warm_keep``, ``sandboxd_pool_waiting_acquirers``,
 ``sandboxd_pool_acquire_rate_per_second``,
 ``sandboxd_pool_startup_estimate_seconds``, ``sandboxd_pool_announced_sandboxes``.
-Recorded as they happen: ``sandboxd_acquire_latency_seconds`` and
-``sandboxd_startup_latency_seconds`` (histograms),
-``sandboxd_create_failures_total{reason}`` and
-``sandboxd_sandbox_failures_total{reason}`` (counters).
+Recorded as they happen: ``sandboxd_acquire_latency_seconds``,
+``sandboxd_startup_latency_seconds`` and ``sandboxd_reset_latency_seconds``
+(a recycled sandbox's reset in place, beside the create it saves)
+(histograms), ``sandboxd_create_failures_total{reason}``,
+``sandboxd_sandbox_failures_total{reason}`` and
+``sandboxd_reset_destroyed_total{reason}`` (counters); gauge
+``sandboxd_pool_recycled_total``.
 """
 
 from __future__ import annotations
@@ -80,6 +83,19 @@ class PoolMeters:
             "sandboxd_create_failures_total",
             description="Failed create attempts, by reason (transient, permanent, timeout, cancelled).",
         )
+        self.reset_latency = meter.create_histogram(
+            "sandboxd_reset_latency_seconds",
+            unit="s",
+            description="Time to reset a released sandbox in place and check it (recycling pools).",
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_SECONDS,
+        )
+        self.reset_failures = meter.create_counter(
+            "sandboxd_reset_destroyed_total",
+            description=(
+                "Released sandboxes of recycling pools destroyed instead of reset, by reason "
+                "(check, failed, timeout, max uses, in use, in doubt, no baseline, run gone)."
+            ),
+        )
         self.sandbox_failures = meter.create_counter(
             "sandboxd_sandbox_failures_total",
             description="Sandboxes found dead, by reason (died_warm, lost_leased).",
@@ -99,6 +115,7 @@ class PoolMeters:
             ("failed_total", "Failed creates and sandboxes lost since the pool started."),
             ("oldest_wait_seconds", "How long the longest-waiting acquirer has waited."),
             ("in_doubt", "Sandboxes whose create or destroy got no answer from the engine."),
+            ("recycled_total", "Released sandboxes reset in place and READY again."),
         ]:
             meter.create_observable_gauge(
                 f"sandboxd_pool_{key}", callbacks=[self._observer(key)], description=description

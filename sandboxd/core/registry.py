@@ -26,6 +26,7 @@ from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import live_setting
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
 from sandboxd.core.pools.config import check_images, check_network, network_refusal
+from sandboxd.core.pools.recycle import check_recycle
 from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
@@ -66,6 +67,8 @@ class SandboxRegistry:
         self._records: dict[str, SandboxRecord] = {}
         self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._started = False
+        self.busy: Mapping[str, int] = {}
+        """Operations in flight per sandbox id (leasing's): a busy sandbox is never recycled."""
 
     @property
     def records(self) -> Mapping[str, SandboxRecord]:
@@ -187,6 +190,7 @@ class SandboxRegistry:
             tuning=self._reconciler.tuning,
             meters=self._reconciler.meters,
             images=self.images,
+            busy=lambda sandbox_id: self.busy.get(sandbox_id, 0) > 0,
         )
         self.pools[config.name] = pool
         return pool
@@ -232,6 +236,7 @@ class SandboxRegistry:
         check_scaling(config)
         check_images(config)
         check_network(config)
+        check_recycle(config, self._backend)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)
         runtime = runtime_name(config.runtime)

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PoolSpec(_message.Message):
-    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds", "runtime", "images", "network", "live_snapshots")
+    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds", "runtime", "images", "network", "live_snapshots", "recycle", "recycle_label", "max_uses", "model_endpoint")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,10 @@ class PoolSpec(_message.Message):
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     LIVE_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    RECYCLE_FIELD_NUMBER: _ClassVar[int]
+    RECYCLE_LABEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_USES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     min_ready: int
@@ -52,10 +56,14 @@ class PoolSpec(_message.Message):
     images: _containers.RepeatedScalarFieldContainer[str]
     network: _containers.RepeatedScalarFieldContainer[str]
     live_snapshots: str
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., runtime: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., network: _Optional[_Iterable[str]] = ..., live_snapshots: _Optional[str] = ...) -> None: ...
+    recycle: str
+    recycle_label: str
+    max_uses: int
+    model_endpoint: str
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., runtime: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., network: _Optional[_Iterable[str]] = ..., live_snapshots: _Optional[str] = ..., recycle: _Optional[str] = ..., recycle_label: _Optional[str] = ..., max_uses: _Optional[int] = ..., model_endpoint: _Optional[str] = ...) -> None: ...
 
 class PoolStatus(_message.Message):
-    __slots__ = ("ready", "creating", "leased", "releasing", "failed_total", "waiting", "last_error", "warm_target")
+    __slots__ = ("ready", "creating", "leased", "releasing", "failed_total", "waiting", "last_error", "warm_target", "recycled_total", "reset_p50_seconds", "create_p50_seconds")
     READY_FIELD_NUMBER: _ClassVar[int]
     CREATING_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +72,9 @@ class PoolStatus(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     WARM_TARGET_FIELD_NUMBER: _ClassVar[int]
+    RECYCLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RESET_P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ready: int
     creating: int
     leased: int
@@ -72,7 +83,10 @@ class PoolStatus(_message.Message):
     waiting: int
     last_error: str
     warm_target: int
-    def __init__(self, ready: _Optional[int] = ..., creating: _Optional[int] = ..., leased: _Optional[int] = ..., releasing: _Optional[int] = ..., failed_total: _Optional[int] = ..., waiting: _Optional[int] = ..., last_error: _Optional[str] = ..., warm_target: _Optional[int] = ...) -> None: ...
+    recycled_total: int
+    reset_p50_seconds: float
+    create_p50_seconds: float
+    def __init__(self, ready: _Optional[int] = ..., creating: _Optional[int] = ..., leased: _Optional[int] = ..., releasing: _Optional[int] = ..., failed_total: _Optional[int] = ..., waiting: _Optional[int] = ..., last_error: _Optional[str] = ..., warm_target: _Optional[int] = ..., recycled_total: _Optional[int] = ..., reset_p50_seconds: _Optional[float] = ..., create_p50_seconds: _Optional[float] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ("spec", "status", "created_at")

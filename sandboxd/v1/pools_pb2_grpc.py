@@ -85,7 +85,8 @@ class PoolServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListPools(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lists the caller's pools, by name, each with its spec and status.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -47,6 +47,7 @@ from sandboxd.backends.docker.hostcap import host_facts
 from sandboxd.backends.docker.images import DockerImages
 from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
+from sandboxd.backends.docker.recycling import DockerRecycling
 from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
 from sandboxd.backends.docker.shells import Shells
 from sandboxd.backends.docker.subshell import in_subshell
@@ -79,7 +80,7 @@ class _RootEngineExec(EngineExec):
         super().__init__(engine, container, user=_ROOT_ENGINE_USER, kill_user=_ROOT_ENGINE_USER, **kwargs)
 
 
-class DockerBackend(DockerImages):
+class DockerBackend(DockerImages, DockerRecycling):
     """The backend port on one Docker engine: containers and files composed
     with the shells and execs that run inside the sandboxes; its images
     (pulls, builds, removal) are DockerImages'."""

@@ -47,6 +47,14 @@ class PoolConfig:
     network: list[str] = field(default_factory=list)
     """Egress allow-list rules (sandboxd.backends.network.policy); empty = no
     network at all, the default."""
+    recycle: str = "off"
+    """Whether a released sandbox is reset in place and used again
+    (sandboxd.core.pools.recycle.RECYCLE_MODES): "off" destroys it."""
+    recycle_label: str = ""
+    """With recycle "same-run": the lease label whose value names the run; a
+    recycled sandbox goes only to an acquire with the same value."""
+    max_uses: int = 0
+    """Leases a recycled sandbox serves before it is destroyed (0 = the server's default)."""
     live_snapshots: str = ""
     """LIVE_ON or LIVE_OFF once created (sandboxd.core.live_setting);
     "" in a spec saved before the setting existed, read as its runtime's

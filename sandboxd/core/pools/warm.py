@@ -1,8 +1,10 @@
 """The warm pool: one pool's sandboxes, each record moved by the lifecycle
-table. The pool counts its records and carries out create and destroy
-decisions; what it hands out, how it starts a sandbox and what it knows of
-demand are its parts (``handout``, ``starting``, ``demand``). Its host
-(``host.PoolHost``) decides when, across all pools.
+table. The pool carries out create and destroy decisions and hands its
+sandboxes out; what it tells of itself (``figures``), where released
+sandboxes go (``releasing``, with ``recycle``), what it hands out, how it
+starts a sandbox and what it knows of demand are its parts (``handout``,
+``starting``, ``demand``). Its host (``host.PoolHost``) decides when, across
+all pools.
 """
 
 from __future__ import annotations
@@ -17,27 +19,31 @@ from sandboxd.clock import Clock
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import keeps_sessions
 from sandboxd.core.meters import PoolMeters
-from sandboxd.core.pools.config import PoolConfig, check_announcement
+from sandboxd.core.pools.config import PoolConfig
 from sandboxd.core.pools.congestion import Call
 from sandboxd.core.pools.demand import Demand
-from sandboxd.core.pools.handout import Shortfall
+from sandboxd.core.pools.figures import PoolFigures
+from sandboxd.core.pools.handout import Handout, Shortfall
 from sandboxd.core.pools.host import PoolHost
 from sandboxd.core.pools.images import ImageSource
-from sandboxd.core.pools.indoubt import destroy_or_book
 from sandboxd.core.pools.lines import ImageLines
 from sandboxd.core.pools.prefetch import PoolImages
+from sandboxd.core.pools.recycle import Recycler, RunReserve
+from sandboxd.core.pools.releasing import PoolReleasing
 from sandboxd.core.pools.starting import Starter, new_sandbox_id
-from sandboxd.core.scaling import Announcement, Plan, Signals
+from sandboxd.core.scaling import Plan
 from sandboxd.core.tuning import PoolTuning
 from sandboxd.errors import DeadlineExceeded, FailedPrecondition, PermanentBackendError, ResourceExhausted
 
 log = logging.getLogger(__name__)
 
 
-class WarmPool:
+class WarmPool(PoolFigures, PoolReleasing):
     """One pool's sandboxes: READY ones handed out in FIFO order, creates
     counted while in flight, each record moved by the lifecycle table.
-    ``on_change`` hears of every record whose state changed."""
+    ``on_change`` hears of every record whose state changed; ``busy`` tells
+    whether a command, transfer, snapshot or fork of a sandbox is in flight
+    (such a sandbox is never recycled)."""
 
     def __init__(
         self,
@@ -52,6 +58,7 @@ class WarmPool:
         tuning: PoolTuning | None = None,
         meters: PoolMeters | None = None,
         images: ImageSource | None = None,
+        busy: Callable[[str], bool] = lambda sandbox_id: False,
     ) -> None:
         self.config = config
         self._backend = backend
@@ -89,7 +96,11 @@ class WarmPool:
             in_doubt=lambda sandbox_id: host.book_in_doubt(sandbox_id, config.name, "", Call.CREATE),
         )
         self._call_timeout = create_timeout
+        self._recycler = Recycler(config, backend, clock, self._meters, busy)
+        self._run_reserve = RunReserve()
         self.creating = 0
+        self.resetting = 0
+        """Released sandboxes being reset in place (a recycling pool)."""
         self._lost = 0
         self._creates: set[asyncio.Task[None]] = set()
         self._destroys: set[asyncio.Task[None]] = set()
@@ -100,157 +111,7 @@ class WarmPool:
         self._closed = False
         self._changed = asyncio.Event()
 
-    # -- counts -------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        """The pool's internal key."""
-        return self.config.name
-
-    def count(self, state: State) -> int:
-        """Records in ``state``."""
-        return sum(1 for r in self.records.values() if r.state is state)
-
-    @property
-    def ready(self) -> int:
-        """READY sandboxes waiting to be handed out."""
-        return self._lines.ready
-
-    def ready_of(self, image: str) -> int:
-        """READY sandboxes of ``image`` ("" = the pool's own)."""
-        image = image or self.config.image
-        return self._lines.line(image).ready if image in self._lines.images() else 0
-
-    @property
-    def max_starting(self) -> int:
-        """Creates this pool may have in flight at once (the static bound)."""
-        return self._max_starting
-
-    @property
-    def oldest_wait(self) -> float:
-        """Seconds the longest-waiting acquirer has waited (0 = none waits)."""
-        return self._lines.oldest_wait()
-
-    @property
-    def waiting(self) -> int:
-        """Acquirers waiting for sandboxes."""
-        return self._lines.waiting
-
-    @property
-    def destroying(self) -> int:
-        """Destroys in flight (RELEASING and FAILED sandboxes on their way out)."""
-        return len(self._leaving)
-
-    @property
-    def failed_total(self) -> int:
-        """Failed create attempts and sandboxes lost since the pool started."""
-        return self._starter.failed_total + self._lost
-
-    @property
-    def created_total(self) -> int:
-        """Sandboxes that became READY since the pool started."""
-        return self._starter.created_total
-
-    @property
-    def last_error(self) -> str:
-        """The last create failure, until a create succeeds again."""
-        return self._starter.last_error
-
-    @property
-    def permanent_error(self) -> str:
-        """Why the pool cannot create sandboxes at all; "" while it can."""
-        return self._starter.permanent_error
-
-    def _occupied(self) -> int:
-        # Everything that counts against max_size: all but what is on its way out (O(1)).
-        return len(self.records) - len(self._leaving)
-
-    def _in_use(self) -> int:
-        """Leased (or handed over and about to be), in O(1)."""
-        return max(0, self._occupied() - self._lines.ready - self.creating)
-
-    def _room(self) -> int:
-        starting = max(self._max_starting, self._host.start_window())
-        return max(0, min(self.config.max_size - self._occupied(), starting - self.creating))
-
-    def creates_needed(self) -> int:
-        """Creates this pool wants now: per image, its warm target plus what
-        waiters are owed, less what is READY or already being created of it,
-        within max_size and max_starting."""
-        if self._closed or self.permanent_error:
-            return 0
-        missing = sum(self._warm_shortfalls().values())
-        return max(0, min(missing, self._room()))
-
-    def _warm_shortfalls(self) -> dict[str, int]:
-        return self._lines.shortfalls(warm=True, blocked=self._images.blocked(self._lines.targets))
-
-    def urgent_needed(self) -> int:
-        """The part of ``creates_needed`` that waiting acquirers are owed."""
-        if self._closed or self.permanent_error:
-            return 0
-        missing = sum(self._lines.shortfalls(warm=False).values())
-        return max(0, min(missing, self._room()))
-
-    def surplus(self) -> int:
-        """READY sandboxes above what the policy keeps; while acquirers wait,
-        only those of other images that stand in the way of theirs (the pool
-        is at max_size)."""
-        if self._lines.waiting:
-            owed = sum(self._lines.shortfalls(warm=False).values())
-            free = self.config.max_size - self._occupied()
-            return max(0, min(owed - free - self.destroying, self._lines.spare()))
-        return max(0, self._lines.ready - self.warm_keep)
-
-    def backoff_remaining(self, now: float) -> float:
-        """Seconds left before this pool may start creates again after failures."""
-        return self._starter.backoff_remaining(now)
-
-    def ready_records(self) -> list[SandboxRecord]:
-        """The READY records, oldest first."""
-        return self._lines.records()
-
-    def warm_targets(self) -> dict[str, int]:
-        """The warm target split over images (the pool's own included)."""
-        return dict(self._lines.targets)
-
-    def image_counts(self) -> dict[str, tuple[int, int, int]]:
-        """(READY, creating, waiting) per image with any of them or a target."""
-        out: dict[str, tuple[int, int, int]] = {}
-        for image in {*self._lines.images(), *self._lines.targets}:
-            line = self._lines.line(image)
-            out[image] = (line.ready, self._lines.creating[image], line.outstanding())
-        return out
-
-    # -- demand signals and the policy -------------------------------------
-
-    @property
-    def warm_target(self) -> int:
-        """READY sandboxes the policy last asked for."""
-        return self._demand.warm_target
-
-    @property
-    def warm_keep(self) -> int:
-        """READY sandboxes the policy last said to keep (the rest may go)."""
-        return self._demand.warm_keep
-
-    @property
-    def plan(self) -> Plan | None:
-        """The policy's last plan; None before the first pass."""
-        return self._demand.plan
-
-    def signals(self, now: float) -> Signals:
-        """The demand signals the policy reads, as of ``now``."""
-        return Signals(
-            now=now,
-            ready=self._lines.ready,
-            creating=self.creating,
-            leased=self._in_use(),
-            waiting=self._lines.outstanding(),
-            acquire_rate=self._demand.acquire_rate(now),
-            startup_seconds=self.startup_seconds,
-            announcements=self._demand.announcements,
-        )
+    # -- the policy -----------------------------------------------------------
 
     def replan(self, now: float) -> Plan:
         """Runs the policy on the current signals and adopts its plan."""
@@ -260,70 +121,8 @@ class WarmPool:
         self._lines.targets = self._demand.targets
         self._lines.prune()
         self._images.want(self._demand.wanted_images(now))
+        self.expire_reserved(now)
         return plan
-
-    def announce(
-        self,
-        source: str,
-        count: int,
-        in_seconds: float,
-        ttl_seconds: float,
-        images: tuple[tuple[str, int], ...] = (),
-    ) -> Announcement | None:
-        """Records "in ~in_seconds, ``source`` will acquire ``count`` sandboxes
-        here, ``images`` (image, count) of which image", replacing that
-        source's previous announcement; count 0 withdraws it."""
-        images = tuple((self.config.image_for(i), n) for i, n in images if n)
-        check_announcement(self.config, source, count, in_seconds, ttl_seconds, images)
-        now = self._clock.monotonic()
-        made = self._demand.announce(source, count, now, in_seconds, ttl_seconds, images)
-        self._images.want(self._demand.wanted_images(now))
-        self.poke()
-        return made
-
-    def announced(self, source: str) -> int:
-        """Acquires still expected from ``source``'s announcement."""
-        return self._demand.announced(source)
-
-    def gauges(self) -> dict[str, float]:
-        """Current figures for the metrics exporter."""
-        now = self._clock.monotonic()
-        return {
-            "sandboxes_ready": self._lines.ready,
-            "sandboxes_leased": self.count(State.LEASED),
-            "sandboxes_starting": self.creating,
-            "sandboxes_releasing": self.count(State.RELEASING) + self.count(State.FAILED),
-            "warm_target": self.warm_target,
-            "warm_keep": self.warm_keep,
-            "waiting_acquirers": self._lines.waiting,
-            "acquire_rate_per_second": self._demand.acquire_rate(now),
-            "startup_estimate_seconds": self.startup_seconds,
-            "announced_sandboxes": self._demand.announced_total(now),
-            "failed_total": self.failed_total,
-            "oldest_wait_seconds": self._lines.oldest_wait(),
-            "in_doubt": self._host.engine_view(self.name)[2],
-            "start_window": self._host.engine_view(self.name)[1],
-        }
-
-    @property
-    def engine_degraded(self) -> str:
-        """Why the engine is degraded ("" while it is healthy)."""
-        return self._host.engine_view(self.name)[0]
-
-    @property
-    def closed(self) -> bool:
-        """Whether the pool is shutting down or deleted."""
-        return self._closed
-
-    @property
-    def acquire_rate(self) -> float:
-        """Acquires per second not covered by announcements, smoothed."""
-        return self._demand.acquire_rate(self._clock.monotonic())
-
-    @property
-    def startup_seconds(self) -> float:
-        """Start-up latency estimate (this pool's, else the host's shared one)."""
-        return self._demand.startup_seconds(self._host.startup_estimate)
 
     # -- change notification -------------------------------------------------
 
@@ -376,12 +175,14 @@ class WarmPool:
             self.creating -= 1
             rec.move(State.FAILED, self._clock.time(), "cancelled")
             self._forget(rec)
-        # Destroys already under way are finished, not abandoned.
+        # Destroys and resets already under way are finished, not abandoned
+        # (a reset that ends now destroys its sandbox).
         await asyncio.gather(*self._destroys, return_exceptions=True)
         doomed = [r for r in self.records.values() if r.state is State.READY]
         if destroy_leased:
             doomed += [r for r in self.records.values() if r.state is State.LEASED]
         self._lines.clear()
+        self._run_reserve.clear()
         await asyncio.gather(*(self._destroy(r) for r in doomed), return_exceptions=True)
         self._notify()
 
@@ -473,8 +274,11 @@ class WarmPool:
             self.creating -= 1
             self._lines.creating[rec.image] -= 1
             self.poke()
+        await self._recycler.take_baseline(rec)
         self._starter.succeeded()
-        self._meters.startup_latency.record(self._clock.monotonic() - began, {"pool": self.name})
+        seconds = self._clock.monotonic() - began
+        self._recycler.note_create(seconds)
+        self._meters.startup_latency.record(seconds, {"pool": self.name})
         rec.move(State.READY, self._clock.time())
         self._on_change(rec)
         if self._closed:
@@ -492,12 +296,15 @@ class WarmPool:
 
     # -- acquire ------------------------------------------------------------
 
-    async def acquire(self, n: int, min_n: int, timeout: float, image: str = "") -> list[SandboxRecord]:
+    async def acquire(
+        self, n: int, min_n: int, timeout: float, image: str = "", labels: dict[str, str] | None = None
+    ) -> list[SandboxRecord]:
         """Takes n READY sandboxes of ``image`` ("" = the pool's own; one the
         pool serves, ``PoolConfig.image_for``), or at least min_n at the
         timeout. The image is made present first (pulled if absent, within
-        the same timeout), so a missing one fails at once. The caller must
-        lease them at once (``mark_leased``)."""
+        the same timeout), so a missing one fails at once. In a same-run pool
+        the sandboxes kept for the run the lease ``labels`` name come first.
+        The caller must lease them at once (``mark_leased``)."""
         image = self.config.image_for(image)
         if self.permanent_error:
             raise FailedPrecondition(
@@ -520,17 +327,39 @@ class WarmPool:
             timeout = max(0.0, began + timeout - self._clock.monotonic())
             line = self._lines.line(image)
         self._demand.acquired(n, began, "" if image == self.config.image else image)
+        kept = (
+            self._run_reserve.take(self._recycler.key_of(labels or {}), image, n)
+            if self._recycler.by_run
+            else []
+        )
         try:
-            records = await line.acquire(n, min_n, timeout)
+            records = kept + await self._from_line(line, n - len(kept), min_n, len(kept), timeout)
         except Shortfall as e:
+            self._run_reserve.give_back(kept, self._clock.monotonic())
             cause = self._host.refusal_cause() or self.last_error or self._start_rate_cause(n - e.got)
             of = "" if image == self.config.image else f" of {image}"
             raise DeadlineExceeded(
                 f"pool {self.name}: got {e.got} of {n} sandboxes{of} before the deadline (ready "
                 f"{line.ready}, creating {self._lines.creating[image]}{'; ' + cause if cause else ''})"
             ) from None
+        except BaseException:
+            self._run_reserve.give_back(kept, self._clock.monotonic())
+            raise
         self._meters.acquire_latency.record(max(0.0, self._clock.monotonic() - began), {"pool": self.name})
         return records
+
+    @staticmethod
+    async def _from_line(
+        line: Handout, rest: int, min_n: int, kept: int, timeout: float
+    ) -> list[SandboxRecord]:
+        """The ``rest`` an acquire still needs after the ``kept`` its run's
+        reserve gave; once those alone reach ``min_n``, only what is READY now."""
+        if rest <= 0:
+            return []
+        if min_n and kept >= min_n:
+            now = min(rest, line.ready)
+            return await line.acquire(now, 0, 0.0) if now else []
+        return await line.acquire(rest, max(0, min_n - kept), timeout)
 
     def _start_rate_cause(self, short: int) -> str:
         """Why waiters are not served when nothing failed and nothing is full:
@@ -555,60 +384,3 @@ class WarmPool:
             rec.lease_id = lease_id
             self._on_change(rec)
         self._notify()
-
-    # -- release ------------------------------------------------------------
-
-    def release(self, rec: SandboxRecord, reason: str = "") -> None:
-        """Destroys a leased sandbox in the background; the pool refills."""
-        if rec.state not in (State.LEASED, State.READY):
-            return
-        if rec.state is State.READY:
-            self._lines.discard(rec)
-        rec.move(State.RELEASING, self._clock.time(), reason)
-        self._leaving.add(rec.sandbox_id)
-        self._on_change(rec)
-        self._spawn(self._destroy(rec), self._destroys)
-        self.poke()
-
-    def trim(self, n: int) -> int:
-        """Destroys up to ``n`` READY sandboxes (the newest first), as the
-        policy scales the pool down; returns how many."""
-        doomed = self._lines.victims(n) if n > 0 else []
-        for rec in doomed:
-            self.release(rec, "scaled down")
-        return len(doomed)
-
-    def fail(self, rec: SandboxRecord, reason: str) -> None:
-        """Marks a sandbox lost; it is cleaned up and the pool replaces it."""
-        if rec.state not in (State.LEASED, State.READY):
-            return
-        kind = "died_warm" if rec.state is State.READY else "lost_leased"
-        if rec.state is State.READY:
-            self._lines.discard(rec)
-        rec.move(State.FAILED, self._clock.time(), reason)
-        self._leaving.add(rec.sandbox_id)
-        self._lost += 1
-        self._meters.sandbox_failures.add(1, {"pool": self.name, "reason": kind})
-        self._on_change(rec)
-        self._spawn(self._destroy(rec), self._destroys)
-        self.poke()
-
-    async def _destroy(self, rec: SandboxRecord) -> None:
-        if rec.state in (State.READY, State.LEASED):
-            rec.move(State.RELEASING, self._clock.time())
-        self._leaving.add(rec.sandbox_id)
-        try:
-            if rec.handle:
-                await destroy_or_book(self._backend, self._clock, self._host, self._call_timeout, rec)
-        finally:
-            rec.move(State.GONE, self._clock.time())
-            if self.records.pop(rec.sandbox_id, None) is not None:
-                self._images.unuse(rec.image)
-            self._leaving.discard(rec.sandbox_id)
-            self._on_change(rec)
-            self.poke()
-
-    async def drain(self) -> None:
-        """Waits for background creates and destroys (tests, shutdown)."""
-        while self._creates or self._destroys:
-            await asyncio.gather(*self._creates, *self._destroys, return_exceptions=True)

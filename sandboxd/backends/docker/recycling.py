@@ -1,0 +1,79 @@
+"""A Docker sandbox reset in place (sandboxd.backends.recycling), mixed into
+DockerBackend: the steps of sandboxd.sandbox_reset run as one-shot commands
+of the sandbox's user. Before the reset every shell held for the sandbox
+(its sessions, idle runners and spare) is let go and closed, so no
+session's cwd, environment or jobs reach the next lease; after it a fresh
+spare is started, as at create, and its first command is the health check.
+
+What the reset does not touch stays as the pool made it: the read-only
+root, the user tables (read-only mounts from the inbox), the network
+(the sandbox's egress link, proxy and resolver are its pool's; the
+tenant's connections end with its processes). Limits are the core's to
+re-apply (update_limits)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.docker.shells import Shells
+from sandboxd.errors import TransientBackendError
+from sandboxd.sandbox_reset import (
+    Baseline,
+    ResetReport,
+    baseline_argv,
+    parse_baseline,
+    parse_report,
+    reset_argv,
+    reset_stdin,
+)
+
+# A baseline lists every path of the writable mounts: room for a large one.
+_STEP_OUTPUT = 8 << 20
+
+
+class DockerRecycling:
+    """take_baseline and reset_in_place for DockerBackend."""
+
+    _shells: Shells
+
+    if TYPE_CHECKING:
+        # DockerBackend's.
+        def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]: ...
+
+    async def _step(self, handle: str, argv: list[str], stdin: bytes, timeout: float, what: str) -> bytes:
+        spec = ExecSpec(argv=tuple(argv), cwd="/", stdin=stdin, timeout=timeout, output_limit=_STEP_OUTPUT)
+        out, result = b"", None
+        async for event in self.exec(handle, spec):
+            if isinstance(event, OutputChunk) and event.stream == 1:
+                out += event.data
+            elif isinstance(event, ExecResult):
+                result = event
+        if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
+            why = (
+                "no result" if result is None else f"{result.outcome.name} {result.exit_code} {result.detail}"
+            )
+            raise TransientBackendError(f"the sandbox's {what} step failed: {why}")
+        return out
+
+    async def take_baseline(self, handle: str, timeout: float) -> Baseline:
+        """The baseline step's answer for the sandbox (see sandboxd.sandbox_reset)."""
+        out = await self._step(handle, baseline_argv(), b"", timeout, "baseline")
+        try:
+            return parse_baseline(out)
+        except ValueError as e:
+            raise TransientBackendError(f"the sandbox's baseline step answered no baseline: {e}") from e
+
+    async def reset_in_place(self, handle: str, baseline: Baseline, timeout: float) -> ResetReport:
+        """Closes the sandbox's shells, runs the reset step, starts a fresh spare."""
+        shells, _ = self._shells.release(handle)
+        await asyncio.gather(*(shell.close() for shell in shells), return_exceptions=True)
+        out = await self._step(handle, reset_argv(), reset_stdin(baseline), timeout, "reset")
+        try:
+            report = parse_report(out)
+        except ValueError as e:
+            raise TransientBackendError(f"the sandbox's reset step answered no report: {e}") from e
+        await self._shells.ready_spare(handle, await self._shells.new(handle))
+        return report
