@@ -14,7 +14,7 @@ from sandboxd.e2b import envd
 from sandboxd.e2b.control import Control, E2bSettings, Refused
 from sandboxd.e2b.registry import Registry
 
-__all__ = ["make_app", "serve"]
+__all__ = ["announce", "make_app", "serve", "start"]
 
 CONTROL = web.AppKey("e2b_control", Control)
 
@@ -65,16 +65,36 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     return app
 
 
+async def start(
+    client: AsyncClient, settings: E2bSettings, host: str, port: int
+) -> tuple[web.AppRunner, int]:
+    """Starts serving on ``host:port`` (0 = a free port) beside whatever
+    else the loop runs; returns the runner (``cleanup()`` stops it and ends
+    the sandboxes it holds) and the port bound."""
+    runner = web.AppRunner(make_app(client, settings), handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, int(bound)
+
+
+def announce(host: str, port: int, target: str) -> None:
+    """Prints where the API is and the settings that point the SDK at it."""
+    print(
+        f"E2B API on http://{host}:{port} -> sandboxd {target}; point the SDK at it with "
+        f"E2B_API_URL=http://{host}:{port} E2B_SANDBOX_URL=http://{host}:{port}",
+        flush=True,
+    )
+
+
 async def serve(target: str, settings: E2bSettings, host: str, port: int, token: str | None = None) -> None:
     """Serves until cancelled."""
     async with AsyncClient(target, token=token) as client:
-        runner = web.AppRunner(make_app(client, settings))
-        await runner.setup()
-        await web.TCPSite(runner, host, port).start()
-        print(
-            f"E2B API on http://{host}:{port} -> sandboxd {target}; point the SDK at it with "
-            f"E2B_API_URL=http://{host}:{port} E2B_SANDBOX_URL=http://{host}:{port}"
-        )
+        runner, bound = await start(client, settings, host, port)
+        announce(host, bound, target)
         try:
             await asyncio.Event().wait()
         finally:

@@ -26,6 +26,7 @@ from aiohttp import web
 from sandboxd import errors
 from sandboxd.client import AsyncClient
 from sandboxd.e2b.registry import PAUSED, RUNNING, Box, Registry, new_id, now
+from sandboxd.e2b.templates import Template
 
 __all__ = ["Control", "E2bSettings", "Refused"]
 
@@ -38,8 +39,11 @@ MAX_TIMEOUT = 24 * 3600
 
 @dataclass(frozen=True)
 class E2bSettings:
-    template_pools: dict[str, str] = field(default_factory=dict)
-    """E2B template name -> sandboxd pool; an unmapped name is the pool of that name."""
+    """What the E2B front end serves: its templates, accepted keys and tenants."""
+
+    templates: dict[str, Template] = field(default_factory=dict)
+    """E2B template name -> its pool and image; an unmapped name is the pool
+    of that name with the pool's own image."""
     api_keys: frozenset[str] = frozenset()
     """Accepted X-API-Keys; empty = any key (each key its own namespace)."""
     tenant_tokens: dict[str, str] = field(default_factory=dict)
@@ -193,15 +197,18 @@ def metadata_query(raw: str) -> dict[str, str]:
     return dict(pairs)
 
 
-async def resolve_pool(control: Control, client: AsyncClient, template: str) -> str:
-    pool = control.settings.template_pools.get(template, template)
+async def resolve_template(control: Control, client: AsyncClient, template: str) -> Template:
+    """The template's pool and image, the pool checked to exist; an unknown
+    template is 404 "template 'x' not found", E2B's answer (the SDK raises
+    ``SandboxException`` from create, ``alias_exists`` answers False)."""
+    target = control.settings.templates.get(template, Template(template))
     try:
-        await client.get_pool(pool)
+        await client.get_pool(target.pool)
     except errors.NotFound as e:
-        raise Refused(404, f"template '{template}' not found (no sandboxd pool {pool!r})") from e
+        raise Refused(404, f"template '{template}' not found (no sandboxd pool {target.pool!r})") from e
     except errors.SandboxdError as e:
         raise refused(e) from e
-    return pool
+    return target
 
 
 async def create(control: Control, request: web.Request) -> web.Response:
@@ -213,9 +220,14 @@ async def create(control: Control, request: web.Request) -> web.Response:
     timeout = timeout_of(given, 300)
     metadata, envs = strings(given, "metadata"), strings(given, "envVars")
     client = control.client_for(key)
-    pool = await resolve_pool(control, client, template)
+    target = await resolve_template(control, client, template)
     try:
-        lease = await client.lease(pool, lease_ttl=max(timeout, 1), timeout=control.settings.acquire_timeout)
+        lease = await client.lease(
+            target.pool,
+            lease_ttl=max(timeout, 1),
+            timeout=control.settings.acquire_timeout,
+            image=target.image,
+        )
     except errors.SandboxdError as e:
         raise refused(e) from e
     sandbox = lease.sandboxes[0]
@@ -224,7 +236,8 @@ async def create(control: Control, request: web.Request) -> web.Response:
         key=key,
         client=client,
         template=template,
-        pool=pool,
+        pool=target.pool,
+        image=target.image,
         metadata=metadata,
         envs=envs,
         timeout=timeout,
@@ -379,6 +392,7 @@ async def _fork_one(control: Control, box: Box, snapshot_id: str, timeout: int) 
         client=box.client,
         template=box.template,
         pool=box.pool,
+        image=box.image,
         metadata=dict(box.metadata),
         envs=dict(box.envs),
         timeout=timeout,
@@ -419,5 +433,5 @@ async def template_alias(control: Control, request: web.Request) -> web.Response
     runs on pools made beforehand."""
     client = control.client_for(control.key(request))
     alias = request.match_info["alias"]
-    await resolve_pool(control, client, alias)
+    await resolve_template(control, client, alias)
     return web.json_response({"public": False, "templateID": alias, "aliases": [alias]})

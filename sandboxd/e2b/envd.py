@@ -32,6 +32,7 @@ from sandboxd.e2b.connect import (
     stream_timeout,
 )
 from sandboxd.e2b.processes import Proc, find_process, input_bytes, start_process
+from sandboxd.e2b.pty import pty_size
 from sandboxd.e2b.registry import RUNNING, Box, Registry
 from sandboxd.e2b.watch import Watcher, watch_request
 
@@ -230,6 +231,13 @@ async def send_input(box: Box, _user: str, message: dict[str, Any]) -> dict[str,
     return {}
 
 
+async def update(box: Box, _user: str, message: dict[str, Any]) -> dict[str, Any]:
+    """Update: a PTY session's new terminal size (``pty.resize``)."""
+    proc = find_process(box, message)
+    await proc.resize(*pty_size(message))
+    return {}
+
+
 async def close_stdin(box: Box, _user: str, message: dict[str, Any]) -> dict[str, Any]:
     await find_process(box, message).close_stdin()
     return {}
@@ -309,6 +317,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/process.Process/SendSignal", _unary(send_signal))
     app.router.add_post("/process.Process/SendInput", _unary(send_input))
     app.router.add_post("/process.Process/CloseStdin", _unary(close_stdin))
+    app.router.add_post("/process.Process/Update", _unary(update))
     app.router.add_post("/filesystem.Filesystem/Stat", _unary(filesystem.stat))
     app.router.add_post("/filesystem.Filesystem/ListDir", _unary(filesystem.list_dir))
     app.router.add_post("/filesystem.Filesystem/MakeDir", _unary(filesystem.make_dir))

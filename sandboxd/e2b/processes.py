@@ -22,6 +22,7 @@ from typing import Any
 from sandboxd import errors
 from sandboxd.client import ExecResult
 from sandboxd.e2b.connect import ConnectError, b64, code_for, unb64
+from sandboxd.e2b.pty import pty_size, pty_wrapped, resize_argv
 from sandboxd.e2b.registry import Box
 
 __all__ = ["NO_LIMIT", "Proc", "end_event", "exec_user", "process_config", "start_process"]
@@ -91,13 +92,24 @@ def end_event(result: ExecResult) -> dict[str, Any] | ConnectError:
 class Proc:
     """One running command and the streams that follow it."""
 
-    def __init__(self, box: Box, pid: int, config: dict[str, Any], tag: str, stdin: bool) -> None:
+    def __init__(
+        self,
+        box: Box,
+        pid: int,
+        config: dict[str, Any],
+        tag: str,
+        stdin: bool,
+        pty: tuple[int, int] | None = None,
+    ) -> None:
         self.box = box
         self.pid = pid
         self.config = config
         self.tag = tag
-        self.stdin = stdin
-        self.fifo = f"{_STDIN_DIR}/{box.id}-{pid}" if stdin else ""
+        self.pty = pty
+        """(rows, cols) of a PTY session's terminal; None = plain pipes."""
+        self.stdin = stdin or pty is not None
+        self.fifo = f"{_STDIN_DIR}/{box.id}-{pid}" if self.stdin else ""
+        self.user = ""
         self._subscribers: set[asyncio.Queue[dict[str, Any] | ConnectError]] = set()
         self._task: asyncio.Task[None] | None = None
         self.done = asyncio.Event()
@@ -115,9 +127,12 @@ class Proc:
             queue.put_nowait(item)
 
     def start(self, argv: list[str], envs: dict[str, str], cwd: str, user: str, timeout: float) -> None:
+        self.user = user
         self._task = asyncio.create_task(self._run(argv, envs, cwd, user, timeout))
 
     def _wrapped(self, argv: list[str]) -> list[str]:
+        if self.pty is not None:
+            return pty_wrapped(self.fifo, _STDIN_DIR, argv, *self.pty)
         if not self.stdin:
             return argv
         # The wrapper holds the FIFO open read-write (fd 3), so the command's
@@ -148,10 +163,10 @@ class Proc:
                 timeout=timeout or NO_LIMIT,
                 user=exec_user(user),
             ):
-                if kind == "stdout":
-                    self._publish({"event": {"data": {"stdout": b64(value)}}})
-                elif kind == "stderr":
-                    self._publish({"event": {"data": {"stderr": b64(value)}}})
+                if kind in ("stdout", "stderr"):
+                    # A terminal has one output: what the session's stdout carries.
+                    stream = "pty" if self.pty is not None else kind
+                    self._publish({"event": {"data": {stream: b64(value)}}})
                 elif kind == "result":
                     self._publish(end_event(value))
         except asyncio.CancelledError:
@@ -184,11 +199,20 @@ class Proc:
         script = _READY + 'kill -USR1 "$(cat "$1.pid")"'
         await self._stdin_exec(["/bin/bash", "-c", script, "close", self.fifo], b"")
 
+    async def resize(self, rows: int, cols: int) -> None:
+        """Gives a PTY session's terminal a new size."""
+        if self.pty is None:
+            raise ConnectError("failed_precondition", f"process {self.pid} has no terminal to resize")
+        await self._stdin_exec(resize_argv(self.fifo, rows, cols), b"")
+        self.pty = (rows, cols)
+
     async def _stdin_exec(self, argv: list[str], data: bytes) -> None:
         if self.done.is_set():
             raise ConnectError("not_found", f"process {self.pid} has ended")
         try:
-            result = await self.box.client.exec(self.box.sandbox_id, argv, stdin=data, timeout=30.0)
+            result = await self.box.client.exec(
+                self.box.sandbox_id, argv, stdin=data, timeout=30.0, user=exec_user(self.user)
+            )
         except errors.SandboxdError as e:
             raise ConnectError(code_for(e), str(e)) from e
         if result.exit_code == 3:
@@ -200,29 +224,27 @@ class Proc:
 def start_process(box: Box, message: dict[str, Any], user: str, timeout: float) -> Proc:
     """Starts a Start request's command in ``box``."""
     argv, envs, cwd = process_config(message)
-    if message.get("pty"):
-        raise ConnectError("unimplemented", "PTY sessions are not served: sandboxd's exec has no terminal")
+    pty = pty_size(message) if message.get("pty") else None
     tag = message.get("tag", "")
     stdin = message.get("stdin", False)
     if not isinstance(tag, str) or not isinstance(stdin, bool):
         raise ConnectError("invalid_argument", "tag must be a string and stdin a boolean")
     config: dict[str, Any] = {"cmd": argv[0], "args": argv[1:], "envs": envs, "cwd": cwd}
-    proc = Proc(box, box.new_pid(), config, tag, stdin)
+    proc = Proc(box, box.new_pid(), config, tag, stdin, pty)
     box.processes[proc.pid] = proc
     proc.start(argv, envs, cwd, user, timeout)
     return proc
 
 
 def input_bytes(message: dict[str, Any]) -> bytes:
-    """The stdin bytes of a SendInput request."""
+    """The bytes of a SendInput request, for a command's stdin or a PTY's
+    keyboard (both reach the one input the process has)."""
     given = message.get("input")
     if not isinstance(given, dict):
         raise ConnectError("invalid_argument", "input is required")
-    if "pty" in given:
-        raise ConnectError("unimplemented", "PTY input is not served")
-    raw = given.get("stdin", "")
+    raw = given.get("pty", given.get("stdin", ""))
     if not isinstance(raw, str):
-        raise ConnectError("invalid_argument", "input.stdin must be base64 text")
+        raise ConnectError("invalid_argument", "input.stdin and input.pty must be base64 text")
     return unb64(raw)
 
 

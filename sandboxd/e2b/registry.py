@@ -42,6 +42,8 @@ class Box:
     timeout: float
     sandbox_id: str
     lease_id: str
+    image: str = ""
+    """The template's image ("" = its pool's own)."""
     access_token: str = field(default_factory=lambda: secrets.token_hex(16))
     """envd's X-Access-Token for this sandbox."""
     started_at: dt.datetime = field(default_factory=now)

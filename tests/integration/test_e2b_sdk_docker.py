@@ -16,6 +16,7 @@ from aiohttp import web
 from sandboxd.backends.base import GVISOR, LABEL_SANDBOX
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import E2bSettings, make_app
+from sandboxd.e2b.templates import Template
 from tests.integration.conftest import NO_GVISOR, gvisor_registered, poll
 
 e2b = pytest.importorskip("e2b")
@@ -27,7 +28,7 @@ KEY = "e2b_" + "5d" * 20
 
 @pytest.fixture
 async def e2b_url(client: AsyncClient, pool: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
-    app = make_app(client, E2bSettings(template_pools={"base": pool}, api_keys=frozenset({KEY})))
+    app = make_app(client, E2bSettings(templates={"base": Template(pool)}, api_keys=frozenset({KEY})))
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

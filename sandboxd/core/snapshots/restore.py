@@ -55,17 +55,23 @@ if TYPE_CHECKING:
 
 
 def restore_target(
-    control: ControlPlane, info: SnapshotInfo, n: int, pool: str, labels: dict[str, str] | None
+    control: ControlPlane,
+    info: SnapshotInfo,
+    n: int,
+    pool: str,
+    labels: dict[str, str] | None,
+    by_image: bool = False,
 ) -> tuple[int, dict[str, str], WarmPool]:
     """A restore's checked inputs, for file and live snapshots alike: the
     count (0 = 1), the labels, and the target pool (the snapshot's by
-    default), which must run the snapshot's image."""
+    default), which must run the snapshot's image, or, ``by_image`` (a
+    restore that leases by image), serve it among its images."""
     n = n or 1
     if n < 1:
         raise InvalidArgument("n", f"must be >= 1, got {n}")
     checked = v.labels("labels", labels or {})
     target = control.get_pool(pool or info.pool, "pool")
-    if target.config.image != info.image:
+    if target.config.image != info.image and not (by_image and target.config.serves(info.image)):
         raise FailedPrecondition(
             f"snapshot {info.id} was taken on image {info.image!r}; pool {pool or info.pool!r} runs "
             f"{target.config.image!r}"
@@ -110,7 +116,9 @@ class Restore:
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
         """Leases ``n`` sandboxes of ``pool`` (the snapshot's by default) and
         restores ``info`` into each; on any failure none stays leased."""
-        n, labels, target = restore_target(self._control, info, n, pool, labels)
+        n, labels, target = restore_target(self._control, info, n, pool, labels, by_image=True)
+        # A snapshot of a per-task image's sandbox restores into one of that image.
+        image = "" if info.image == target.config.image else info.image
         try:
             resolved = await self._catalog.entries(info.id)
         except UnsafeSnapshot as e:
@@ -166,7 +174,7 @@ class Restore:
             # Until they answer, a snapshot of the targets is refused (it would see a workspace half written).
             with self._control.reconciler.urgent(), self._baselines.restoring(info.id) as restoring:
                 lease, records = await self._control.acquire(
-                    pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining
+                    pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining, image=image
                 )
                 restoring.update(r.sandbox_id for r in records)
                 try:

@@ -1,0 +1,102 @@
+"""The E2B API's server-side parts: a templates file's build recipes built
+through the image cache (the same builds as ``sandboxd image build``), and
+the API served inside ``sandboxd serve`` (``--e2b-port``).
+
+The E2B front end (sandboxd.e2b) speaks to sandboxd only through the public
+client, as every rollout-side package does; inside ``serve`` it keeps doing
+so over a loopback connection to the server's own port, so both ways of
+running it behave the same and it never reaches into the server's state."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from sandboxd.app import App, make_backend
+from sandboxd.client import AsyncClient
+from sandboxd.clock import SystemClock
+from sandboxd.core.images import ImageCache
+from sandboxd.e2b.cli import Builder, settings_from
+from sandboxd.e2b.templates import Recipe, Template
+from sandboxd.settings import load_settings
+
+__all__ = ["build_recipes", "cache_builder", "standalone_builder", "start_beside"]
+
+
+async def build_recipes(cache: ImageCache, recipes: list[Recipe]) -> dict[str, Template]:
+    """Each recipe's template: its pool and the tag its build gave (a recipe
+    built before answers at once). Build logs go to stderr; a failure raises
+    sandboxd's error naming the failing step."""
+    out: dict[str, Template] = {}
+    for recipe in recipes:
+
+        def log(line: str, name: str = recipe.name) -> None:
+            print(f"template {name}: {line}", file=sys.stderr)
+
+        tag = await cache.build(
+            recipe.context, dockerfile=recipe.dockerfile, build_args=recipe.build_args, on_log=log
+        )
+        out[recipe.name] = Template(recipe.pool, tag)
+    return out
+
+
+def cache_builder(cache: ImageCache) -> Builder:
+    """A Builder on a running server's image cache."""
+
+    async def build(recipes: list[Recipe]) -> dict[str, Template]:
+        return await build_recipes(cache, recipes)
+
+    return build
+
+
+def standalone_builder(config: Path | None) -> Builder:
+    """A Builder for ``sandboxd e2b-api``: an image cache of its own on the
+    engine the settings file ``config`` names (else DOCKER_HOST, else the
+    local one), for the builds only (it evicts nothing, as ``sandboxd image
+    build``'s does not: the server alone knows what is used)."""
+
+    async def build(recipes: list[Recipe]) -> dict[str, Template]:
+        settings = load_settings(config, None, os.environ)
+        backend = make_backend(settings)
+        cache = ImageCache(
+            backend,
+            SystemClock(),
+            settings.images,
+            ledger_path=settings.state_dir / f"{settings.instance_id}-images.sqlite3",
+            environ=os.environ,
+            evicts=False,
+        )
+        try:
+            await cache.start()
+            return await build_recipes(cache, recipes)
+        finally:
+            await cache.stop()
+            await backend.close()
+
+    return build
+
+
+async def start_beside(app: App, args: argparse.Namespace) -> Callable[[], Awaitable[None]]:
+    """Starts the E2B API of ``serve``'s ``--e2b-*`` flags beside a started
+    ``app``; returns what stops it (ending the E2B sandboxes it holds)."""
+    from sandboxd.e2b.app import announce, start
+
+    if app.settings.server.tls_cert_file:
+        raise SystemExit(
+            "error: --e2b-port speaks to the server over loopback without TLS; with server TLS on, "
+            "run `sandboxd e2b-api --target` against it instead"
+        )
+    build = cache_builder(app.control.images) if app.control.images is not None else None
+    settings = await settings_from(args, build)
+    client = AsyncClient(app.address, token=args.e2b_token)
+    runner, port = await start(client, settings, args.e2b_host, args.e2b_port)
+    announce(args.e2b_host, port, app.address)
+
+    async def stop() -> None:
+        await runner.cleanup()
+        await client.close()
+
+    return stop

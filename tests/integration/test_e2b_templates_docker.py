@@ -1,0 +1,281 @@
+"""The unchanged ``e2b`` SDK against sandboxd on the real engine: templates
+mapped to a pool's per-task images and to recipes built through the image
+cache, PTY sessions (``sandbox.pty``), and the E2B API served inside
+``sandboxd serve --e2b-port``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+import pytest
+from aiohttp import web
+
+from sandboxd.app import App
+from sandboxd.cli_e2b import cache_builder
+from sandboxd.client import AsyncClient
+from sandboxd.e2b import make_app
+from sandboxd.e2b.cli import settings_from
+from tests.integration.conftest import instance_containers, poll
+
+e2b = pytest.importorskip("e2b")
+e2b_connect = pytest.importorskip("e2b_connect")
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+KEY = "e2b_" + "7c" * 20
+
+
+def _point_sdk(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv("E2B_API_URL", url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", url)
+    monkeypatch.setenv("E2B_API_KEY", KEY)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+
+
+def _templates_file(tmp_path: Path, image: str) -> Path:
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f'FROM {image}\nARG MARK\nUSER root\nRUN echo "built $MARK" > /etc/e2b-template\n'
+    )
+    path = tmp_path / "templates.toml"
+    path.write_text(
+        '[templates.plain]\npool = "itm"\n\n'
+        '[templates.built]\npool = "itm"\ncontext = "ctx"\nbuild_args = { MARK = "m1" }\n\n'
+        '[templates.own]\npool = "it"\n'
+        # The pool "it" serves only its own image.
+        f'\n[templates.refused]\npool = "it"\nimage = "{image}-not-served"\n'
+    )
+    return path
+
+
+@pytest.fixture
+async def templated(
+    app: App, client: AsyncClient, image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[str]:
+    """An E2B API whose templates come from a templates file, one of them built."""
+    await client.create_pool("it", image, min_ready=1, max_size=4)
+    await client.create_pool("itm", image, min_ready=1, max_size=6, images=["*"])
+    assert app.control.images is not None
+    args = argparse.Namespace(
+        e2b_templates=_templates_file(tmp_path, image),
+        e2b_template=["flagged=itm"],
+        e2b_api_key=[KEY],
+        e2b_tenant=[],
+        e2b_acquire_timeout=120.0,
+    )
+    settings = await settings_from(args, cache_builder(app.control.images))
+    runner = web.AppRunner(make_app(client, settings), handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    _point_sdk(monkeypatch, f"http://127.0.0.1:{port}")
+    yield settings.templates["built"].image
+    await runner.cleanup()
+
+
+def _sync_templates() -> dict[str, object]:
+    from e2b import CommandExitException, Sandbox, SandboxException
+
+    seen: dict[str, object] = {}
+    built = Sandbox.create(template="built", timeout=120)
+    try:
+        seen["built"] = built.commands.run("cat /etc/e2b-template").stdout
+        seen["template_id"] = built.get_info().template_id
+    finally:
+        built.kill()
+    plain = Sandbox.create(template="plain", timeout=120)
+    try:
+        with pytest.raises(CommandExitException):
+            plain.commands.run("cat /etc/e2b-template")
+    finally:
+        plain.kill()
+    with pytest.raises(SandboxException) as unknown:
+        Sandbox.create(template="no-such-template")
+    seen["unknown"] = str(unknown.value)
+    with pytest.raises(SandboxException) as refused:
+        Sandbox.create(template="refused")
+    seen["refused"] = str(refused.value)
+    return seen
+
+
+async def test_templates_are_pool_images_and_builds_sync_and_async(
+    templated: str, client: AsyncClient
+) -> None:
+    from e2b import AsyncSandbox, AsyncTemplate
+
+    assert templated.startswith("sandboxd-build:")
+    seen = await asyncio.to_thread(_sync_templates)
+    assert seen["built"] == "built m1\n" and seen["template_id"] == "built"
+    assert str(seen["unknown"]).startswith("404") and "template 'no-such-template' not found" in str(
+        seen["unknown"]
+    )
+    assert "not-served" in str(seen["refused"]) and "spec.images" in str(seen["refused"])
+
+    sbx = await AsyncSandbox.create(template="built", timeout=120)
+    try:
+        (leased,) = [s for s in await client.list_sandboxes("itm") if s.lease_id]
+        assert leased.image == templated
+        await sbx.files.write("/workspace/kept.txt", "state")
+        # A filesystem pause and its resume keep the template's image.
+        assert await sbx.pause(keep_memory=False) is True
+        resumed = await AsyncSandbox.connect(sbx.sandbox_id)
+        assert (await resumed.commands.run("cat /etc/e2b-template /workspace/kept.txt")).stdout == (
+            "built m1\nstate"
+        )
+        (forked,) = await resumed.fork(count=1, timeout=60)
+        assert isinstance(forked, AsyncSandbox)
+        try:
+            assert (await forked.commands.run("cat /etc/e2b-template")).stdout == "built m1\n"
+        finally:
+            await forked.kill()
+    finally:
+        await sbx.kill()
+    assert await AsyncTemplate.alias_exists("built") is True
+    assert await AsyncTemplate.alias_exists("flagged") is True
+    assert await AsyncTemplate.alias_exists("no-such-template") is False
+
+
+def _sync_pty() -> tuple[str, int, str]:
+    from e2b import CommandExitException, PtySize, Sandbox
+
+    sbx = Sandbox.create(template="own", timeout=120)
+    try:
+        term = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+        sbx.pty.send_stdin(term.pid, b"stty size; tty; exit 7\n")
+        out: list[bytes] = []
+        with pytest.raises(CommandExitException) as exc:
+            term.wait(on_pty=out.append)
+        first = b"".join(out).decode(errors="replace")
+
+        resized = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+        sbx.pty.resize(resized.pid, PtySize(rows=33, cols=101))
+        sbx.pty.send_stdin(resized.pid, b"stty size; exit\n")
+        again: list[bytes] = []
+        assert resized.wait(on_pty=again.append).exit_code == 0
+        return first, exc.value.exit_code, b"".join(again).decode(errors="replace")
+    finally:
+        sbx.kill()
+
+
+async def test_pty_sessions_sync_and_async(templated: str) -> None:
+    from e2b import AsyncSandbox, PtySize
+
+    first, code, resized = await asyncio.to_thread(_sync_pty)
+    assert "24 80" in first and "/dev/pts/" in first and code == 7
+    assert "33 101" in resized
+
+    sbx = await AsyncSandbox.create(template="own", timeout=120)
+    try:
+        out = bytearray()
+        seen = asyncio.Event()
+        wanted = [b"40 120"]
+
+        def on_data(data: bytes) -> None:
+            out.extend(data)
+            if wanted[0] in out:
+                seen.set()
+
+        term = await sbx.pty.create(PtySize(rows=40, cols=120), on_data, cwd="/tmp", timeout=0)
+        await sbx.pty.send_stdin(term.pid, b"stty size\n")
+        await asyncio.wait_for(seen.wait(), 60)
+        # SIGWINCH reaches the program in the foreground of the terminal.
+        seen.clear()
+        wanted[0] = b"winched 50 132"
+        # The terminal echoes the line typed: the marker is spelled so that only its output matches.
+        await sbx.pty.send_stdin(term.pid, b"trap 'echo winched $(stty size)' WINCH; echo ar''med\n")
+        await poll(lambda: b"armed\r\n" in out, 60, "the trap to be set")
+        await sbx.pty.resize(term.pid, PtySize(rows=50, cols=132))
+        await asyncio.wait_for(seen.wait(), 60)
+        assert term.pid in [p.pid for p in await sbx.commands.list()]
+        assert await sbx.pty.kill(term.pid) is True
+        assert await sbx.pty.kill(term.pid) is False
+        # The SDK's resize hands on the Connect error as it is (it wraps no error there).
+        with pytest.raises(e2b_connect.ConnectException) as unknown:
+            await sbx.pty.resize(999999, PtySize(rows=1, cols=1))
+        assert unknown.value.status == e2b_connect.Code.not_found
+    finally:
+        await sbx.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve_session(pool: str) -> tuple[str, str]:
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(template="base", timeout=60)
+    try:
+        out = sbx.commands.run("echo served in serve").stdout
+        return out, sbx.sandbox_id
+    finally:
+        sbx.kill()
+
+
+async def test_serve_e2b_port_serves_the_sdk(
+    image: str, engine: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grpc_port, e2b_port = _free_port(), _free_port()
+    instance = "it-e2b-" + secrets.token_hex(3)
+    log = (tmp_path / "serve.log").open("wb")
+    cmd = [
+        sys.executable,
+        "-m",
+        "sandboxd.cli",
+        "serve",
+        "--port",
+        str(grpc_port),
+        "--instance",
+        instance,
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--e2b-port",
+        str(e2b_port),
+        "--e2b-template",
+        "base=srv",
+        "--e2b-api-key",
+        KEY,
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
+    )
+    try:
+        async with AsyncClient(f"127.0.0.1:{grpc_port}") as client:
+
+            async def up() -> bool:
+                try:
+                    await client.list_pools()
+                except Exception:
+                    return proc.returncode is not None
+                return True
+
+            await poll(up, 60, "the server to answer")
+            assert proc.returncode is None, (tmp_path / "serve.log").read_text()
+            await client.create_pool("srv", image, min_ready=1, max_size=2)
+            _point_sdk(monkeypatch, f"http://127.0.0.1:{e2b_port}")
+            out, _ = await asyncio.to_thread(_serve_session, "srv")
+            assert out == "served in serve\n"
+            await client.delete_pool("srv", force=True)
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 60)
+        left = await asyncio.to_thread(instance_containers, engine, instance)
+        for c in left:
+            await asyncio.to_thread(c.remove, force=True)
+    assert proc.returncode == 0, (tmp_path / "serve.log").read_text()
+    assert "E2B API on http://127.0.0.1:" in (tmp_path / "serve.log").read_text()
+    assert not left
