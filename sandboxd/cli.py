@@ -55,12 +55,17 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-async def _serve(settings: Settings) -> None:
+async def _serve(settings: Settings, args: argparse.Namespace) -> None:
     from sandboxd.app import build_app
 
     _raise_open_files_limit()
     app = build_app(settings)
     await app.start()
+    stop_e2b = None
+    if args.e2b_port is not None:
+        from sandboxd.cli_e2b import start_beside
+
+        stop_e2b = await start_beside(app, args)
     # Everything allocated so far lives as long as the server: keep it out of
     # the collector's full passes, which otherwise stall every RPC at once.
     gc.collect()
@@ -72,6 +77,8 @@ async def _serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     print("sandboxd: shutting down (leased sandboxes are kept for the next start)", flush=True)
+    if stop_e2b is not None:
+        await stop_e2b()
     await app.stop()
 
 
@@ -168,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--kubeconfig", help="kubeconfig file (kubernetes backend; default: in-cluster)")
         p.add_argument("--namespace", help="namespace of the sandbox Pods (kubernetes backend)")
 
-    server_flags(sub.add_parser("serve", help="run the gRPC control plane"))
+    serve_parser = sub.add_parser("serve", help="run the gRPC control plane")
+    server_flags(serve_parser)
+    e2b_api.add_serve_flags(serve_parser)
     ex = sub.add_parser("example", help="start a server and run an example rollout workload against it")
     server_flags(ex)
     ex.add_argument("--groups", type=int, default=2, help="GRPO groups to run")
@@ -281,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.command == "e2b-api":
-        return e2b_api.run_cli(args)
+        from sandboxd.cli_e2b import standalone_builder
+
+        return e2b_api.run_cli(args, standalone_builder(args.config))
     if args.command == "prime-api":
         from sandboxd.adapters.prime import run_cli
 
@@ -320,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = _settings(args)
     if args.command == "serve":
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(settings))
+            asyncio.run(_serve(settings, args))
         return 0
     from sandboxd.example import run_example
 
