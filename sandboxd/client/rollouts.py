@@ -169,7 +169,9 @@ class RolloutClient:
             call.cancel()
 
     async def figures(self, run: str) -> pb.Figures:
-        """The run's throughput-matching figures now (rates, idle ratios, staleness)."""
+        """The run's throughput-matching figures now (rates, idle ratios,
+        staleness), its rollouts' stage distributions (``lifecycle``) and its
+        dollars at the server's prices (``cost``)."""
         with rpc_errors():
             response: pb.GetFiguresResponse = await self.stub.GetFigures(
                 pb.GetFiguresRequest(run=run), metadata=self._metadata

@@ -3,6 +3,7 @@ by the WatchPool stream."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -110,17 +111,24 @@ async def _run_line(client: AsyncClient, run: str) -> str:
     ) + "".join(f"\n  {line}" for line in run_detail_lines(f))
 
 
+def usd(amount: float) -> str:
+    """Dollars to the cent, or to three significant digits below a cent."""
+    if amount >= 0.01 or amount <= 0:
+        return f"${amount:.2f}"
+    return f"${amount:.{2 - math.floor(math.log10(amount))}f}"
+
+
 def run_detail_lines(f: rollouts_pb2.Figures) -> list[str]:
     """A run's dollars and its rollouts' stage distributions, for ``sandboxd status --run``."""
     lines = []
     if f.HasField("cost"):
         c = f.cost
-        mtok = f" ${c.usd_per_mtok:.2f}/Mtok (sandboxes ${c.sandbox_usd_per_mtok:.4f})" if c.tokens else ""
+        mtok = f" {usd(c.usd_per_mtok)}/Mtok (sandboxes {usd(c.sandbox_usd_per_mtok)})" if c.tokens else ""
         lines.append(
-            f"cost: trainer idle ${c.trainer_idle_usd_per_step:.4f}/step"
-            f" (${c.trainer_idle_usd_per_hour:.2f}/h"
-            f" of {c.trainer_gpus} GPUs at ${c.gpu_hour_usd:.2f}), sandboxes ${c.sandbox_usd_per_rollout:.6f}"
-            f"/rollout ${c.sandbox_usd_per_step:.4f}/step{mtok}; {c.steps} steps {c.rollouts} rollouts"
+            f"cost: trainer idle {usd(c.trainer_idle_usd_per_step)}/step"
+            f" ({usd(c.trainer_idle_usd_per_hour)}/h"
+            f" of {c.trainer_gpus} GPUs at {usd(c.gpu_hour_usd)}), sandboxes {usd(c.sandbox_usd_per_rollout)}"
+            f"/rollout {usd(c.sandbox_usd_per_step)}/step{mtok}; {c.steps} steps {c.rollouts} rollouts"
             f" in {f.window_seconds:.0f} s"
         )
     if f.HasField("lifecycle"):

@@ -31,9 +31,12 @@ async def test_figures_are_gauges_and_in_status(app: App, client: AsyncClient) -
     assert lines['sandboxd_rollout_queue_depth_groups{run="r1"}'] == "1"
     assert 'sandboxd_rollout_trainer_idle_ratio{run="r1"}' in lines
     assert 'sandboxd_rollout_policy_version{run="r1"}' in lines
+    assert 'sandboxd_rollout_trainer_idle_usd_per_hour{run="r1"}' in lines
+    assert 'sandboxd_rollout_sandbox_usd_total{run="r1"}' in lines
 
     out = io.StringIO()
     assert await run_status(app.address, once=True, out=out, runs=["r1", "nope"]) == 0
     shown = out.getvalue()
     assert "run r1: v0" in shown and "queue 1" in shown
+    assert "cost: trainer idle $" in shown and "lifecycle: 0 rollouts" in shown
     assert "run nope:" in shown and "not found" in shown.lower()

@@ -19,7 +19,7 @@ from sandboxd.client.rollouts import RolloutClient, trajectory
 from sandboxd.core.rollouts.spans import ROOT_SPAN, SANDBOX_START_SPAN, STAGE_SPAN_PREFIX
 from sandboxd.settings import TelemetrySettings
 from sandboxd.telemetry import Telemetry
-from sandboxd.telemetry.status import run_detail_lines
+from sandboxd.telemetry.status import run_detail_lines, usd
 from tests.lifecycle_run import TOKENS_PER_TRAJECTORY, run_rollouts, traces
 from tests.unit.conftest import IMAGE, make_settings
 
@@ -126,3 +126,11 @@ async def test_cancelled_and_dropped_groups_end_their_traces(
     assert app.rollouts is not None
     (run,) = app.rollouts.runs.values()
     assert app.rollouts.lifecycle(run).following == 1
+
+
+@pytest.mark.parametrize(
+    ("amount", "shown"),
+    [(0.0, "$0.00"), (1.59, "$1.59"), (0.0493, "$0.05"), (0.0012345, "$0.00123"), (0.000015, "$0.0000150")],
+)
+def test_status_shows_dollars_to_the_cent_or_three_digits(amount: float, shown: str) -> None:
+    assert usd(amount) == shown

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from sandboxd.core.rollouts.cost import CostFigures
 from sandboxd.core.rollouts.figures import Figures
 from sandboxd.core.rollouts.service import RolloutManager
 
@@ -52,6 +53,18 @@ GAUGES: dict[str, tuple[str, Callable[[Figures], float]]] = {
 }
 
 
+COST_GAUGES: dict[str, tuple[str, Callable[[CostFigures], float]]] = {
+    "sandboxd_rollout_trainer_idle_usd_per_hour": (
+        "the trainer's idle share times its GPUs' hourly price ([cost])",
+        lambda c: c.trainer_idle_usd_per_hour,
+    ),
+    "sandboxd_rollout_sandbox_usd_total": (
+        "rollout sandboxes' CPU and memory reservation, priced, since the run was configured",
+        lambda c: c.sandbox_usd_total,
+    ),
+}
+
+
 def register_rollout_gauges(meter: Meter, manager: RolloutManager) -> None:
     """Registers the rollout gauges, one series per run, read from its figures at each collection."""
 
@@ -70,6 +83,20 @@ def register_rollout_gauges(meter: Meter, manager: RolloutManager) -> None:
             for reason, count in run.queue.figures().filtered.items():
                 out.append(Observation(count, {"run": key, "reason": reason}))
         return out
+
+    def dollars(read: Callable[[CostFigures], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(read(manager.lifecycle(run).cost(run.queue.figures())), {"run": key})
+                for key, run in manager.runs.items()
+            ]
+
+        return callback
+
+    for name, (description, read_cost) in COST_GAUGES.items():
+        meter.create_observable_gauge(
+            name, callbacks=[dollars(read_cost)], description=description, unit="USD"
+        )
 
     meter.create_observable_gauge(
         "sandboxd_rollout_filtered_groups_total",
