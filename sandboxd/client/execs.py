@@ -25,11 +25,17 @@ class ExecResult:
     outcome: str
     """EXITED, TIMED_OUT, KILLED, OUTPUT_TRUNCATED, SANDBOX_LOST, OOM_KILLED, ..."""
     exit_code: int
+    """The exit status when EXITED; -1 when the process did not exit by itself."""
     stdout: bytes
+    """Standard output, up to the output cap."""
     stderr: bytes
+    """Standard error, up to the output cap."""
     duration: float
+    """Seconds the command ran."""
     output_truncated: bool = False
+    """The output went past its cap and was cut."""
     detail: str = ""
+    """Why a command did not exit by itself, in words (empty when EXITED)."""
 
     @property
     def ok(self) -> bool:

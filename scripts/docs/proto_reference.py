@@ -87,7 +87,9 @@ class ProtoFile:
 _RPC = re.compile(
     r"^rpc\s+(\w+)\s*\(\s*(stream\s+)?([\w.]+)\s*\)\s*returns\s*\(\s*(stream\s+)?([\w.]+)\s*\)\s*$"
 )
-_FIELD = re.compile(r"^(?:(repeated|optional)\s+)?([\w.]+|map\s*<\s*[\w.]+\s*,\s*[\w.]+\s*>)\s+(\w+)\s*=\s*(\d+)")
+_FIELD = re.compile(
+    r"^(?:(repeated|optional)\s+)?([\w.]+|map\s*<\s*[\w.]+\s*,\s*[\w.]+\s*>)\s+(\w+)\s*=\s*(\d+)"
+)
 _ENUM_VALUE = re.compile(r"^(\w+)\s*=\s*(-?\d+)")
 
 
@@ -287,9 +289,7 @@ class Reference:
 
     def rpcs(self) -> list[str]:
         """Full names of every RPC: ``sandboxd.v1.SandboxService.Acquire``."""
-        return [
-            f"{p.package}.{s.name}.{r.name}" for p in self.files for s in p.services for r in s.rpcs
-        ]
+        return [f"{p.package}.{s.name}.{r.name}" for p in self.files for s in p.services for r in s.rpcs]
 
     def page(self, proto: ProtoFile) -> str:
         """The reference page of one .proto file."""
@@ -313,10 +313,14 @@ class Reference:
                 rfull = f"{full}.{rpc.name}"
                 if not rpc.doc:
                     log.warning("proto reference: rpc %s has no comment", rfull)
-                req = ("stream " if rpc.request_stream else "") + self.resolve(rpc.request, pkg, "")
-                resp = ("stream " if rpc.response_stream else "") + self.resolve(rpc.response, pkg, "")
+                req = ("stream " if rpc.request_stream else "") + rpc.request
+                resp = ("stream " if rpc.response_stream else "") + rpc.response
                 out.append(f"#### {rpc.name} {{ #{rfull} }}\n")
-                out.append(f"`{rpc.name}`({req}) → {resp}\n")
+                out.append(f"```proto\nrpc {rpc.name}({req}) returns ({resp});\n```\n")
+                out.append(
+                    f"Request: {self.resolve(rpc.request, pkg, '')} · "
+                    f"response: {self.resolve(rpc.response, pkg, '')}\n"
+                )
                 out.append(render_doc(rpc.doc))
         if proto.messages:
             out.append("## Messages\n")

@@ -1,0 +1,50 @@
+"""The examples a newcomer copies first run as written, against the real
+server and engine: the README's thirty-line rollout and the first rollout of
+the client guide. Only the server's address and the image are swapped in."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sandboxd.app import App
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def python_block(path: Path, after_heading: str) -> str:
+    """The first ```python block below the heading."""
+    text = path.read_text()
+    start = text.index(after_heading)
+    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
+    assert match, f"no python block under {after_heading!r} in {path.name}"
+    return match[1]
+
+
+async def run_example(code: str, app: App, image: str) -> None:
+    assert code.count('"127.0.0.1:50051"') == 1
+    assert code.rstrip().endswith("asyncio.run(main())")
+    code = code.replace('"127.0.0.1:50051"', repr(app.address))
+    code = re.sub(r'"sandboxd/rollout:[0-9a-f]+"', repr(image), code)
+    code = code.rstrip().removesuffix("asyncio.run(main())")
+    namespace: dict[str, object] = {}
+    exec(compile(code, "example", "exec"), namespace)
+    await namespace["main"]()  # type: ignore[operator]
+
+
+async def test_readme_example_runs(app: App, image: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = python_block(ROOT / "README.md", "## A rollout in thirty lines")
+    assert len(code.splitlines()) <= 30
+    await run_example(code, app, image)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == str([1.0 if i == 6 else 0.0 for i in range(8)])
+    assert out[1:] == [str(["/tmp", "1"])]
+
+
+async def test_client_guide_example_runs(app: App, image: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = python_block(ROOT / "docs" / "training" / "client.md", "## A first rollout")
+    await run_example(code, app, image)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [str(["42\n"] * 8), "/tmp", "1", ""]
