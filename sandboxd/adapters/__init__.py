@@ -4,4 +4,9 @@ already speak, names and meanings kept: slime's ``Sandbox`` Protocol
 (``prime``), a mini-swe-agent environment (``miniswe``), rLLM's ``Sandbox``
 (``rllm``), a SandboxFusion-compatible ``/run_code`` endpoint
 (``sandboxfusion``: verl, PipelineRL) and a verifiers-style runtime
-(``verifiers``). They use only the public client API."""
+(``verifiers``).
+
+May import: only the public client API — ``sandboxd.client``, the generated
+``sandboxd.v1`` and ``sandboxd.errors`` — and each framework's own package;
+nothing of the server (pyproject.toml's "Client side speaks only the public
+client API" contract checks it)."""

@@ -1,5 +1,13 @@
 """Blob stores for snapshots: a local directory and S3-compatible object
-storage, behind one small async port (``BlobStore``)."""
+storage, behind one small async port (``BlobStore``).
+
+Owns the port (``base``) and its two stores (``local``; ``s3``: SigV4 over
+aiohttp, multipart uploads). They store bytes by key and know nothing of
+snapshots.
+
+May import: ``sandboxd.errors`` and aiohttp. Never ``sandboxd.core`` or
+``sandboxd.api`` (layers contract in pyproject.toml).
+"""
 
 from sandboxd.stores.base import BlobStore
 from sandboxd.stores.local import LocalBlobStore
