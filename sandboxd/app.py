@@ -118,6 +118,7 @@ def make_backend(settings: Settings) -> Backend:
         return FakeBackend(start_delay=cfg.start_delay_seconds)
     if isinstance(cfg, KubernetesBackendSettings):
         from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, PodOptions
+        from sandboxd.backends.kubernetes.egress import EgressProxyRef
 
         return KubernetesBackend(
             KubernetesOptions(
@@ -152,6 +153,12 @@ def make_backend(settings: Settings) -> Backend:
                 exec_health_check=cfg.exec_health_check,
                 tenant_quotas=cfg.tenant_quotas,
                 prefer_image_nodes=cfg.prefer_image_nodes,
+                egress_proxy=(
+                    EgressProxyRef(cfg.egress_proxy_service, cfg.egress_proxy_namespace or cfg.namespace)
+                    if cfg.egress_proxy_service
+                    else None
+                ),
+                pool_specs_in_cluster=cfg.state == "cluster",
             )
         )
     raise TypeError(f"unknown backend settings {cfg!r}")

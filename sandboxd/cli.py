@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sandboxd import cli_images, cli_snapshots
+from sandboxd import cli_egress, cli_images, cli_snapshots
 from sandboxd.e2b import cli as e2b_api
 from sandboxd.settings import Settings, load_settings
 
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--once", action="store_true", help="print one table and exit")
     st.add_argument("--run", action="append", default=[], help="also show this rollout run's figures")
     cli_snapshots.add_parser(sub)
+    cli_egress.add_parser(sub)
     e2b_api.add_parser(sub)
     image = sub.add_parser("image", help="the default sandbox image, or one from a recipe (--context)")
     image.add_argument("action", choices=["build", "tag"])
@@ -318,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "snapshot":
         return asyncio.run(cli_snapshots.run(args))
+    if args.command == "egress-proxy":
+        with contextlib.suppress(KeyboardInterrupt):
+            return asyncio.run(cli_egress.run(args))
+        return 0
     if args.command == "image" and args.action == "build" and args.context is not None:
         return asyncio.run(cli_images.build_recipe(args, _settings(args)))
     if args.command == "image":

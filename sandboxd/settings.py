@@ -261,6 +261,12 @@ class KubernetesBackendSettings:
     """Longest a create waits for its Pod to be Running and Ready."""
     network_policy: bool = True
     """Create a deny-all NetworkPolicy for sandbox Pods in the namespace."""
+    egress_proxy_service: str = ""
+    """The chart's egress proxy Service (``sandboxd egress-proxy``) that Pods
+    of pools with network rules reach the allowed hosts through; empty =
+    such pools are refused (FAILED_PRECONDITION)."""
+    egress_proxy_namespace: str = ""
+    """Namespace of that Service and its Pods; empty = ``namespace``."""
     allowed_images: list[str] = field(default_factory=list)
     """Images pools may use; empty = any (image_exists() is then always true)."""
     check_node_images: bool = False

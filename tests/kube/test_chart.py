@@ -17,6 +17,7 @@ from kubernetes import client as k8s_client
 from sandboxd.backends.base import GVISOR, RUNC, LeaseMark, Limits, SandboxSpec
 from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, LeaderElector, PodOptions
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
+from sandboxd.backends.kubernetes.egress import EgressProxyRef, pool_policy_name
 from sandboxd.backends.kubernetes.podspec import tenant_class
 from tests.kube.conftest import IMAGE
 
@@ -138,6 +139,7 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 namespace=namespace,
                 tenant_quotas=True,
                 pod=PodOptions(namespace=namespace, instance=instance, gvisor_runtime_class=probe_class),
+                egress_proxy=EgressProxyRef("sandboxd-egress", release_ns),
             ),
             as_sa,
         )
@@ -152,7 +154,21 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             # Pools and leases kept in the API server (the Ledger).
             await backend.save_pool_spec("p", '{"name": "p"}')
             assert await backend.load_pool_specs() == {"p": '{"name": "p"}'}
+            # A pool with rules: the chart's proxy Service read, the pool's
+            # NetworkPolicy made, and deleted with the pool's spec.
+            networked = await backend.create(
+                SandboxSpec(
+                    "sb-" + secrets.token_hex(6), "p", IMAGE, Limits(memory_bytes=64 << 20, cpu_millis=100),
+                    network=("pypi.internal",),
+                )
+            )  # fmt: skip
+            policy = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/"
+            await kube.request("GET", policy + pool_policy_name(instance, "p"))
+            await backend.destroy(networked)
             await backend.delete_pool_spec("p")
+            with pytest.raises(KubeError) as gone:
+                await kube.request("GET", policy + pool_policy_name(instance, "p"))
+            assert gone.value.status == 404
             await backend.mark_leased(handle, LeaseMark("ls-1", "p", 60.0, 1e10, {"run": "r"}))
             assert [m[1:] for m in await backend.lease_marks()] == [
                 (handle, LeaseMark("ls-1", "p", 60.0, 1e10, {"run": "r"}))
@@ -202,7 +218,9 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 ("GET", f"/api/v1/namespaces/{release_ns}/pods"),
                 ("GET", "/api/v1/namespaces/default/pods"),
                 ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{release_ns}/leases/other"),
-                ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/x"),
+                ("PATCH", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/x"),
+                ("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{release_ns}/networkpolicies/x"),
+                ("GET", f"/api/v1/namespaces/{release_ns}/services/other"),
                 ("GET", "/apis/scheduling.k8s.io/v1/priorityclasses"),
                 ("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{tenant_class('default')}"),
                 ("GET", "/apis/node.k8s.io/v1/runtimeclasses"),
@@ -212,6 +230,31 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 with pytest.raises(KubeError) as info:
                     await as_sa.request(method, path)
                 assert info.value.status == 403, (method, path, info.value)
+            # The egress proxy's account: sandbox Pods and its own Service, read only.
+            as_proxy = KubeClient(_as(kube, await _token(kube, release_ns, "sandboxd-egress")), threads=2)
+            try:
+                # What PodPolicies asks (it takes a refusal for "no Pod there", so asked here directly).
+                query = {
+                    "fieldSelector": "status.podIP=10.255.255.254",
+                    "labelSelector": "sandboxd.managed=true",
+                }
+                assert not (
+                    await as_proxy.request("GET", f"/api/v1/namespaces/{namespace}/pods", query=query)
+                )["items"]
+                await as_proxy.request("GET", f"/api/v1/namespaces/{release_ns}/services/sandboxd-egress")
+                for method, path in [
+                    ("GET", f"/api/v1/namespaces/{namespace}/secrets"),
+                    ("DELETE", f"/api/v1/namespaces/{namespace}/pods/x"),
+                    ("PATCH", f"/api/v1/namespaces/{namespace}/pods/x"),
+                    ("GET", f"/api/v1/namespaces/{release_ns}/pods"),
+                    ("GET", f"/api/v1/namespaces/{release_ns}/services/other"),
+                    ("GET", f"/api/v1/namespaces/{namespace}/configmaps"),
+                ]:
+                    with pytest.raises(KubeError) as info:
+                        await as_proxy.request(method, path)
+                    assert info.value.status == 403, (method, path, info.value)
+            finally:
+                await as_proxy.close()
         finally:
             await backend.close()
     finally:
@@ -226,6 +269,28 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             await kube.request(
                 "DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{tenant_class('default')}"
             )
+
+
+async def _token(kube: KubeClient, namespace: str, account: str) -> str:
+    """A token of the ServiceAccount ``account``."""
+    answer = await kube.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    return str(answer["status"]["token"])
+
+
+def _as(kube: KubeClient, token: str) -> k8s_client.Configuration:
+    cfg = k8s_client.Configuration()
+    cfg.host = kube.cfg.host
+    cfg.ssl_ca_cert = kube.cfg.ssl_ca_cert
+    cfg.api_key = {"BearerToken": f"Bearer {token}"}
+    return cfg
 
 
 def test_the_rendered_config_loads_as_settings(tmp_path: Path) -> None:
@@ -254,5 +319,10 @@ def test_the_rendered_config_loads_as_settings(tmp_path: Path) -> None:
         {"key": "slow", "tolerationSeconds": 30},
     ]
     assert settings.backend.leader_election is True
+    # The chart's egress proxy, for pools with network rules.
+    assert (settings.backend.egress_proxy_service, settings.backend.egress_proxy_namespace) == (
+        "sandboxd-egress",
+        "cp",
+    )
     assert settings.tenants["team-a"].max_sandboxes == 5
     assert settings.presets[0].image == "img:1"

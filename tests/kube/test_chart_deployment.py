@@ -61,7 +61,8 @@ def _free_port() -> int:
 
 async def _deployment_ready(kube: KubeClient, ns: str, name: str) -> bool:
     """Ready through the probes; fails at once if the control plane exits."""
-    for pod in await pods(kube, ns, f"app.kubernetes.io/instance={name}"):
+    # The control plane's own Pods (not the chart's egress proxy's).
+    for pod in await pods(kube, ns, f"app.kubernetes.io/name=sandboxd,app.kubernetes.io/instance={name}"):
         for c in pod["status"].get("containerStatuses") or []:
             if c.get("restartCount"):
                 raise AssertionError(f"the control plane restarted: {c.get('lastState')}")
@@ -147,7 +148,9 @@ async def test_the_chart_runs_the_control_plane_in_the_cluster(
         except AssertionError as e:
             why = await asyncio.to_thread(_diagnose, kubectl, kubeconfig, release_ns)
             raise AssertionError(f"{e}\n{why}") from None
-        (cp,) = await pods(kube, release_ns, f"app.kubernetes.io/instance={RELEASE}")
+        (cp,) = await pods(
+            kube, release_ns, f"app.kubernetes.io/name=sandboxd,app.kubernetes.io/instance={RELEASE}"
+        )
         # The chart's ServiceAccount, its token mounted, no kubeconfig: the
         # API server's RBAC is all the control plane is allowed.
         assert cp["spec"]["serviceAccountName"] == RELEASE

@@ -32,3 +32,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "sandboxd.poolsConfigMap" -}}
 {{- regexReplaceAll "[^a-z0-9-]" (printf "sandboxd-pools-%s" .Values.instanceId | lower) "-" | trunc 253 | trimAll "-" -}}
 {{- end -}}
+
+{{- define "sandboxd.egressName" -}}
+{{- printf "%s-egress" (include "sandboxd.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /* Not the control plane's selector: its Service must not reach the proxy. */ -}}
+{{- define "sandboxd.egressSelector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-egress-proxy
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: egress-proxy
+{{- end -}}

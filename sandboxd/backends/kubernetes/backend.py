@@ -48,9 +48,10 @@ from sandboxd.backends.kubernetes.client import (
     unavailable,
     unreachable,
 )
+from sandboxd.backends.kubernetes.egress import KubeEgress, egress_pod
 from sandboxd.backends.kubernetes.execs import PodExec, run_oneshot
 from sandboxd.backends.kubernetes.files import PodFiles
-from sandboxd.backends.kubernetes.ledger import KubeLedger
+from sandboxd.backends.kubernetes.ledger import KubeLedger, pools_configmap
 from sandboxd.backends.kubernetes.limits import (
     COUNTERS_ARGV,
     FS_ARGV,
@@ -98,6 +99,8 @@ class KubernetesBackend:
         self.quotas = TenantQuotaManager(self._client, self._ns)
         self.ledger = KubeLedger(self._client, self._ns, options.instance, selector(options.instance))
         self._pods = Pods(self._client, self.cache, self.quotas, options)
+        self._egress = KubeEgress(self._client, options, pools_configmap(options.instance))
+        self._swept = False
         self._files = PodFiles(self._client, self.cache, self._ns)
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
@@ -134,7 +137,8 @@ class KubernetesBackend:
 
     async def create(self, spec: SandboxSpec) -> str:
         check = self._health_check if self._options.exec_health_check else None
-        handle = await self._pods.create(spec, check)
+        spec, proxy_ip = await self._egress.prepare(spec)
+        handle = await self._pods.create(spec, check, shape=lambda body: egress_pod(body, spec, proxy_ip))
         if spec.runtime == GVISOR:
             try:
                 await self._rescue(handle)
@@ -172,7 +176,14 @@ class KubernetesBackend:
         await self._pods.delete(handle)
 
     async def list(self) -> builtins.list[BackendSandbox]:
-        return await self._pods.list()
+        found = await self._pods.list()
+        if not self._swept:
+            # Once, as a control plane takes over: pools' NetworkPolicies whose pool was deleted.
+            self._swept = await self._egress.sweep(self.ledger.load_pool_specs)
+        return found
+
+    def network_refusal(self, runtime: str) -> str | None:
+        return self._egress.refusal(runtime)
 
     def sandbox_user(self, handle: str) -> tuple[int, int]:
         """From memory: filled by create and by every listing (adoption)."""
@@ -200,6 +211,7 @@ class KubernetesBackend:
 
     async def delete_pool_spec(self, key: str) -> None:
         await self.ledger.delete_pool_spec(key)
+        await self._egress.remove(key)
 
     async def mark_leased(self, handle: str, mark: LeaseMark) -> None:
         await self.ledger.mark_leased(handle, mark)

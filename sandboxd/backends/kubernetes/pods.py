@@ -25,6 +25,7 @@ from sandboxd.backends.base import LABEL_SANDBOX, BackendSandbox, HostFacts, Lim
 from sandboxd.backends.kubernetes import hostcap
 from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, unreachable, wrap
+from sandboxd.backends.kubernetes.egress import EgressProxyRef
 from sandboxd.backends.kubernetes.nodeimages import NodeImages
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
@@ -69,6 +70,11 @@ class KubernetesOptions:
     """Enforce each tenant's quota with a ResourceQuota too (quotas.py)."""
     prefer_image_nodes: bool = True
     """Pods prefer nodes whose status.images list their image (no pull)."""
+    egress_proxy: EgressProxyRef | None = None
+    """The chart's egress proxy, for pools with network rules (None: such pools are refused)."""
+    pool_specs_in_cluster: bool = True
+    """Pool specs live in the API server (state = cluster), where a pool's
+    NetworkPolicy is removed with its spec."""
 
     def pod_options(self) -> PodOptions:
         """The Pod options, with this backend's tenant quota setting."""
@@ -153,16 +159,21 @@ class Pods:
                     return True
         return False
 
-    async def create(self, spec: SandboxSpec, check: HealthCheck | None) -> str:
-        """Creates the sandbox's Pod, waits until it serves and runs
-        ``check`` in it; returns the Pod's name. A failed or cancelled
-        create deletes the Pod, even one still being posted."""
+    async def create(
+        self,
+        spec: SandboxSpec,
+        check: HealthCheck | None,
+        shape: Callable[[dict[str, Any]], dict[str, Any]] = lambda body: body,
+    ) -> str:
+        """Creates the sandbox's Pod (its manifest passed through ``shape``),
+        waits until it serves and runs ``check`` in it; returns the Pod's name.
+        A failed or cancelled create deletes the Pod, even one still being posted."""
         await self.ensure_started()
         if self._options.tenant_quotas:
             await self._quotas.ensure_class(tenant_of(spec.pool))
         user = None if self.uids.shared else self.uids.allocate(spec.sandbox_id)
         image_nodes = await self._node_images.holding(spec.image) if self._options.prefer_image_nodes else []
-        body = build_pod(spec, self._pod_opts, user, image_nodes)
+        body = shape(build_pod(spec, self._pod_opts, user, image_nodes))
         name = str(body["metadata"]["name"])
         self._users[name] = user or (self._pod_opts.uid, self._pod_opts.gid)
         self._sandbox_of[name] = spec.sandbox_id

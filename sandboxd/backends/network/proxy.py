@@ -150,6 +150,11 @@ class EgressProxy:
         self.stats.recent_denials.append(reason)
         log.info("egress denied: sandbox %s: %s", self.sandbox_id, reason)
 
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serves one connection accepted elsewhere (a proxy shared by many
+        sandboxes, each connection handed to its sandbox's EgressProxy)."""
+        await self._accept(reader, writer)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # start_server runs each connection as a task of its own; close() cancels those still open.
         task = asyncio.current_task()

@@ -1,0 +1,312 @@
+"""Network policies on Kubernetes: a pool's allow-list as a NetworkPolicy, and
+its Pods pointed at the egress proxy the chart runs.
+
+A Pod of a pool with rules is selected by its pool's NetworkPolicy (made
+before its first Pod, removed with the pool's spec): egress only to the egress
+proxy's Pods, on the proxy's TCP port and DNS, nothing else. With the
+namespace's deny-all policy (podspec.deny_all_policy) the Pod reaches nothing
+but the proxy. Its commands get HTTP(S)_PROXY and the package managers' proxy
+settings at the proxy Service's address (no DNS needed to find it), its
+resolver is the proxy's DNS (allowed names only), and its rules ride on the
+Pod (ANNOTATION_NETWORK), where the proxy reads them by the connection's
+source address (sandboxd.backends.kubernetes.egress_proxy); a sandbox cannot
+change its own Pod.
+
+Each pool's policy is owned by the instance's pool-spec ConfigMap (deleting
+the instance's record takes every one with it) and removed with the pool; a
+listing sweeps those whose pool is gone (a control plane that stopped between
+the two). The API server only stores the policies: a CNI that enforces
+NetworkPolicy (Calico, Cilium, ...) is what makes them hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.backends.base import LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, SandboxSpec
+from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
+from sandboxd.backends.kubernetes.podspec import ANNOTATION_POOL, label_value
+from sandboxd.backends.network.egress import PROXY_URL, command_env
+from sandboxd.errors import BackendError, FailedPrecondition
+
+if TYPE_CHECKING:
+    from sandboxd.backends.kubernetes.pods import KubernetesOptions
+
+__all__ = [
+    "ANNOTATION_NETWORK",
+    "EgressProxyRef",
+    "KubeEgress",
+    "ProxyService",
+    "egress_pod",
+    "pool_policy",
+    "pool_policy_name",
+    "proxy_env",
+]
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_NETWORK = "sandboxd.io/network"
+"""On a Pod of a pool with rules: the rules (JSON), for the egress proxy."""
+LABEL_EGRESS = "sandboxd.egress"
+"""On each pool's NetworkPolicy ("pool"): what a sweep lists."""
+_POLICIES = "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+
+
+@dataclass(frozen=True)
+class EgressProxyRef:
+    """Where the chart's egress proxy runs: its Service (the rest is read from it)."""
+
+    service: str
+    namespace: str
+
+
+@dataclass(frozen=True)
+class ProxyService:
+    """What the proxy's Service says: its address and port (for the Pods'
+    proxy settings and resolver), the labels of its Pods and their ports
+    (for the NetworkPolicy, which sees the Pods' own ports)."""
+
+    namespace: str
+    address: str
+    port: int
+    pod_labels: tuple[tuple[str, str], ...]
+    pod_port: int
+    dns_pod_port: int
+
+    @classmethod
+    def parse(cls, svc: dict[str, Any], namespace: str) -> ProxyService:
+        """From the Service object; FailedPrecondition naming what it lacks."""
+        spec = svc.get("spec") or {}
+        name = (svc.get("metadata") or {}).get("name", "?")
+        address = str(spec.get("clusterIP") or "")
+        ports = {str(p.get("name", "")): p for p in spec.get("ports") or []}
+        selector = spec.get("selector") or {}
+        if not address or address == "None" or not selector or not {"proxy", "dns"} <= set(ports):
+            raise FailedPrecondition(
+                f"the egress proxy's Service {name} needs a cluster IP, a Pod selector and ports named "
+                "proxy and dns (the chart's egress-proxy Service has them)"
+            )
+
+        def target(p: dict[str, Any]) -> int:
+            t = p.get("targetPort", p["port"])
+            return int(t) if isinstance(t, int) or str(t).isdigit() else int(p["port"])
+
+        return cls(
+            namespace=namespace,
+            address=address,
+            port=int(ports["proxy"]["port"]),
+            pod_labels=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
+            pod_port=target(ports["proxy"]),
+            dns_pod_port=target(ports["dns"]),
+        )
+
+
+def pool_policy_name(instance: str, pool: str) -> str:
+    """The pool's NetworkPolicy name: a DNS label, one per (instance, pool)."""
+    digest = hashlib.sha256(f"{instance}\0{pool}".encode()).hexdigest()[:20]
+    return f"sandboxd-egress-{digest}"
+
+
+def pool_policy(
+    namespace: str, instance: str, pool: str, proxy: ProxyService, owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The NetworkPolicy of one pool's Pods: Egress only to the proxy's Pods
+    on its port (TCP) and its DNS (UDP); nothing else, whatever other
+    policies allow (a policy of type Egress that selects a Pod denies all
+    it does not list)."""
+    metadata: dict[str, Any] = {
+        "name": pool_policy_name(instance, pool),
+        "namespace": namespace,
+        "labels": {
+            LABEL_MANAGED: "true",
+            LABEL_INSTANCE: label_value(instance),
+            LABEL_POOL: label_value(pool),
+            LABEL_EGRESS: "pool",
+        },
+        "annotations": {ANNOTATION_POOL: pool},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata,
+        "spec": {
+            "podSelector": {
+                "matchLabels": {
+                    LABEL_MANAGED: "true",
+                    LABEL_INSTANCE: label_value(instance),
+                    LABEL_POOL: label_value(pool),
+                }
+            },
+            "policyTypes": ["Egress"],
+            "egress": [
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": proxy.namespace}
+                            },
+                            "podSelector": {"matchLabels": dict(proxy.pod_labels)},
+                        }
+                    ],
+                    "ports": [
+                        {"protocol": "TCP", "port": proxy.pod_port},
+                        {"protocol": "UDP", "port": proxy.dns_pod_port},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def egress_pod(body: dict[str, Any], spec: SandboxSpec, proxy_ip: str) -> dict[str, Any]:
+    """The Pod manifest ``body`` of a sandbox with rules, its rules on it and
+    its resolver the proxy's DNS at ``proxy_ip``."""
+    if not spec.network:
+        return body
+    body["metadata"].setdefault("annotations", {})[ANNOTATION_NETWORK] = json.dumps(list(spec.network))
+    body["spec"]["dnsPolicy"] = "None"
+    # Names are looked up as given (no search domains): the proxy's DNS answers allowed names only.
+    body["spec"]["dnsConfig"] = {"nameservers": [proxy_ip], "options": [{"name": "ndots", "value": "1"}]}
+    return body
+
+
+def proxy_env(url: str) -> dict[str, str]:
+    """The Docker side's command settings (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY,
+    npm's), the proxy at ``url``."""
+    return {k: url if v == PROXY_URL else v for k, v in command_env().items()}
+
+
+class KubeEgress:
+    """The pools' NetworkPolicies of one instance in one namespace, and the
+    proxy's address their Pods are given."""
+
+    def __init__(self, client: KubeClient, options: KubernetesOptions, owner_cm: str) -> None:
+        self._client = client
+        self._ns = options.namespace
+        self._instance = options.instance
+        self._proxy = options.egress_proxy
+        self._in_cluster = options.pool_specs_in_cluster
+        self._owner_cm = owner_cm
+        self._path = _POLICIES.format(ns=self._ns)
+        self._made: set[str] = set()
+        self._service: ProxyService | None = None
+
+    def refusal(self, runtime: str) -> str | None:
+        """Why a pool with rules cannot be had; None when it can."""
+        # A NetworkPolicy holds outside the sandbox, for runc and gVisor Pods alike.
+        del runtime
+        if self._proxy is None:
+            return (
+                "network policies on Kubernetes need the chart's egress proxy (egress.enabled in the "
+                "chart's values, backend.egress_proxy_service in sandboxd.toml)"
+            )
+        if not self._in_cluster:
+            return (
+                'network policies on Kubernetes need backend.state = "cluster": a pool\'s NetworkPolicy '
+                "is kept, and removed, with its spec in the API server"
+            )
+        return None
+
+    async def prepare(self, spec: SandboxSpec) -> tuple[SandboxSpec, str]:
+        """For a sandbox with rules: its pool's NetworkPolicy made (once per
+        pool), and ``spec`` with the proxy settings in its environment, with
+        the proxy's address for its Pod (egress_pod). ``spec`` as it is
+        without rules."""
+        if not spec.network:
+            return spec, ""
+        if self._proxy is None:
+            raise FailedPrecondition(self.refusal(spec.runtime) or "no egress proxy")
+        service = await self.proxy_service()
+        if spec.pool not in self._made:
+            await self._ensure_policy(spec.pool, service)
+            self._made.add(spec.pool)
+        env = {**spec.env, **proxy_env(f"http://{service.address}:{service.port}")}
+        return replace(spec, env=env), service.address
+
+    async def proxy_service(self) -> ProxyService:
+        """The proxy's Service as read once (its address does not change while it exists)."""
+        assert self._proxy is not None
+        if self._service is None:
+            path = f"/api/v1/namespaces/{self._proxy.namespace}/services/{self._proxy.service}"
+            try:
+                svc = await idempotent(lambda: self._client.request("GET", path))
+            except KubeError as e:
+                if e.status == 404:
+                    raise FailedPrecondition(
+                        f"the egress proxy's Service {self._proxy.service} is not in namespace "
+                        f"{self._proxy.namespace!r} (egress.enabled in the chart's values)"
+                    ) from e
+                raise wrap(e, f"cannot read the egress proxy's Service {self._proxy.service}") from e
+            self._service = ProxyService.parse(svc, self._proxy.namespace)
+        return self._service
+
+    async def _owner(self) -> dict[str, Any] | None:
+        """The instance's pool-spec ConfigMap as an owner (None before it exists)."""
+        path = f"/api/v1/namespaces/{self._ns}/configmaps/{self._owner_cm}"
+        try:
+            cm = await idempotent(lambda: self._client.request("GET", path))
+        except KubeError as e:
+            if e.status in (403, 404):
+                return None
+            raise wrap(e, f"cannot read ConfigMap {self._owner_cm}") from e
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": self._owner_cm,
+            "uid": cm["metadata"]["uid"],
+        }
+
+    async def _ensure_policy(self, pool: str, service: ProxyService) -> None:
+        body = pool_policy(self._ns, self._instance, pool, service, await self._owner())
+        try:
+            await self._client.request("POST", self._path, body=body)
+        except KubeError as e:
+            if e.status != 409:  # made by an earlier create or replica: the same object
+                raise wrap(e, f"cannot create the NetworkPolicy of pool {pool!r}") from e
+
+    async def remove(self, pool: str) -> None:
+        """The pool's NetworkPolicy deleted (a missing one is no error)."""
+        self._made.discard(pool)
+        path = f"{self._path}/{pool_policy_name(self._instance, pool)}"
+        try:
+            await idempotent(lambda: self._client.request("DELETE", path))
+        except KubeError as e:
+            if e.status != 404:
+                raise wrap(e, f"cannot delete the NetworkPolicy of pool {pool!r}") from e
+
+    async def sweep(self, specs: Callable[[], Awaitable[Mapping[str, str]]]) -> bool:
+        """Deletes this instance's pool policies whose pool has no spec in
+        ``specs()`` (pool key -> spec); whether the sweep is done (False:
+        the API server did not answer, logged: the next listing tries
+        again). Nothing to do where pool specs are not kept in the API
+        server (no policy was made there)."""
+        if self._proxy is None or not self._in_cluster:
+            return True
+        try:
+            await self._sweep(set(await specs()))
+        except BackendError as e:
+            log.warning("pools' NetworkPolicies not swept (tried again on the next listing): %s", e)
+            return False
+        return True
+
+    async def _sweep(self, pools: set[str]) -> None:
+        query = {
+            "labelSelector": f"{LABEL_MANAGED}=true,{LABEL_INSTANCE}={label_value(self._instance)},"
+            f"{LABEL_EGRESS}=pool"
+        }
+        try:
+            listed = await idempotent(lambda: self._client.request("GET", self._path, query=query))
+        except KubeError as e:
+            raise wrap(e, "cannot list the pools' NetworkPolicies") from e
+        for item in listed.get("items") or []:
+            pool = str(((item.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_POOL, ""))
+            if pool and pool not in pools:
+                log.info("removing the NetworkPolicy of pool %s: the pool is gone", pool)
+                await self.remove(pool)

@@ -1,0 +1,203 @@
+"""The egress proxy the chart runs for sandbox Pods (``sandboxd egress-proxy``).
+
+One proxy serves every Pod of pools with network rules: each connection
+(and each DNS query) is matched to its sandbox by its source address, the
+Pod the API server says has that address, and served by that sandbox's own
+EgressProxy (sandboxd.backends.network.proxy: HTTP by Host, HTTPS by CONNECT
+target and SNI, its bounds and counters) under the rules on the Pod
+(egress.ANNOTATION_NETWORK), which only the control plane writes. A source
+that is no sandbox Pod with rules is refused at once (403), and its DNS
+queries answered NXDOMAIN. The pools' NetworkPolicies let sandbox Pods
+reach nothing but this proxy; that a Pod cannot use another's address is
+the CNI's part (as it is for NetworkPolicy itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandboxd.backends.base import LABEL_MANAGED, LABEL_SANDBOX
+from sandboxd.backends.kubernetes.client import KubeClient, KubeError
+from sandboxd.backends.kubernetes.egress import ANNOTATION_NETWORK
+from sandboxd.backends.network.dns import answer
+from sandboxd.backends.network.policy import EgressPolicy
+from sandboxd.backends.network.proxy import EgressLimits, EgressProxy, Resolver, system_resolve
+from sandboxd.errors import InvalidArgument
+
+__all__ = ["PodPolicies", "SandboxOf", "SharedEgress"]
+
+log = logging.getLogger(__name__)
+
+# How long an address's Pod is trusted before it is looked up again (a Pod
+# deleted and its address reused by another is seen within this).
+_TTL_SECONDS = 5.0
+_NO_RULES = EgressPolicy.parse([])
+_MAX_PROXIES = 4096
+
+
+@dataclass(frozen=True)
+class SandboxOf:
+    """The sandbox Pod behind a source address, with its rules."""
+
+    uid: str
+    sandbox_id: str
+    policy: EgressPolicy
+
+
+class PodPolicies:
+    """Source address -> its sandbox Pod and rules, from the API server
+    (sandbox Pods of ``namespace`` only), each answer kept _TTL_SECONDS."""
+
+    def __init__(
+        self, client: KubeClient, namespace: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._client = client
+        self._path = f"/api/v1/namespaces/{namespace}/pods"
+        self._clock = clock
+        self._known: dict[str, tuple[float, SandboxOf | None]] = {}
+
+    async def lookup(self, address: str) -> SandboxOf | None:
+        """The running sandbox Pod with rules at ``address``; None when there is none."""
+        now = self._clock()
+        hit = self._known.get(address)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = await self._ask(address)
+        self._known[address] = (now + _TTL_SECONDS, found)
+        if len(self._known) > 65536:
+            self._known = {a: v for a, v in self._known.items() if v[0] > now}
+        return found
+
+    async def _ask(self, address: str) -> SandboxOf | None:
+        query = {"fieldSelector": f"status.podIP={address}", "labelSelector": f"{LABEL_MANAGED}=true"}
+        try:
+            listed = await self._client.request("GET", self._path, query=query)
+        except KubeError as e:
+            log.warning("cannot look up the Pod at %s: %s", address, e)
+            return None
+        for pod in listed.get("items") or []:
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") != "Running":
+                continue
+            rules = (meta.get("annotations") or {}).get(ANNOTATION_NETWORK)
+            if not rules:
+                continue
+            try:
+                policy = EgressPolicy.parse(json.loads(rules))
+            except (ValueError, TypeError, InvalidArgument) as e:
+                log.warning("Pod %s has unreadable network rules: %s", meta.get("name"), e)
+                continue
+            sandbox = str((meta.get("labels") or {}).get(LABEL_SANDBOX, meta.get("name", "")))
+            return SandboxOf(str(meta.get("uid", "")), sandbox, policy)
+        return None
+
+
+class SharedEgress:
+    """The proxy and resolver of every sandbox Pod with rules, on one address."""
+
+    def __init__(
+        self,
+        policies: PodPolicies,
+        *,
+        dns_answer: str,
+        resolve: Resolver = system_resolve,
+        limits: EgressLimits | None = None,
+    ) -> None:
+        """``dns_answer`` is the address allowed names resolve to (the
+        proxy's Service: a proxy-less connection to one meets no listener)."""
+        self._policies = policies
+        self._dns_answer = dns_answer
+        self._resolve = resolve
+        self._limits = limits or EgressLimits()
+        self._proxies: dict[str, EgressProxy] = {}
+        self._server: asyncio.Server | None = None
+        self._dns: asyncio.DatagramTransport | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def proxy_of(self, sandbox: SandboxOf) -> EgressProxy:
+        """The sandbox's own EgressProxy (its counters and bounds), made on first use."""
+        proxy = self._proxies.get(sandbox.uid)
+        if proxy is None and len(self._proxies) >= _MAX_PROXIES:
+            # Pods come and go: forget the idle sandboxes' proxies (their counters with them).
+            self._proxies = {uid: p for uid, p in self._proxies.items() if p.stats.active}
+        if proxy is None or proxy.policy != sandbox.policy:
+            proxy = EgressProxy(
+                sandbox.sandbox_id, sandbox.policy, resolve=self._resolve, limits=self._limits
+            )
+            self._proxies[sandbox.uid] = proxy
+        return proxy
+
+    async def start(self, host: str, port: int, dns_port: int) -> tuple[int, int]:
+        """Listens (TCP ``port``, UDP ``dns_port``; 0 = any); the ports bound."""
+        self._server = await asyncio.start_server(self._accept, host, port)
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: _Dns(self), local_addr=(host, dns_port))
+        self._dns = transport
+        tcp = self._server.sockets[0].getsockname()[1]
+        udp = self._dns.get_extra_info("sockname")[1]
+        return int(tcp), int(udp)
+
+    async def serve_forever(self) -> None:
+        """Until cancelled."""
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def close(self) -> None:
+        if self._dns is not None:
+            self._dns.close()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for proxy in list(self._proxies.values()):
+            await proxy.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        sandbox = await self._policies.lookup(address) if address else None
+        if sandbox is None:
+            log.info("egress denied: %s is no sandbox Pod with a network policy", address)
+            body = f"sandboxd egress denied: {address} is no sandbox Pod with a network policy\n".encode()
+            with contextlib.suppress(OSError):
+                writer.write(
+                    b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+            writer.close()
+            return
+        await self.proxy_of(sandbox).handle(reader, writer)
+
+    def query(self, data: bytes, addr: tuple[str, int]) -> None:
+        """One DNS query from ``addr``: answered under its sandbox's rules."""
+        task = asyncio.ensure_future(self._answer(data, addr))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
+        sandbox = await self._policies.lookup(addr[0])
+        policy = sandbox.policy if sandbox is not None else _NO_RULES
+        reply, name = answer(data, policy, self._dns_answer)
+        if name and not policy.names_allowed(name) and sandbox is not None:
+            self.proxy_of(sandbox).deny(f"DNS query for {name!r}: no network rule names it")
+        if reply and self._dns is not None:
+            self._dns.sendto(reply, addr)
+
+
+class _Dns(asyncio.DatagramProtocol):
+    def __init__(self, egress: SharedEgress) -> None:
+        self._egress = egress
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self._egress.query(data, addr)
