@@ -34,6 +34,10 @@ Prime sandbox and its JSON), ``registry`` (PrimeServer: sandboxes, leases,
 pools, the heartbeat loop), ``connect`` (the Connect framing and the
 ``command_session`` messages), ``rest`` and ``gateway`` (the routes),
 ``app`` (make_app) and ``cli`` (serve, run_cli).
+
+May import: only the public client API (``sandboxd.client``,
+``sandboxd.errors``) and aiohttp; nothing of the server (pyproject.toml's
+"Client side speaks only the public client API" contract checks it).
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ The pieces: ``config`` (the spec and its checks), ``warm`` (WarmPool),
 ``host`` (PoolHost), ``handout`` (READY sandboxes and the acquirers in
 line), ``starting`` (backend creates and their retries), ``demand`` (signals
 and the policy's memory). Other modules import from here.
+
+May import: the backends' port (``sandboxd.backends.base``), the image cache
+(``sandboxd.core.images``), ``sandboxd.clock``, ``sandboxd.errors`` and the
+core's own helpers (lifecycle, scaling, meters, validation); never ``sandboxd.api``,
+a backend's own package, or the wings above it (registry, leasing).
 """
 
 from sandboxd.core.pools.config import PoolConfig, check_scaling

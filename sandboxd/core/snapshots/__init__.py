@@ -17,6 +17,11 @@ The package, from the public face down:
 
 The blob store is handed in (sandboxd.stores.base.BlobStore); which one a
 server uses is the app's choice.
+
+May import: the backends' port (``sandboxd.backends.base``), the blob
+store's port (``sandboxd.stores``), the core's records and pools,
+``sandboxd.settings``, ``sandboxd.clock`` and ``sandboxd.errors``; never
+``sandboxd.api`` or a backend's own package.
 """
 
 from sandboxd.core.snapshots.catalog import ChainRef, SnapshotCatalog, SnapshotInfo
