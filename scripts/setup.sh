@@ -2,12 +2,16 @@
 # One-shot, idempotent set-up of a fresh Debian bookworm host (run as root).
 #
 #   setup.sh example   what `sandboxd example` needs: docker.io + debootstrap,
-#                      a running dockerd, the sandboxd package (no extras) and
+#                      a running dockerd, the sandboxd package (no extras) in
+#                      a virtual environment of its own (.venv-example) and
 #                      the default rollout image
-#   setup.sh test      all of that, plus the dev extras (linters, pytest), the
-#                      reference loop's PyTorch extra, the versitygw S3
-#                      gateway the snapshot-store tests use and gVisor's
-#                      runsc (registered with dockerd) for the gvisor runtime
+#   setup.sh test      all of that, but into the system Python, plus the dev
+#                      extras (linters, pytest, the documentation site's
+#                      MkDocs), Debian's chromium and chromium-driver for the
+#                      documentation's browser test, the reference loop's
+#                      PyTorch extra, the versitygw S3 gateway the
+#                      snapshot-store tests use and gVisor's runsc
+#                      (registered with dockerd) for the gvisor runtime
 #
 # Without an argument it does the full `test` set-up.
 set -euo pipefail
@@ -38,6 +42,8 @@ command -v dockerd >/dev/null && command -v docker >/dev/null || missing+=(docke
 command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v crun >/dev/null || missing+=(crun)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+# Debian ships venv's pip bootstrap (ensurepip) apart from python3.
+[[ $mode != example ]] || python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 if ((${#missing[@]})); then
     say "installing ${missing[*]}"
     apt-get update -q
@@ -49,17 +55,33 @@ fi
 say "starting docker"
 scripts/start-docker.sh
 
-# Debian's python3 is marked externally managed (PEP 668); this host is
-# dedicated to sandboxd, so installing into it is intended.
+# The test set-up installs into the system Python: Debian's python3 is
+# marked externally managed (PEP 668), but a test host is dedicated to
+# sandboxd, and every test runs with that interpreter. The example installs
+# into a virtual environment of its own instead: a newcomer's machine has
+# packages of its own in the system Python (botocore, aws-sam-translator,
+# ...) whose pins disagree with sandboxd's, and pip would print their
+# conflicts as errors that are not the newcomer's. scripts/run-example.sh
+# runs the example with this environment's interpreter.
+EXAMPLE_VENV=.venv-example
+py=python3
+if [[ $mode == example ]]; then
+    if ! "$EXAMPLE_VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        say "creating the virtual environment $EXAMPLE_VENV"
+        rm -rf "$EXAMPLE_VENV"
+        python3 -m venv "$EXAMPLE_VENV"
+    fi
+    py=$EXAMPLE_VENV/bin/python
+fi
 # Every install is held to constraints.txt's exact versions (why: its header).
 pip_install() {
-    PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q -c constraints.txt "$@"
+    PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore "$py" -m pip install -q -c constraints.txt "$@"
 }
 
 if [[ ! -f pyproject.toml ]]; then
     say "no pyproject.toml; skipping pip install"
 elif [[ $mode == example ]]; then
-    say "installing sandboxd (editable)"
+    say "installing sandboxd (editable) into $EXAMPLE_VENV"
     pip_install -e .
 else
     say "installing sandboxd (editable, with dev extras)"
@@ -108,6 +130,25 @@ if [[ $mode == test ]]; then
         say "docker-registry and htpasswd present"
     fi
 
+    # A real browser for the documentation's test (tests/docs opens the built
+    # site in it): Debian's chromium and its WebDriver, chromium-driver.
+    # Where the distribution offers neither (an architecture without them)
+    # the set-up goes on and that one test skips; offered, they must install.
+    browser_missing=()
+    command -v chromium >/dev/null || browser_missing+=(chromium)
+    command -v chromedriver >/dev/null || browser_missing+=(chromium-driver)
+    if ((${#browser_missing[@]})); then
+        apt-get update -q
+        if apt-cache show --no-all-versions "${browser_missing[@]}" >/dev/null 2>&1; then
+            say "installing ${browser_missing[*]}"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${browser_missing[@]}"
+        else
+            say "no ${browser_missing[*]} for this distribution: the documentation's browser test will skip"
+        fi
+    else
+        say "chromium and chromium-driver present"
+    fi
+
     # gVisor's runsc, for the pools of runtime "gvisor" the integration
     # suites also run under: built the same way (about 2.5 min the first
     # time, an 80 MB binary kept in GOPATH/bin), static (CGO_ENABLED=0: a
@@ -128,7 +169,7 @@ if [[ $mode == test ]]; then
 fi
 
 say "ensuring the default rollout image (first run: ~1 min of debootstrap)"
-tag=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.build)
+tag=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$py" -m sandboxd.images.build)
 if [[ $mode == test ]]; then
     # The image behind `sandboxd run-code` and its tests: the toolchains of
     # SandboxFusion's languages (first run: ~3 min and ~3 GB; then cached).
