@@ -219,8 +219,9 @@ _CODE_ITEM = re.compile(r"^[A-Z][A-Z_]{3,}:")
 def render_doc(lines: list[str]) -> str:
     """A comment block as Markdown: prose paragraphs, status codes as a list.
 
-    A line that opens with a gRPC status code (``NOT_FOUND: ...``) starts a
-    list item; an indented line continues the item or paragraph above it.
+    A line that opens with a gRPC status code (``NOT_FOUND: ...``), indented
+    or not, starts a list item; any other indented line continues the item
+    or paragraph above it.
     """
     paragraphs: list[tuple[str, str]] = []  # ("p" | "li", text)
     for line in lines:
@@ -229,7 +230,7 @@ def render_doc(lines: list[str]) -> str:
             paragraphs.append(("p", ""))
             continue
         continues = line.startswith(" ") and paragraphs and paragraphs[-1][1]
-        if _CODE_ITEM.match(stripped) and not continues:
+        if _CODE_ITEM.match(stripped):
             paragraphs.append(("li", stripped))
         elif continues or (paragraphs and paragraphs[-1][0] == "p" and paragraphs[-1][1]):
             kind, text = paragraphs[-1]
