@@ -11,6 +11,8 @@ import pytest
 
 from sandboxd.app import App
 
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
