@@ -6,6 +6,7 @@ import enum
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
+from sandboxd.backends.network.meter import ModelCall
 from sandboxd.core.rollouts.cost import CostFigures
 from sandboxd.core.rollouts.figures import Figures, StalenessStats
 from sandboxd.core.rollouts.model import (
@@ -133,6 +134,38 @@ def scored_to(t: Trajectory, default_version: int) -> pb.ScoredTrajectory:
         advantage=t.advantage,
         segment_masked=t.segment_masked,
         env_policy_version=t.env_version(default_version),
+        model_calls=[model_call_to(c) for c in t.model_calls],
+    )
+
+
+def model_call_to(c: ModelCall) -> pb.ModelCall:
+    """The wire form of one recorded model call."""
+    return pb.ModelCall(
+        lease_id=c.lease_id,
+        sandbox_id=c.sandbox_id,
+        method=c.method,
+        path=c.path,
+        model=c.model,
+        status=c.status,
+        stream=c.stream,
+        request=c.request,
+        request_truncated=c.request_truncated,
+        prompt_tokens=c.prompt_tokens,
+        completion_tokens=c.completion_tokens,
+        prompt_token_ids=c.prompt_token_ids,
+        choices=[
+            pb.ModelChoice(
+                index=ch.index,
+                text=ch.text,
+                token_ids=ch.token_ids,
+                logprobs=ch.logprobs,
+                finish_reason=ch.finish_reason,
+            )
+            for ch in c.choices
+        ],
+        started_at=c.started_at,
+        duration_seconds=c.duration_seconds,
+        error=c.error,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 
 from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.layout import WORKSPACE as WORKSPACE
+from sandboxd.backends.network.gateway import ModelGateway
 
 # Labels every backend puts on what it creates, so a restarted control plane
 # can find (and adopt or destroy) everything that belongs to it.
@@ -75,6 +76,9 @@ class SandboxSpec:
     """Isolation runtime (one of RUNTIMES), already checked against the backend's."""
     network: tuple[str, ...] = ()
     """Egress allow-list rules (sandboxd.backends.network.policy); empty = no network at all."""
+    model_gateway: bool = False
+    """The sandbox reaches the run's model through sandboxd's gateway
+    (sandboxd.backends.network.gateway), on its egress link."""
     live_snapshots: bool = True
     """gVisor: started so that a live snapshot carries its sessions (the
     keeper and relay of sandboxd.backends.docker.keeper); False: its shells
@@ -368,6 +372,21 @@ class EgressPolicies(Protocol):
 
     def network_refusal(self, runtime: str) -> str | None:
         """Why sandboxes of ``runtime`` cannot have a network policy here; None when they can."""
+        ...
+
+
+@runtime_checkable
+class ModelRoutes(Protocol):
+    """Optional for a backend with EgressPolicies: it serves the model route
+    (SandboxSpec.model_gateway) through the gateway the core hands it, and
+    tells each sandbox's egress counts."""
+
+    def use_model_gateway(self, gateway: ModelGateway) -> None:
+        """The gateway sandboxes with the model route are served by."""
+        ...
+
+    def egress_counts(self) -> dict[str, tuple[int, int]]:
+        """(allowed, denied) attempts of each sandbox with egress open, by sandbox id."""
         ...
 
 

@@ -30,6 +30,7 @@ class PoolCalls(Connection):
         recycle: str = "",
         recycle_label: str = "",
         max_uses: int = 0,
+        model_endpoint: str = "",
     ) -> pools_pb2.Pool:
         """``max_ready`` above ``min_ready`` makes the pool follow demand
         between the two; ``idle_seconds`` is its scale-down delay; ``runtime``
@@ -41,7 +42,9 @@ class PoolCalls(Connection):
         runtime's default); ``recycle`` "same-tenant" or "same-run" (by the
         lease label ``recycle_label``) resets released sandboxes in place and
         hands them out again, each for at most ``max_uses`` leases ("" or
-        "off": released sandboxes are destroyed)."""
+        "off": released sandboxes are destroyed); ``model_endpoint`` the
+        run's OpenAI-compatible server, reached from the sandboxes only
+        through sandboxd's metered gateway."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -59,6 +62,7 @@ class PoolCalls(Connection):
             recycle=recycle,
             recycle_label=recycle_label,
             max_uses=max_uses,
+            model_endpoint=model_endpoint,
         )
         with rpc_errors():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(

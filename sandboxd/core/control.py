@@ -21,13 +21,14 @@ from typing import overload
 
 from opentelemetry.metrics import Meter
 
-from sandboxd.backends.base import Backend, ExecSpec, Limits
+from sandboxd.backends.base import Backend, ExecSpec, Limits, ModelRoutes
 from sandboxd.clock import Clock
 from sandboxd.core import capacity
 from sandboxd.core.images import ImageCache
 from sandboxd.core.leases import Lease, LeaseTable
 from sandboxd.core.leasing import AcquireRequest, Leasing
 from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.model_route import ModelLedger, ModelRoute
 from sandboxd.core.operations import ExecRequest, Operations, paths_in_order
 from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
@@ -65,6 +66,11 @@ class ControlPlane:
         self.leasing = Leasing(settings, backend, store, clock, self.quotas, self.registry, self.leases)
         self.operations = Operations(settings, backend, self.registry, self.leasing)
         self.pools = self.registry.pools
+        self.model_route = ModelRoute(self.leases, self._model_endpoint, ModelLedger(clock))
+        """The metered model route: lease keys, the gateway, the calls recorded per trajectory."""
+        if isinstance(backend, ModelRoutes):
+            backend.use_model_gateway(self.model_route.gateway)
+            self.operations.model_route = self.model_route
         self.images: ImageCache | None = None
         """The image cache, when the server runs one: pools pull the images
         acquires and announcements name through it, and pin them while used."""
@@ -98,6 +104,10 @@ class ControlPlane:
         self.upload_directory = operations.upload_directory
         self.download_directory = operations.download_directory
 
+    def _model_endpoint(self, pool_key: str) -> str:
+        pool = self.registry.pools.get(pool_key)
+        return pool.config.model_endpoint if pool is not None else ""
+
     # -- start and stop -----------------------------------------------------
 
     async def start(self) -> None:
@@ -125,6 +135,7 @@ class ControlPlane:
         await self.leasing.stop()
         await self.reconciler.stop()
         await self.registry.stop()
+        await self.model_route.gateway.close()
         await self.store.close()
 
     # -- acquire --------------------------------------------------------------

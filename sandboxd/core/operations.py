@@ -26,6 +26,7 @@ from sandboxd.backends.base import (
     RootUser,
     SandboxUsage,
 )
+from sandboxd.backends.network.egress import model_env
 from sandboxd.core import validation as v
 from sandboxd.core.deadlines import EXEC_FLOOR_SECONDS, EXEC_MARGIN_SECONDS, within_deadline
 from sandboxd.core.files import (
@@ -38,6 +39,7 @@ from sandboxd.core.files import (
 )
 from sandboxd.core.leasing import Leasing
 from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.model_route import ModelRoute
 from sandboxd.core.registry import SandboxRegistry
 from sandboxd.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from sandboxd.settings import Settings
@@ -75,6 +77,9 @@ class Operations:
         self._backend = backend
         self._registry = registry
         self._leasing = leasing
+        self.model_route: ModelRoute | None = None
+        """Set where the backend serves the model route: commands in a pool
+        with a model endpoint get the gateway's address and their lease's key."""
 
     # -- exec -------------------------------------------------------------------
 
@@ -102,7 +107,7 @@ class Operations:
             argv=argv,
             shell=shell,
             cwd=cwd if (cwd or session) else WORKSPACE,
-            env=v.env("env", req.env or {}),
+            env=self._model_env(rec) | v.env("env", req.env or {}),
             timeout=within_deadline(timeout, req.call_remaining, EXEC_MARGIN_SECONDS, EXEC_FLOOR_SECONDS),
             stdin=req.stdin,
             output_limit=output_limit or rec.limits.output_bytes,
@@ -110,6 +115,13 @@ class Operations:
             user=user,
         )
         return rec, spec
+
+    def _model_env(self, rec: SandboxRecord) -> dict[str, str]:
+        route = self.model_route
+        pool = self._registry.pools.get(rec.pool)
+        if route is None or pool is None or not pool.config.model_endpoint or not rec.lease_id:
+            return {}
+        return model_env(route.key_for(rec.lease_id, rec.pool, rec.sandbox_id))
 
     def _user(self, field: str, user: str, session: str = "") -> str:
         """A validated exec or file user; root needs a backend that serves it."""

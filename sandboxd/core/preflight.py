@@ -100,9 +100,11 @@ async def preflight(
     ready = 0
     max_size = concurrent
     starts: list[float] = []
+    model = False
     if pool:
         p = control.get_pool(pool, "pool")
         report.network = list(p.config.network)
+        model = bool(p.config.model_endpoint)
         image, resolved, runtime = p.config.image, p.config.limits, p.config.runtime
         ready, max_size = p.ready, p.config.max_size
         for rec in p.records.values():
@@ -141,7 +143,7 @@ async def preflight(
         refusal = await runtime_refusal(control.backend, runtime, Limits() if pool else (limits or Limits()))
         if refusal is not None:
             add(Problem(ProblemKind.RUNTIME_UNAVAILABLE, refusal, "runtime"))
-        blocked = network_refusal(control.backend, runtime, report.network)
+        blocked = network_refusal(control.backend, runtime, report.network, model)
         if blocked is not None:
             add(Problem(ProblemKind.NETWORK_UNAVAILABLE, blocked, "spec.network"))
         report.memory_bytes, report.cpus = await control.backend.capacity()

@@ -87,6 +87,8 @@ RESERVED_LABELS = frozenset(
         "sandboxd.image",
         # A sandbox's network rules (sandboxd.backends.docker.egress): forged, they would give it network.
         "sandboxd.network",
+        # Whether a sandbox has the model route (sandboxd.backends.docker.egress.LABEL_MODEL).
+        "sandboxd.model",
         # Lineage (sandboxd.core.snapshots.lineage) and parked rollouts.
         "sandboxd.snapshot",
         "sandboxd.run",

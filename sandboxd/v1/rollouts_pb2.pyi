@@ -262,7 +262,7 @@ class SubmitGroupRequest(_message.Message):
     def __init__(self, run: _Optional[str] = ..., group_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ...) -> None: ...
 
 class ScoredTrajectory(_message.Message):
-    __slots__ = ("trajectory_id", "payload", "segments", "reward", "components", "steps", "masked", "mask_reason", "failure", "failure_detail", "advantage", "segment_masked", "env_policy_version")
+    __slots__ = ("trajectory_id", "payload", "segments", "reward", "components", "steps", "masked", "mask_reason", "failure", "failure_detail", "advantage", "segment_masked", "env_policy_version", "model_calls")
     class ComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class ScoredTrajectory(_message.Message):
     ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_MASKED_FIELD_NUMBER: _ClassVar[int]
     ENV_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     payload: bytes
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
@@ -296,7 +297,58 @@ class ScoredTrajectory(_message.Message):
     advantage: float
     segment_masked: _containers.RepeatedScalarFieldContainer[bool]
     env_policy_version: int
-    def __init__(self, trajectory_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, float]] = ..., steps: _Optional[_Iterable[_Union[StepReward, _Mapping]]] = ..., masked: _Optional[bool] = ..., mask_reason: _Optional[str] = ..., failure: _Optional[_Union[InfraFailure, str]] = ..., failure_detail: _Optional[str] = ..., advantage: _Optional[float] = ..., segment_masked: _Optional[_Iterable[bool]] = ..., env_policy_version: _Optional[int] = ...) -> None: ...
+    model_calls: _containers.RepeatedCompositeFieldContainer[ModelCall]
+    def __init__(self, trajectory_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., reward: _Optional[float] = ..., components: _Optional[_Mapping[str, float]] = ..., steps: _Optional[_Iterable[_Union[StepReward, _Mapping]]] = ..., masked: _Optional[bool] = ..., mask_reason: _Optional[str] = ..., failure: _Optional[_Union[InfraFailure, str]] = ..., failure_detail: _Optional[str] = ..., advantage: _Optional[float] = ..., segment_masked: _Optional[_Iterable[bool]] = ..., env_policy_version: _Optional[int] = ..., model_calls: _Optional[_Iterable[_Union[ModelCall, _Mapping]]] = ...) -> None: ...
+
+class ModelCall(_message.Message):
+    __slots__ = ("lease_id", "sandbox_id", "method", "path", "model", "status", "stream", "request", "request_truncated", "prompt_tokens", "completion_tokens", "prompt_token_ids", "choices", "started_at", "duration_seconds", "error")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    sandbox_id: str
+    method: str
+    path: str
+    model: str
+    status: int
+    stream: bool
+    request: bytes
+    request_truncated: bool
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    choices: _containers.RepeatedCompositeFieldContainer[ModelChoice]
+    started_at: float
+    duration_seconds: float
+    error: str
+    def __init__(self, lease_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., method: _Optional[str] = ..., path: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[int] = ..., stream: _Optional[bool] = ..., request: _Optional[bytes] = ..., request_truncated: _Optional[bool] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., choices: _Optional[_Iterable[_Union[ModelChoice, _Mapping]]] = ..., started_at: _Optional[float] = ..., duration_seconds: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ModelChoice(_message.Message):
+    __slots__ = ("index", "text", "token_ids", "logprobs", "finish_reason")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: str
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class ScoredGroup(_message.Message):
     __slots__ = ("group_id", "prompt_id", "start_version", "trajectories", "outcome", "reason", "reward_mean", "reward_std")

@@ -46,6 +46,7 @@ from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
 from sandboxd.backends.docker.images import DockerImages
 from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys
+from sandboxd.backends.docker.model_routes import DockerModelRoutes
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.docker.recycling import DockerRecycling
 from sandboxd.backends.docker.runsc_exec import RunscExec, find_runsc
@@ -80,7 +81,7 @@ class _RootEngineExec(EngineExec):
         super().__init__(engine, container, user=_ROOT_ENGINE_USER, kill_user=_ROOT_ENGINE_USER, **kwargs)
 
 
-class DockerBackend(DockerImages, DockerRecycling):
+class DockerBackend(DockerImages, DockerRecycling, DockerModelRoutes):
     """The backend port on one Docker engine: containers and files composed
     with the shells and execs that run inside the sandboxes; its images
     (pulls, builds, removal) are DockerImages'."""
@@ -125,6 +126,7 @@ class DockerBackend(DockerImages, DockerRecycling):
                 max_connections=options.egress_max_connections,
                 bytes_per_second=options.egress_bytes_per_second,
             ),
+            instance=options.instance,
         )
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit
 
-from sandboxd.backends.base import RUNC, EgressPolicies, Limits
+from sandboxd.backends.base import RUNC, EgressPolicies, Limits, ModelRoutes
 from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.core import validation as v
 from sandboxd.core.images.references import normalize
@@ -47,6 +48,9 @@ class PoolConfig:
     network: list[str] = field(default_factory=list)
     """Egress allow-list rules (sandboxd.backends.network.policy); empty = no
     network at all, the default."""
+    model_endpoint: str = ""
+    """The run's OpenAI-compatible inference server (``http://host:port/v1``)
+    its sandboxes reach through sandboxd's metered gateway; "" = none."""
     recycle: str = "off"
     """Whether a released sandbox is reset in place and used again
     (sandboxd.core.pools.recycle.RECYCLE_MODES): "off" destroys it."""
@@ -128,17 +132,43 @@ def check_network(config: PoolConfig) -> None:
         raise InvalidArgument("spec.network", e.message.removeprefix("network: ")) from e
 
 
-def network_refusal(backend: object, runtime: str, network: list[str]) -> str | None:
-    """Why a pool with these network rules cannot be had on ``backend``; None
-    when it can (or has no rules). A policy is never accepted unenforced."""
-    if not network:
+def network_refusal(backend: object, runtime: str, network: list[str], model: bool = False) -> str | None:
+    """Why a pool with these network rules (and the model route, with
+    ``model``) cannot be had on ``backend``; None when it can (or has
+    neither). A policy is never accepted unenforced."""
+    if not network and not model:
         return None
     if not isinstance(backend, EgressPolicies):
         return (
             f"the {type(backend).__name__} backend does not enforce network policies; "
-            "leave spec.network empty (no network) or use the Docker backend"
+            "leave spec.network and spec.model_endpoint empty (no network) or use the Docker backend"
         )
+    if model and not isinstance(backend, ModelRoutes):
+        return f"the {type(backend).__name__} backend does not serve the model gateway (spec.model_endpoint)"
     return backend.network_refusal(runtime)
+
+
+def check_model_endpoint(config: PoolConfig) -> None:
+    """Validates a pool spec's model endpoint: an http(s) URL with a host and
+    no credentials, query or fragment (INVALID_ARGUMENT naming ``spec.model_endpoint``)."""
+    url = config.model_endpoint
+    if not url:
+        return
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise InvalidArgument("spec.model_endpoint", f"not a URL ({e}): {url[:200]!r}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidArgument(
+            "spec.model_endpoint", f"must be an http:// or https:// URL with a host, got {url[:200]!r}"
+        )
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise InvalidArgument(
+            "spec.model_endpoint", "must not carry credentials, a query or a fragment (the base URL only)"
+        )
+    if len(url) > 2048 or (port is not None and not 1 <= port <= 65535):
+        raise InvalidArgument("spec.model_endpoint", "must be at most 2048 characters with a valid port")
 
 
 def check_announcement(

@@ -248,6 +248,7 @@ class WarmPool(PoolFigures, PoolReleasing):
             labels=self.config.labels,
             runtime=self.config.runtime,
             network=tuple(self.config.network),
+            model_gateway=bool(self.config.model_endpoint),
             live_snapshots=keeps_sessions(self.config),
         )
         own = rec.image == self.config.image

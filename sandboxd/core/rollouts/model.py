@@ -10,6 +10,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandboxd.backends.network.meter import ModelCall, ModelChoice
 from sandboxd.errors import InvalidArgument
 
 
@@ -190,6 +191,9 @@ class Trajectory:
     advantage: float = 0.0
     segment_masked: list[bool] = field(default_factory=list)
     snapshot_id: str = ""
+    model_calls: list[ModelCall] = field(default_factory=list)
+    """What an agent in its sandbox asked the run's model through the gateway,
+    and what came back (taken from the gateway's ledger when submitted)."""
 
     def oldest_version(self, default: int) -> int:
         """The oldest policy version among its segments; ``default`` when it has none."""
@@ -299,7 +303,15 @@ def trajectory_from(d: dict[str, Any]) -> Trajectory:
         advantage=d["advantage"],
         segment_masked=list(d["segment_masked"]),
         snapshot_id=d["snapshot_id"],
+        model_calls=[_call_from(c) for c in d.get("model_calls", [])],
     )
+
+
+def _call_from(d: dict[str, Any]) -> ModelCall:
+    fields = dict(d)
+    fields["request"] = _bytes(d["request"])
+    fields["choices"] = [ModelChoice(**c) for c in d["choices"]]
+    return ModelCall(**fields)
 
 
 def group_to_json(g: Group) -> dict[str, Any]:
