@@ -1,7 +1,8 @@
-"""Rollout lifecycles on the real engine: rollouts through the rollout
-queue in sandboxes leased from a warm pool and from a cold one, their
-traces read from an in-memory exporter, and GetFigures' stages and dollars
-checked against those traces and the sandboxes' reservations."""
+"""Rollout lifecycles on the real engine, under runc and gVisor: rollouts
+through the rollout queue in sandboxes leased from a warm pool and from a
+cold one, their traces read from an in-memory exporter, and GetFigures'
+stages and dollars checked against those traces and the sandboxes'
+reservations."""
 
 from __future__ import annotations
 
@@ -55,12 +56,12 @@ def _seconds(ns: int | None) -> float:
 
 
 async def test_rollouts_on_docker_are_traced_and_costed(
-    traced_app: tuple[App, InMemorySpanExporter], image: str
+    traced_app: tuple[App, InMemorySpanExporter], image: str, each_runtime: str
 ) -> None:
     app, exporter = traced_app
     async with AsyncClient(app.address) as client:
-        await client.create_pool("warm", image, min_ready=2, max_size=6)
-        await client.create_pool("cold", image, min_ready=0, max_size=2)
+        await client.create_pool("warm", image, min_ready=2, max_size=6, runtime=each_runtime)
+        await client.create_pool("cold", image, min_ready=0, max_size=2, runtime=each_runtime)
 
         async def warm_ready() -> bool:
             return (await client.get_pool("warm")).status.ready >= 2

@@ -134,3 +134,35 @@ async def test_cancelled_and_dropped_groups_end_their_traces(
 )
 def test_status_shows_dollars_to_the_cent_or_three_digits(amount: float, shown: str) -> None:
     assert usd(amount) == shown
+
+
+async def test_an_acquire_that_pulls_its_image_is_cold_and_says_so(no_task_leaks: None) -> None:
+    task = "127.0.0.1:5000/swe/task-0:v1"
+    backend = FakeBackend(images={IMAGE})
+    backend.registry.add(task, 40 << 20)
+    exporter = InMemorySpanExporter()
+    telemetry = Telemetry(TelemetrySettings(), span_processors=(SimpleSpanProcessor(exporter),))
+    app = build_app(make_settings(), backend=backend, persist=False, telemetry=telemetry)
+    await app.start()
+    try:
+        async with AsyncClient(app.address) as client:
+            await client.create_pool("swe", IMAGE, max_size=4, images=["*"])
+            r = RolloutClient(client)
+            # No pool on the run: nothing announces the image ahead, the acquire pulls it.
+            await r.configure("run", batch_groups=1, group_size=1, max_staleness=0)
+            (slot,) = await r.request_slots("run")
+            async with client.acquire("swe", image=task) as box:
+                await r.report_progress("run", slot.group_id, lease_ids=[box.lease_id])
+                await r.submit("run", slot.group_id, [trajectory("t", sandbox_id=box.id, verifier="echo 1")])
+            async for batch in r.pull("run", max_batches=1):
+                await r.ack("run", batch.batch_id)
+            f = await r.figures("run")
+    finally:
+        await app.stop(grace=0.5)
+    assert backend.registry.pulls[task] == 1
+    assert (f.lifecycle.image_pulls, f.lifecycle.cold_sandboxes, f.lifecycle.warm_sandboxes) == (1, 1, 0)
+    (spans,) = traces(exporter.get_finished_spans()).values()
+    acquire = next(s for s in spans if s.name == STAGE_SPAN_PREFIX + "acquire")
+    assert (acquire.attributes or {})["sandboxd.image_pulled"] is True
+    assert (acquire.attributes or {})["sandboxd.warm"] is False
+    assert any(s.name == SANDBOX_START_SPAN for s in spans)
