@@ -1,0 +1,81 @@
+"""How a backend isolates sandboxes beyond the defaults: the optional ports for
+runtimes other than runc, egress allow-lists and the model route, a host uid
+per sandbox, and root inside a sandbox without capabilities.
+
+Re-exported by sandboxd.backends.base, where the port is described."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from sandboxd.backends.network.gateway import ModelGateway
+
+
+@runtime_checkable
+class IsolationRuntimes(Protocol):
+    """Optional for a backend: it can run sandboxes under more than the
+    default runtime (RUNC); a backend without it runs RUNC only."""
+
+    async def runtimes(self) -> frozenset[str]:
+        """The RUNTIMES the backend can start sandboxes under now. Raises
+        BackendError when it cannot tell."""
+        ...
+
+
+@runtime_checkable
+class EgressPolicies(Protocol):
+    """Optional for a backend: it can enforce a sandbox's network allow-list
+    (SandboxSpec.network); a backend without it refuses every policy."""
+
+    def network_refusal(self, runtime: str) -> str | None:
+        """Why sandboxes of ``runtime`` cannot have a network policy here; None when they can."""
+        ...
+
+
+@runtime_checkable
+class ModelRoutes(Protocol):
+    """Optional for a backend with EgressPolicies: it serves the model route
+    (SandboxSpec.model_gateway) through the gateway the core hands it, and
+    tells each sandbox's egress counts."""
+
+    def use_model_gateway(self, gateway: ModelGateway) -> None:
+        """The gateway sandboxes with the model route are served by."""
+        ...
+
+    def egress_counts(self) -> dict[str, tuple[int, int]]:
+        """(allowed, denied) attempts of each sandbox with egress open, by sandbox id."""
+        ...
+
+
+SANDBOX_UID = 1000
+"""The sandbox user's uid (and gid) as a snapshot records it, whatever host
+uid a backend gave that sandbox: a manifest names the sandbox's own user by
+this number and root by 0, so it restores onto any sandbox, each with its own."""
+
+
+@runtime_checkable
+class SandboxUsers(Protocol):
+    """Optional for a backend: it gives each sandbox a host uid and gid of its
+    own (sandboxes then share no per-user kernel limit: inotify instances,
+    queued signals, processes). Without it the sandbox user is SANDBOX_UID."""
+
+    def sandbox_user(self, handle: str) -> tuple[int, int]:
+        """(uid, gid) the sandbox's user has on the host and inside it."""
+        ...
+
+
+@runtime_checkable
+class RootUser(Protocol):
+    """Optional for a backend: it runs one-shot commands (``ExecSpec.user ==
+    ROOT_USER``) and file transfers as uid 0 inside the sandbox's own
+    namespaces, with the sandbox's (empty) capability set, read-only root,
+    limits and network, so root owns what it creates and nothing more."""
+
+    async def put_tar_as(self, handle: str, dest: str, chunks: AsyncIterator[bytes], user: str) -> None:
+        """``put_tar`` run as ``user`` ("" or ROOT_USER)."""
+        ...
+
+    def get_tar_as(self, handle: str, base: str, paths: tuple[str, ...], user: str) -> AsyncIterator[bytes]:
+        """``get_tar`` run as ``user`` ("" or ROOT_USER)."""
+        ...
