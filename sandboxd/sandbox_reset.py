@@ -141,8 +141,10 @@ def digest(skip=None):
                 continue
             times = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
             # A directory's times change with its entries, which are listed
-            # themselves; a device's with the I/O through it.
-            if stat.S_ISDIR(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            # themselves; a device's, a FIFO's or a socket's with the I/O
+            # through it (the sandbox's own shells start on FIFOs).
+            if stat.S_ISDIR(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or \
+                    stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
                 times = f"{st.st_rdev}"
             h.update(f"{name}\0{st.st_mode}\0{st.st_uid}\0{st.st_gid}\0{times}\n".encode())
     for ipc in ("shm", "msg", "sem"):
@@ -232,6 +234,19 @@ def remove_ipc():
     # SysV IPC objects are not files: every one the user owns goes.
     libc = ctypes.CDLL(None, use_errno=True)
     uid, left = os.getuid(), 0
+    rmid = {"shm": lambda i: libc.shmctl(i, 0, None), "msg": lambda i: libc.msgctl(i, 0, None),
+            "sem": lambda i: libc.semctl(i, 0, 0)}
+    if not os.path.exists("/proc/sysvipc"):
+        # A kernel without the tables (gVisor): its ids are small and handed
+        # out in order, so every id up to IPC_PROBE is tried (IPC_STAT).
+        buf = ctypes.create_string_buffer(512)
+        stat_of = {"shm": lambda i: libc.shmctl(i, 2, buf), "msg": lambda i: libc.msgctl(i, 2, buf),
+                   "sem": lambda i: libc.semctl(i, 0, 2, buf)}
+        for table in ("shm", "msg", "sem"):
+            for i in range(IPC_PROBE):
+                if stat_of[table](i) == 0:
+                    left += rmid[table](i) != 0 and stat_of[table](i) == 0
+        return left
     for table, col in (("shm", 7), ("msg", 7), ("sem", 4)):
         try:
             rows = open("/proc/sysvipc/" + table).read().splitlines()[1:]
@@ -239,13 +254,12 @@ def remove_ipc():
             continue
         for row in rows:
             cols = row.split()
-            if len(cols) <= col or int(cols[col]) != uid:
-                continue
-            key = int(cols[1])
-            rc = libc.shmctl(key, 0, None) if table == "shm" else (
-                libc.msgctl(key, 0, None) if table == "msg" else libc.semctl(key, 0, 0))
-            left += rc != 0
+            if len(cols) > col and int(cols[col]) == uid:
+                left += rmid[table](int(cols[1])) != 0
+            elif len(cols) > col:
+                left += 1
     return left
+IPC_PROBE = 1024
 def events():
     # The sandbox's cgroup counters of OOM kills and forks refused at its
     # pids limit (v1 or v2 layout); -1 where it cannot see them.

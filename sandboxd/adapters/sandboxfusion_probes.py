@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from sandboxd.sandbox_reset import STEP_LIB
+
 __all__ = ["LANDLOCK_ABI", "LAUNCH_FAILED", "baseline_command", "clean_command", "launch", "setup_command"]
 
 # The Landlock ABI whose scopes the launcher sets.
@@ -27,116 +29,15 @@ LANDLOCK_ABI = 6
 # The launcher's exit status when the domain cannot be entered (the command does not run).
 LAUNCH_FAILED = 125
 
-# hashlib and shutil load only where needed: OpenSSL alone costs milliseconds per step.
-_STEP = r"""
-import base64, ctypes, json, os, signal, stat, sys, time
-def fields(pid):
-    # /proc/<pid>/stat from the state on (the name before it may hold anything).
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-def ident(pid, fs=None):
-    # pid and start time: a pid reused by a later process is another process.
-    return f"{pid}:{(fs or fields(pid))[19]}"
-def ancestors():
-    pids, pid = set(), os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        try:
-            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return pids
-def others(infra=()):
-    # The user's live processes but this step's own chain and the sandbox's
-    # own (infra). A zombie is not one: nothing of it runs any more.
-    keep, uid, found = ancestors(), os.getuid(), []
-    for p in os.listdir("/proc"):
-        if p.isdigit() and int(p) != 1 and int(p) not in keep:
-            try:
-                if os.stat(f"/proc/{p}").st_uid == uid:
-                    fs = fields(p)
-                    if fs[0] not in "ZX" and ident(p, fs) not in infra:
-                        found.append(int(p))
-            except (OSError, IndexError):
-                pass
-    return found
-# File systems whose entries the kernel makes, not a process: never walked.
-VIRTUAL = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "securityfs", "debugfs", "tracefs",
-           "bpf", "pstore", "fusectl", "configfs", "binfmt_misc", "nsfs"}
-def writable_mounts():
-    found = []
-    for line in open("/proc/self/mountinfo"):
-        fields = line.split()
-        fstype = fields[fields.index("-") + 1]
-        if "rw" in fields[5].split(",") and fstype not in VIRTUAL:
-            found.append(fields[4].encode().decode("unicode_escape"))
-    return sorted(set(found))
-def digest(skip):
-    # Every writable mount, not only /tmp: what a request can change anywhere.
-    import hashlib
-    h, unreadable = hashlib.sha256(), 0
-    def entry(name, st):
-        times = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
-        # A directory's times change with its entries, which are listed
-        # themselves; a device's with the I/O through it.
-        if stat.S_ISDIR(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-            times = f"{st.st_rdev}"
-        h.update(f"{name}\0{st.st_mode}\0{st.st_uid}\0{st.st_gid}\0{times}\n".encode())
-    def failed(_):
-        nonlocal unreadable
-        unreadable += 1
-    for root in writable_mounts():
-        try:
-            top = os.lstat(root)
-        except OSError:
-            continue
-        entry(root, top)
-        if not stat.S_ISDIR(top.st_mode):
-            continue
-        for d, dirs, files in os.walk(root, onerror=failed):
-            kept = []
-            for x in sorted(dirs):
-                path = os.path.join(d, x)
-                if path == skip:
-                    continue
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                entry(path, st)
-                # Another mount below is walked (or not) as itself.
-                if st.st_dev == top.st_dev:
-                    kept.append(x)
-            dirs[:] = kept
-            for f in sorted(files):
-                try:
-                    entry(os.path.join(d, f), os.lstat(os.path.join(d, f)))
-                except OSError:
-                    continue
-    for ipc in ("shm", "msg", "sem"):
-        try:
-            h.update(open("/proc/sysvipc/" + ipc, "rb").read())
-        except OSError:
-            pass
-    return h.hexdigest(), unreadable
-def landlock_abi():
-    libc = ctypes.CDLL(None, use_errno=True)
-    # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    return max(libc.syscall(444, None, 0, 1), 0)
-def remove(path):
-    import shutil
-    def reopen(fn, p, _):
-        # A directory the request made unwritable: its owner may open it again.
-        os.chmod(os.path.dirname(p), 0o700)
-        fn(p)
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=reopen)
-    return not os.path.lexists(path)
+# The kills, the digest of every writable mount and the removal are the
+# shared reset steps' (sandboxd.sandbox_reset), the same a recycling pool runs.
+_STEP = STEP_LIB + r"""
 mode, top = sys.argv[1], sys.argv[2]
 out = {}
 if mode == "baseline":
     # The processes already there are the sandbox's own (its main process,
     # sandboxd's shells): the clean-up spares exactly those.
-    out["digest"], out["unreadable"] = digest(None)
+    out["digest"], out["unreadable"] = digest()
     out["infra"] = sorted(ident(p) for p in others())
     out["landlock"] = landlock_abi()
     # Which of the languages' tools the image has, on the PATH requests get.
@@ -156,24 +57,8 @@ elif mode == "setup":
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
 else:
-    # Stop first so a forking process cannot outrun the kills, then kill, in
-    # rounds until none is left alive. A killed process still shows as
-    # running until it is scheduled to exit, which on a busy host takes a
-    # while: so the rounds are bounded by time, not by count.
     infra = json.loads(sys.argv[4])
-    found, deadline = [], time.monotonic() + 3.0
-    while infra is not None:
-        found = others(set(infra))
-        if not found or time.monotonic() > deadline:
-            break
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for p in found:
-                try:
-                    os.kill(p, sig)
-                except OSError:
-                    pass
-        time.sleep(0.002)
-    out["survivors"] = len(found) if infra is not None else -1
+    out["survivors"] = kill_others(infra) if infra is not None else -1
     files = {}
     for name in json.loads(sys.argv[3]):
         path = os.path.join(top + "/w", name)
@@ -183,7 +68,7 @@ else:
     out["files"] = files
     out["removed"] = remove(top)
     if infra is not None:
-        out["digest"] = digest(None)[0]
+        out["digest"] = digest()[0]
 print(json.dumps(out))
 """
 

@@ -26,7 +26,7 @@ from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import live_setting
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
 from sandboxd.core.pools.config import check_images, check_network, network_refusal
-from sandboxd.core.pools.recycle import check_recycle
+from sandboxd.core.pools.recycle import check_recycle, check_recycle_live
 from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
@@ -260,6 +260,7 @@ class SandboxRegistry:
         if refusal is not None:
             raise FailedPrecondition(f"pool {name!r}: {refusal}")
         config = replace(config, live_snapshots=live_setting(config, self._backend))
+        check_recycle_live(config)
         # Checked again: another create of the same name may have finished meanwhile.
         if config.name in self.pools:
             raise AlreadyExists(f"pool {name!r} already exists")

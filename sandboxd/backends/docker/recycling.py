@@ -1,7 +1,8 @@
 """A Docker sandbox reset in place (sandboxd.backends.recycling), mixed into
-DockerBackend: the steps of sandboxd.sandbox_reset run as one-shot commands
-of the sandbox's user. Before the reset every shell held for the sandbox
-(its sessions, idle runners and spare) is let go and closed, so no
+DockerBackend: the steps of sandboxd.sandbox_reset run as engine execs of
+their own (as the sandbox's user), never in the sandbox's shells. Before
+the reset every shell held for the sandbox (its sessions, idle runners and
+spare) is let go and closed, so no
 session's cwd, environment or jobs reach the next lease; after it a fresh
 spare is started, as at create, and its first command is the health check.
 
@@ -14,10 +15,11 @@ re-apply (update_limits)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
-from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.shells import Shells
 from sandboxd.errors import TransientBackendError
 from sandboxd.sandbox_reset import (
@@ -41,12 +43,17 @@ class DockerRecycling:
 
     if TYPE_CHECKING:
         # DockerBackend's.
-        def exec(self, handle: str, spec: ExecSpec) -> AsyncIterator[ExecEvent]: ...
+        async def _transport(self, handle: str, kept: tuple[str, bool] | None = None) -> EngineExec: ...
+
+        def _spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
     async def _step(self, handle: str, argv: list[str], stdin: bytes, timeout: float, what: str) -> bytes:
         spec = ExecSpec(argv=tuple(argv), cwd="/", stdin=stdin, timeout=timeout, output_limit=_STEP_OUTPUT)
         out, result = b"", None
-        async for event in self.exec(handle, spec):
+        # An engine exec of its own, not a command of the sandbox's shells:
+        # the step kills every process but its own chain, and no shell of
+        # the sandbox may be in that chain.
+        async for event in run_oneshot(await self._transport(handle), spec, self._spawn):
             if isinstance(event, OutputChunk) and event.stream == 1:
                 out += event.data
             elif isinstance(event, ExecResult):

@@ -34,6 +34,7 @@ from sandboxd.backends.recycling import InPlaceReset
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
 from sandboxd.core.lifecycle import SandboxRecord, State
+from sandboxd.core.live_setting import keeps_sessions
 from sandboxd.core.meters import PoolMeters
 from sandboxd.core.pools.config import PoolConfig
 from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument
@@ -78,6 +79,18 @@ def check_recycle(config: PoolConfig, backend: object) -> None:
         raise FailedPrecondition(
             f"the {type(backend).__name__} backend cannot reset sandboxes in place; "
             'leave spec.recycle "off" (released sandboxes are destroyed)'
+        )
+
+
+def check_recycle_live(config: PoolConfig) -> None:
+    """FAILED_PRECONDITION for a recycling gVisor pool whose sandboxes keep
+    their shells in the keeper (live snapshots on): those shells' FIFOs in
+    the sandbox's /tmp change with every shell, so no reset could tell them
+    from a tenant's changes."""
+    if config.recycle != RECYCLE_OFF and keeps_sessions(config):
+        raise FailedPrecondition(
+            f'spec.recycle "{config.recycle}" needs spec.live_snapshots "off" under gVisor (sandboxes '
+            "started with the keeper for live snapshots are not reset in place); set it, or recycle \"off\""
         )
 
 
@@ -246,13 +259,13 @@ class Recycler:
                     await self._backend.update_limits(rec.handle, self._config.limits)
                     rec.limits = self._config.limits
         except TimeoutError:
-            self.note_destroyed("timeout")
-            return f"the reset ran past {RESET_TIMEOUT_SECONDS:g}s"
+            doubt, why = f"the reset ran past {RESET_TIMEOUT_SECONDS:g}s", "timeout"
         except BackendError as e:
-            self.note_destroyed("failed")
-            return f"the reset failed: {e}"
+            doubt, why = f"the reset failed: {e}", "failed"
+        else:
+            why = "check"
         if doubt:
-            self.note_destroyed("check")
+            self.note_destroyed(why)
             log.info(
                 "pool %s: sandbox %s destroyed, not recycled: %s", self._config.name, rec.sandbox_id, doubt
             )
