@@ -50,3 +50,16 @@ async def test_client_guide_example_runs(app: App, image: str, capsys: pytest.Ca
     await run_example(code, app, image)
     out = capsys.readouterr().out.splitlines()
     assert out == [str(["42\n"] * 8), "/tmp", "1", ""]
+
+
+async def test_cost_and_lifecycle_example_runs(
+    app: App, image: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = python_block(ROOT / "docs" / "operating" / "cost-and-lifecycle.md", "## Example")
+    await run_example(code, app, image)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("trainer idle $") and "/Mtok; waits on " in out[0]
+    stages = [line.split()[0] for line in out[1:]]
+    assert stages == ["slot_wait", "to_acquire", "acquire", "to_first_command", "rollout", "verifier",
+                      "scoring", "queue_wait", "training"]  # fmt: skip
+    assert all(line.endswith("n=6") for line in out[1:])
