@@ -30,7 +30,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
+
+from sandboxd.images.mirror import debian_mirror as mirror_of_suite
 
 __all__ = [
     "DEFAULT_IMAGE_REPO",
@@ -66,8 +67,6 @@ SANDBOX_HOME = "/home/sandbox"
 WORKSPACE_DIR = "/workspace"
 WORKSPACE_MODE = 0o1777
 
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-MIRROR_ENV = "SANDBOXD_DEBIAN_MIRROR"
 CACHE_DIR_ENV = "SANDBOXD_CACHE_DIR"
 
 IMAGE_CHANGES: tuple[str, ...] = (
@@ -146,72 +145,11 @@ def _cache_dir() -> Path:
     return Path.home() / ".cache" / "sandboxd" / "images"
 
 
-# ---------------------------------------------------------------- mirror
-
-
-def _apt_source_files() -> list[Path]:
-    files: list[Path] = []
-    main_list = Path("/etc/apt/sources.list")
-    if main_list.is_file():
-        files.append(main_list)
-    parts = Path("/etc/apt/sources.list.d")
-    if parts.is_dir():
-        # apt ignores other suffixes (e.g. "*.list.disabled"), so do we.
-        files.extend(sorted(p for p in parts.iterdir() if p.suffix in (".list", ".sources")))
-    return files
-
-
-def _one_line_sources(text: str) -> Iterator[tuple[str, list[str]]]:
-    pattern = re.compile(r"^deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)")
-    for line in text.splitlines():
-        match = pattern.match(line.split("#", 1)[0].strip())
-        if match:
-            yield match.group(1), [match.group(2)]
-
-
-def _deb822_sources(text: str) -> Iterator[tuple[str, list[str]]]:
-    for paragraph in re.split(r"\n\s*\n", text):
-        fields: dict[str, str] = {}
-        key = ""
-        for line in paragraph.splitlines():
-            if line.startswith("#"):
-                continue
-            if line[:1].isspace() and key:
-                fields[key] += " " + line.strip()
-            elif ":" in line:
-                key, value = line.split(":", 1)
-                key = key.strip().lower()
-                fields[key] = value.strip()
-        if "deb" not in fields.get("types", "").split():
-            continue
-        if fields.get("enabled", "yes").lower() == "no":
-            continue
-        suites = fields.get("suites", "").split()
-        for uri in fields.get("uris", "").split():
-            yield uri, suites
-
-
 def debian_mirror() -> str:
-    """Return the Debian mirror to bootstrap from.
-
-    ``$SANDBOXD_DEBIAN_MIRROR`` wins; otherwise the first enabled apt source
-    for the suite, because on locked-down hosts that is the one mirror known
-    to be reachable; otherwise deb.debian.org.
-    """
-    override = os.environ.get(MIRROR_ENV)
-    if override:
-        return override.rstrip("/")
-    for path in _apt_source_files():
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        parse = _deb822_sources if path.suffix == ".sources" else _one_line_sources
-        for uri, suites in parse(text):
-            # debootstrap only speaks plain URLs, not apt's mirror+/tor+ schemes.
-            if SUITE in suites and urlsplit(uri).scheme in ("http", "https", "file"):
-                return uri.rstrip("/")
-    return DEFAULT_MIRROR
+    """The Debian mirror to bootstrap this recipe's suite from
+    (sandboxd.images.mirror: ``$SANDBOXD_DEBIAN_MIRROR``, else the host's
+    apt source for the suite, else deb.debian.org)."""
+    return mirror_of_suite(SUITE)
 
 
 # ---------------------------------------------------------------- docker
