@@ -2,7 +2,8 @@
 
 Owns the default image (``build``: debootstrap ``--variant=minbase`` and
 ``docker import``, cached by a hash of its recipe) and the code-judge image
-for ``sandboxd run-code`` (``codejudge``). The default image is built
+for ``sandboxd run-code`` (``codejudge``), both bootstrapped from the
+mirror ``mirror`` finds in the host's apt sources. The default image is built
 locally because no container registry is reachable from rollout hosts.
 Import from those modules directly; nothing is re-exported here, so that
 ``python -m sandboxd.images.build`` does not import the module twice.
