@@ -169,13 +169,21 @@ class RunLifecycle:
         self._cost(life, now)
         self._end(g.group_id, life, outcome, reason)
 
-    def delivered(self, batch: Batch) -> None:
-        """A batch went to the trainer (its first delivery counts)."""
+    def delivered(self, batch: Batch, waiting: Iterable[Group] | None = None) -> None:
+        """A batch went to the trainer (its first delivery counts). Given the
+        groups still ``waiting`` (queued or delivered), admitted groups in
+        neither were dropped at batching for staleness: their lives end too."""
         now = self.clock.time()
         for g in batch.groups:
             life = self._lives.get(g.group_id)
             if life is not None and not life.delivered:
                 life.delivered = now
+        if waiting is None:
+            return
+        kept = {g.group_id for g in waiting}
+        for group_id, life in list(self._lives.items()):
+            if life.submitted and not life.delivered and group_id not in kept:
+                self._end(group_id, life, "dropped", "stale")
 
     def consumed(self, batch: Batch) -> None:
         """The trainer acknowledged a batch: its groups' lives end, their tokens count."""
