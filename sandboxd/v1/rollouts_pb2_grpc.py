@@ -194,7 +194,9 @@ class RolloutServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetFigures(self, request, context):
-        """The throughput-matching figures of a run. NOT_FOUND: unknown run.
+        """The throughput-matching figures of a run, with where its rollouts spend
+        their time (Figures.lifecycle) and what they cost at the server's
+        prices (Figures.cost). NOT_FOUND: unknown run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
