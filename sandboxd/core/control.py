@@ -24,6 +24,7 @@ from opentelemetry.metrics import Meter
 from sandboxd.backends.base import Backend, ExecSpec, Limits, ModelRoutes
 from sandboxd.clock import Clock
 from sandboxd.core import capacity
+from sandboxd.core.egress_meters import register_egress_meters
 from sandboxd.core.images import ImageCache
 from sandboxd.core.leases import Lease, LeaseTable
 from sandboxd.core.leasing import AcquireRequest, Leasing
@@ -71,6 +72,8 @@ class ControlPlane:
         if isinstance(backend, ModelRoutes):
             backend.use_model_gateway(self.model_route.gateway)
             self.operations.model_route = self.model_route
+            if meter is not None:
+                register_egress_meters(meter, backend, self.registry, self.model_route.ledger)
         self.images: ImageCache | None = None
         """The image cache, when the server runs one: pools pull the images
         acquires and announcements name through it, and pin them while used."""

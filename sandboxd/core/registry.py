@@ -25,7 +25,7 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import live_setting
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
-from sandboxd.core.pools.config import check_images, check_network, network_refusal
+from sandboxd.core.pools.config import check_images, check_model_endpoint, check_network, network_refusal
 from sandboxd.core.pools.recycle import check_recycle, check_recycle_live
 from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.quotas import Quotas
@@ -236,6 +236,7 @@ class SandboxRegistry:
         check_scaling(config)
         check_images(config)
         check_network(config)
+        check_model_endpoint(config)
         check_recycle(config, self._backend)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)
@@ -256,7 +257,7 @@ class SandboxRegistry:
                 "build or load it first, e.g. `sandboxd image build` for the default image)"
             )
         await check_runtime(self._backend, runtime, explicit)
-        refusal = network_refusal(self._backend, runtime, config.network)
+        refusal = network_refusal(self._backend, runtime, config.network, bool(config.model_endpoint))
         if refusal is not None:
             raise FailedPrecondition(f"pool {name!r}: {refusal}")
         config = replace(config, live_snapshots=live_setting(config, self._backend))

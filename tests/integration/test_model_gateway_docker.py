@@ -161,7 +161,10 @@ async def test_agents_in_sandboxes_reach_the_model_only_through_the_metered_gate
 
         # The unchanged openai package, inside the sandbox, whole and streamed.
         await a.upload_dir(site, "site")
-        result = await a.exec(["python3", "-c", OPENAI_AGENT], env={"PYTHONPATH": "/workspace/site"})
+        # Importing 15 MiB of packages from the workspace is slow on a loaded host: a generous timeout.
+        result = await a.exec(
+            ["python3", "-c", OPENAI_AGENT], env={"PYTHONPATH": "/workspace/site"}, timeout=300
+        )
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.text) == {"whole": "".join(REPLY), "streamed": "".join(REPLY)}
         result = await b.exec(
@@ -185,6 +188,16 @@ async def test_agents_in_sandboxes_reach_the_model_only_through_the_metered_gate
             "through_proxy": 403,
         }, probe
         assert len(model.seen) == seen
+        # The denied attempt is counted on that sandbox; the gateway's calls and tokens in all.
+        metrics = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in app.telemetry.prometheus_text().splitlines()
+            if line.startswith(("sandboxd_egress_", "sandboxd_model_"))
+        }
+        assert metrics[f'sandboxd_egress_denied_total{{pool="agents",sandbox="{a.id}"}}'] == 1, metrics
+        assert metrics[f'sandboxd_egress_denied_total{{pool="agents",sandbox="{b.id}"}}'] == 0, metrics
+        assert metrics["sandboxd_model_calls_total"] == 3
+        assert metrics['sandboxd_model_tokens_total{kind="completion"}'] == 15
 
         # Released, a lease's key stops working at once (here tried from a sandbox still leased).
         await client.release(other.id)
