@@ -26,8 +26,8 @@ from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import live_setting
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
 from sandboxd.core.pools.config import check_images, check_model_endpoint, check_network, network_refusal
-from sandboxd.core.pools.recycle import check_recycle, check_recycle_live
 from sandboxd.core.pools.images import ImageSource
+from sandboxd.core.pools.recycle import check_recycle, check_recycle_live
 from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
 from sandboxd.core.runtimes import check_runtime, fit_limits, runtime_name
