@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import http.server
 import json
+import os
 import socket
 import struct
+import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -31,7 +33,8 @@ from sandboxd.backends.kubernetes.egress import ANNOTATION_NETWORK, pool_policy_
 from sandboxd.backends.kubernetes.ledger import KubeLedger, pools_configmap
 from sandboxd.backends.kubernetes.podspec import PodOptions, build_pod, selector
 from sandboxd.client import AsyncClient
-from tests.kube.conftest import IMAGE, kube_settings, pods, poll
+from sandboxd.images.build import default_image_tag
+from tests.kube.conftest import IMAGE, REAL_NODE_BACKEND, kube_settings, pods, poll, require_real_node
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
 
@@ -91,6 +94,9 @@ async def test_a_pools_rules_become_its_networkpolicy_and_its_pods_proxy_setting
                 (plain,) = await pods(kube, namespace, f"sandboxd.sandbox={other.id}")
                 report = await client.preflight(pool="net", concurrent=1)
                 assert report.ok, report
+                # It selects the pool's Pods, and only them (asked while the leased ones exist).
+                match = ",".join(f"{k}={v}" for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+                chosen = {p["metadata"]["name"] for p in await pods(kube, namespace, match)}
             spec = policy["spec"]
             assert spec["policyTypes"] == ["Egress"]
             (rule,) = spec["egress"]
@@ -102,9 +108,6 @@ async def test_a_pools_rules_become_its_networkpolicy_and_its_pods_proxy_setting
             ]
             # The proxy Pods' own ports (a NetworkPolicy sees them after the Service's translation).
             assert rule["ports"] == [{"protocol": "TCP", "port": 3128}, {"protocol": "UDP", "port": 5353}]
-            # It selects the pool's Pods, and only them.
-            match = ",".join(f"{k}={v}" for k, v in spec["podSelector"]["matchLabels"].items())
-            chosen = {p["metadata"]["name"] for p in await pods(kube, namespace, match)}
             assert pod["metadata"]["name"] in chosen and plain["metadata"]["name"] not in chosen
             # Owned by the instance's record of its pools: gone with it at the latest.
             (owner,) = policy["metadata"]["ownerReferences"]
@@ -247,19 +250,21 @@ def _query(name: str) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def _egress_proxy(kubeconfig: str, namespace: str) -> AsyncIterator[tuple[int, int]]:
-    """``sandboxd egress-proxy`` as the chart runs it, on this host's loopback."""
+async def _egress_proxy(
+    kubeconfig: str, namespace: str, listen: str = "127.0.0.1"
+) -> AsyncIterator[tuple[int, int]]:
+    """``sandboxd egress-proxy`` as the chart runs it, on this host at ``listen``."""
     port, dns = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sandboxd.cli", "egress-proxy", f"--namespace={namespace}",
-        "--listen=127.0.0.1", f"--port={port}", f"--dns-port={dns}", "--dns-answer=10.96.0.53",
+        f"--listen={listen}", f"--port={port}", f"--dns-port={dns}", "--dns-answer=10.96.0.53",
         f"--kubeconfig={kubeconfig}",
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
 
     async def listening() -> bool:
         with contextlib.suppress(OSError):
-            _, w = await asyncio.open_connection("127.0.0.1", port)
+            _, w = await asyncio.open_connection(listen, port)
             w.close()
             return True
         if proc.returncode is not None:
@@ -324,3 +329,66 @@ async def test_the_egress_proxy_serves_each_source_under_its_pods_rules(
     ]
     with contextlib.suppress(KubeError):
         await kube.request("DELETE", f"/api/v1/namespaces/{namespace}/services/{PROXY}")
+
+
+# Fetches argv[2] through the proxy argv[1]: the body, or the HTTP status and body of a refusal.
+FETCH = """
+import os, sys, urllib.error, urllib.request
+# NO_PROXY names 127.0.0.1 (the sandbox's own loopback); here it is the proxy's host's.
+os.environ.pop("NO_PROXY", None), os.environ.pop("no_proxy", None)
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": sys.argv[1]}))
+try:
+    sys.stdout.write(opener.open(sys.argv[2], timeout=20).read().decode())
+except urllib.error.HTTPError as e:
+    sys.stdout.write(f"{e.code} {e.read().decode()}")
+"""
+
+
+def _bridge_address() -> str:
+    """The real node's Pod bridge gateway: where its Pods reach this host."""
+    shown = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "sbxtest0"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    words = shown.stdout.split()
+    if "inet" not in words:
+        pytest.skip("no sbxtest0 bridge (deploy/testcluster/node-up.sh)")
+    return words[words.index("inet") + 1].split("/")[0]
+
+
+async def test_a_real_pod_of_a_network_pool_reaches_what_its_rules_allow_through_the_proxy(
+    tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient, upstream: int
+) -> None:
+    require_real_node()
+    proxy_ip = await _proxy_service(kube, namespace)
+    gateway = await asyncio.to_thread(_bridge_address)
+    backend = {**REAL_NODE_BACKEND, "egress_proxy_service": PROXY}
+    app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=backend))
+    await app.start()
+    try:
+        async with (
+            _egress_proxy(kubeconfig, namespace, listen=gateway) as (port, _),
+            AsyncClient(app.address) as client,
+        ):
+            # The default image: the real node imports the cached rootfs of every image.
+            image = os.environ.get("SANDBOXD_KUBE_IMAGE", "") or default_image_tag()
+            await client.create_pool("net", image, min_ready=0, max_size=1, network=[f"127.0.0.1:{upstream}"])
+            async with client.acquire("net", timeout=120) as sb:
+                conf = await sb.exec("cat /etc/resolv.conf; echo $HTTP_PROXY")
+                assert f"nameserver {proxy_ip}" in conf.text and f"http://{proxy_ip}:3128" in conf.text, conf
+                # The Service's address needs kube-proxy, which the test cluster lacks: the
+                # Pod names the proxy on this host instead; it is told apart by its own address.
+                via = f"http://{gateway}:{port}"
+                ok = await sb.exec(["python3", "-c", FETCH, via, f"http://127.0.0.1:{upstream}/"], timeout=30)
+                assert ok.ok and ok.stdout == b"upstream ok\n", ok
+                other = _free_port(socket.SOCK_STREAM)
+                denied = await sb.exec(
+                    ["python3", "-c", FETCH, via, f"http://127.0.0.1:{other}/"], timeout=30
+                )
+                assert denied.stdout.startswith(b"403 sandboxd egress denied"), denied
+            await client.delete_pool("net", force=True)
+    finally:
+        await app.stop(grace=1)
