@@ -34,6 +34,7 @@ from sandboxd.clock import Clock, SystemClock
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.images import ImageCache
 from sandboxd.core.ledger_state import LedgerStateStore
+from sandboxd.core.rollouts.fleet import Fleet
 from sandboxd.core.rollouts.meters import register_rollout_gauges
 from sandboxd.core.rollouts.service import RolloutManager
 from sandboxd.core.rollouts.store import RolloutStore
@@ -423,6 +424,8 @@ def build_app(
         tracer=telemetry.tracer,
         prices=settings.cost,
     )
+    if settings.fleet.enabled:
+        Fleet(settings.fleet, rollouts)
     register_rollout_gauges(telemetry.meter, rollouts)
     register_journal_meters(telemetry.meter, snapshots.watcher)
     rollouts_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(rollouts), server)

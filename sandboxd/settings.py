@@ -15,6 +15,7 @@ from sandboxd.backends.base import Limits
 from sandboxd.backends.uids import DEFAULT_UIDS, UidRange
 from sandboxd.cost_settings import CostSettings
 from sandboxd.errors import InvalidArgument
+from sandboxd.fleet_settings import FleetSettings
 
 
 @dataclass
@@ -455,6 +456,8 @@ class Settings:
     images: ImageSettings = field(default_factory=ImageSettings)
     cost: CostSettings = field(default_factory=CostSettings)
     """Prices of the rollout figures' dollars (sandboxd.cost_settings)."""
+    fleet: FleetSettings = field(default_factory=FleetSettings)
+    """The sandboxes the rollout runs share, by weight (sandboxd.fleet_settings)."""
 
 
 def load_settings(

@@ -81,6 +81,9 @@ class RolloutQueue:
         self.target = config.max_concurrent or (config.batch_groups if config.controller else 0)
         self.controller_reason = ""
         self.pool_cap = 0
+        self.fleet_seat: Callable[[RolloutQueue], int] | None = None
+        """Groups the shared fleet lets the run hold at once now (sandboxd.core.rollouts.fleet)."""
+        self.fleet_note = ""
         self.discarded_snapshots: list[str] = []
         """Snapshots of parked work given up (span cap): the service deletes them."""
         S = config.max_staleness
@@ -177,6 +180,8 @@ class RolloutQueue:
             limits.append(self.target - len(self.running))
         if self.pool_cap:
             limits.append(self.pool_cap - len(self.running))
+        if self.fleet_seat is not None:
+            limits.append(self.fleet_seat(self) - len(self.running))
         return max(0, min(limits))
 
     def retry_after(self) -> float:
@@ -198,7 +203,8 @@ class RolloutQueue:
             raise ResourceExhausted(
                 f"run {self.run!r} is at capacity: {self.accepted_total} accepted + {len(self.running)} "
                 f"running for policy version {self.version} (budget {self.config.max_staleness}, "
-                f"{self.config.batch_groups} groups per step)",
+                f"{self.config.batch_groups} groups per step)"
+                + (f"; {self.fleet_note}" if self.fleet_note else ""),
                 self.retry_after(),
             )
         out: list[Group] = []
@@ -462,7 +468,7 @@ class RolloutQueue:
             infra_failures_masked=self.infra_masked,
             window_seconds=window,
             in_flight_mean=r.in_flight_mean,
-            controller_reason=self.controller_reason,
+            controller_reason="; ".join(r for r in (self.controller_reason, self.fleet_note) if r),
             trainer_idle_seconds=r.trainer_idle_seconds,
             trainer_busy_seconds=r.trainer_busy_seconds,
             steps=r.steps,

@@ -11,6 +11,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import Tracer
 
@@ -37,6 +38,9 @@ from sandboxd.core.snapshots import SnapshotManager
 from sandboxd.core.tenancy import acting_as, current_tenant, owns, pool_key, split_pool_key
 from sandboxd.cost_settings import CostSettings
 from sandboxd.errors import InvalidArgument, NotFound, ResourceExhausted, SandboxdError
+
+if TYPE_CHECKING:
+    from sandboxd.core.rollouts.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,8 @@ class RolloutManager:
         self._store = store
         self.clock = clock
         self.runs: dict[str, _Run] = {}
+        self.fleet: Fleet | None = None
+        """The fleet the runs share, when the server has one (sandboxd.core.rollouts.fleet)."""
 
     # -- start and stop --------------------------------------------------------
 
@@ -103,9 +109,13 @@ class RolloutManager:
                 key, len(run.queue.running), len(run.queue.queued), len(run.queue.parked),
                 len(run.queue.batches),
             )  # fmt: skip
+        if self.fleet is not None:
+            self.fleet.start()
 
     async def stop(self) -> None:
         """Wakes every waiting stream and closes the store."""
+        if self.fleet is not None:
+            await self.fleet.stop()
         for run in self.runs.values():
             run.notify()
         await self._store.close()
@@ -121,6 +131,8 @@ class RolloutManager:
     def _add(self, key: str, queue: RolloutQueue) -> _Run:
         run = _Run(key, queue)
         queue.on_change = run.notify
+        if self.fleet is not None:
+            queue.fleet_seat = self.fleet.seat_for(key)
         self.runs[key] = run
         return run
 
