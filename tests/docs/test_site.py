@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -217,3 +218,16 @@ def test_page_renders_in_a_browser(browser: object, served: str, page: str, titl
     if anchor:
         target = browser.find_element(By.ID, anchor)  # type: ignore[attr-defined]
         assert target.is_displayed()
+
+
+def test_metrics_page_names_only_metrics_the_code_exports() -> None:
+    """A metric renamed in the code fails here until its operator page follows."""
+    page = (ROOT / "docs" / "operating" / "metrics-and-alerts.md").read_text()
+    names = set(re.findall(r"\bsandboxd_[a-z_]*[a-z]\b", page))
+    assert len(names) > 20
+    source = "\n".join(p.read_text() for p in (ROOT / "sandboxd").rglob("*.py"))
+    # Pool gauges are registered by their suffix under the sandboxd_pool_ prefix.
+    missing = [
+        n for n in sorted(names) if n not in source and f'"{n.removeprefix("sandboxd_pool_")}"' not in source
+    ]
+    assert not missing, f"the metrics page names metrics the code does not export: {missing}"
