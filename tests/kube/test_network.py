@@ -196,6 +196,36 @@ async def test_network_pools_are_refused_without_the_proxy_or_the_cluster_state(
             await app.stop(grace=1)
 
 
+async def test_a_network_pool_waits_for_the_proxys_service_and_makes_nothing_meanwhile(
+    tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
+) -> None:
+    settings = kube_settings(tmp_path, kubeconfig, namespace, backend={"egress_proxy_service": PROXY})
+    app = build_app(settings)
+    await app.start()
+    try:
+        async with AsyncClient(app.address) as client:
+            await client.create_pool("net", IMAGE, min_ready=1, max_size=1, network=["pypi.internal"])
+
+            async def named() -> bool:
+                return (
+                    f"Service {PROXY} is not in namespace" in (await client.get_pool("net")).status.last_error
+                )
+
+            await poll(named, timeout=30, what="the pool's last error to name the missing Service")
+            assert not await pods(kube, namespace, selector(settings.instance_id))
+            assert pool_policy_name(settings.instance_id, "net") not in await _policies(kube, namespace)
+            await _proxy_service(kube, namespace)
+
+            async def warm() -> bool:
+                return (await client.get_pool("net")).status.ready >= 1
+
+            await poll(warm, timeout=90, what="the pool to warm once the Service exists")
+            assert pool_policy_name(settings.instance_id, "net") in await _policies(kube, namespace)
+            await client.delete_pool("net", force=True)
+    finally:
+        await app.stop(grace=1)
+
+
 class _Upstream(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         body = b"upstream ok\n"

@@ -32,7 +32,7 @@ from sandboxd.backends.base import LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, Sa
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
 from sandboxd.backends.kubernetes.podspec import ANNOTATION_POOL, label_value
 from sandboxd.backends.network.egress import PROXY_URL, command_env
-from sandboxd.errors import BackendError, FailedPrecondition
+from sandboxd.errors import BackendError, FailedPrecondition, TransientBackendError
 
 if TYPE_CHECKING:
     from sandboxd.backends.kubernetes.pods import KubernetesOptions
@@ -80,14 +80,15 @@ class ProxyService:
 
     @classmethod
     def parse(cls, svc: dict[str, Any], namespace: str) -> ProxyService:
-        """From the Service object; FailedPrecondition naming what it lacks."""
+        """From the Service object; TransientBackendError naming what it lacks
+        (a create is retried with backoff: the Service may yet be fixed)."""
         spec = svc.get("spec") or {}
         name = (svc.get("metadata") or {}).get("name", "?")
         address = str(spec.get("clusterIP") or "")
         ports = {str(p.get("name", "")): p for p in spec.get("ports") or []}
         selector = spec.get("selector") or {}
         if not address or address == "None" or not selector or not {"proxy", "dns"} <= set(ports):
-            raise FailedPrecondition(
+            raise TransientBackendError(
                 f"the egress proxy's Service {name} needs a cluster IP, a Pod selector and ports named "
                 "proxy and dns (the chart's egress-proxy Service has them)"
             )
@@ -239,7 +240,8 @@ class KubeEgress:
                 svc = await idempotent(lambda: self._client.request("GET", path))
             except KubeError as e:
                 if e.status == 404:
-                    raise FailedPrecondition(
+                    # A create is retried with backoff: the chart may yet make it.
+                    raise TransientBackendError(
                         f"the egress proxy's Service {self._proxy.service} is not in namespace "
                         f"{self._proxy.namespace!r} (egress.enabled in the chart's values)"
                     ) from e
