@@ -4,9 +4,12 @@ the steps and the verdict; sandboxd.core.pools.recycle decides when)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from sandboxd.sandbox_reset import Baseline, ResetReport
+from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.errors import TransientBackendError
+from sandboxd.sandbox_reset import Baseline, ResetReport, parse_baseline, parse_report
 
 
 @runtime_checkable
@@ -26,3 +29,43 @@ class InPlaceReset(Protocol):
         BackendError when the step fails or runs past ``timeout`` seconds;
         the caller destroys the sandbox then."""
         ...
+
+
+# A baseline lists every path of the writable mounts: room for a large one.
+_STEP_OUTPUT = 8 << 20
+
+
+def step_spec(argv: list[str], stdin: bytes, timeout: float) -> ExecSpec:
+    """The one-shot command of a reset step (sandboxd.sandbox_reset), run as
+    the sandbox's user from ``/``."""
+    return ExecSpec(argv=tuple(argv), cwd="/", stdin=stdin, timeout=timeout, output_limit=_STEP_OUTPUT)
+
+
+async def step_output(events: AsyncIterator[ExecEvent], what: str) -> bytes:
+    """A step's stdout once it exited 0; TransientBackendError naming ``what`` otherwise."""
+    out, result = b"", None
+    async for event in events:
+        if isinstance(event, OutputChunk) and event.stream == 1:
+            out += event.data
+        elif isinstance(event, ExecResult):
+            result = event
+    if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
+        why = "no result" if result is None else f"{result.outcome.name} {result.exit_code} {result.detail}"
+        raise TransientBackendError(f"the sandbox's {what} step failed: {why}")
+    return out
+
+
+def baseline_of(out: bytes) -> Baseline:
+    """The baseline step's answer; TransientBackendError when it is none."""
+    try:
+        return parse_baseline(out)
+    except ValueError as e:
+        raise TransientBackendError(f"the sandbox's baseline step answered no baseline: {e}") from e
+
+
+def report_of(out: bytes) -> ResetReport:
+    """The reset step's answer; TransientBackendError when it is none."""
+    try:
+        return parse_report(out)
+    except ValueError as e:
+        raise TransientBackendError(f"the sandbox's reset step answered no report: {e}") from e

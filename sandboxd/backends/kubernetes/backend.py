@@ -72,6 +72,7 @@ from sandboxd.backends.kubernetes.podspec import (
     selector,
 )
 from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
+from sandboxd.backends.kubernetes.recycling import KubeRecycling
 from sandboxd.backends.kubernetes.usage import read_usage
 from sandboxd.backends.kubernetes.wsexec import ExecStream
 from sandboxd.backends.session import SessionClosed, ShellSession
@@ -80,7 +81,7 @@ from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBacken
 log = logging.getLogger(__name__)
 
 
-class KubernetesBackend:
+class KubernetesBackend(KubeRecycling):
     """The backend port on one namespace: Pods, files and usage composed with
     the one-shots and sessions that run over the API server's exec stream."""
 

@@ -372,8 +372,16 @@ class WarmPool(PoolFigures, PoolReleasing):
         window = self._host.start_window()
         startup = self._host.startup_estimate()
         rate = f", ~{window / startup:.1f}/s" if startup else ""
+        # Resets in place are starts too: they come back READY at their own rate.
+        reset = self._recycler.reset_p50_seconds
+        resets = (
+            f", and {self.resetting} being reset (~{self.resetting / reset:.1f}/s)"
+            if self.resetting and reset
+            else ""
+        )
         return (
-            f"start-up: the engine starts {window} at a time{rate}, and waiters are owed {owed} more; "
+            f"start-up: the engine starts {window} at a time{rate}{resets}, and waiters are owed {owed} "
+            "more; "
             "give the acquire a longer deadline or announce the burst ahead (Prewarm/SetDemand)"
         )
 
