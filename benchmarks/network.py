@@ -20,7 +20,10 @@ upstream:
   port, a raw IP, UDP, DNS to another resolver, a Host or SNI mismatch, a
   proxy-less socket, ...) and how many failed as they must.
 
-``gateway_overhead_p50_ms`` is null: the metered model gateway is not built.
+- ``gateway_overhead_p50_ms``: a chat completion against a fake
+  OpenAI-compatible server through the sandbox's metered model gateway, less
+  the same straight from the host (p50s, alternated; benchmarks.gateway_overhead).
+
 Writes benchmarks/results/network.json; its last stdout line is that JSON.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -49,9 +53,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gateway_overhead import compare, route_for
 from sandboxd.backends.network import netns
 from sandboxd.backends.network.egress import PROXY_URL, command_env, open_egress
 from sandboxd.backends.network.policy import EgressPolicy
+from tests.fake_model import fake_model
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "network.json"
 WHEELS = ("alpha", "beta", "gamma")
@@ -217,6 +223,7 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
     run("ip", "netns", "add", up_ns)
     run("ip", "netns", "add", box_ns)
     servers: list[http.server.HTTPServer] = []
+    stack = contextlib.AsyncExitStack()
     try:
         run("ip", "link", "add", f"{up_ns}h", "type", "veth", "peer", "name", f"{up_ns}u")
         run("ip", "link", "set", f"{up_ns}u", "netns", up_ns)
@@ -233,7 +240,11 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
                 return [up]
             raise OSError(f"{host}: not known to this benchmark")
 
-        egress = await open_egress(f"bench-{tag}", box_ns, EgressPolicy.parse(POLICY), resolve=resolve)
+        model = await stack.enter_async_context(fake_model())
+        route, key = route_for(f"bench-{tag}", model.url)
+        egress = await open_egress(
+            f"bench-{tag}", box_ns, EgressPolicy.parse(POLICY), resolve=resolve, model=route.gateway
+        )
         try:
             in_box: Callable[[Callable[[], Any]], Any] = functools.partial(
                 netns.in_netns, netns.NETNS_DIR / box_ns
@@ -279,10 +290,14 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
             )
             denied = await asyncio.to_thread(in_box, lambda: denied_latencies(requests))
             blocked = await asyncio.to_thread(in_box, lambda: bypasses(up))
+            gateway = await asyncio.to_thread(compare, min(requests, 200), model.url, key, in_box)
+            gateway["recorded"] = route.ledger.recorded
             stats = egress.stats
         finally:
             await egress.close()
+            await route.gateway.close()
     finally:
+        await stack.aclose()
         for server in servers:
             server.shutdown()
             server.server_close()
@@ -296,7 +311,7 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
     return {
         "proxy_overhead_ratio": round(proxied / direct, 3),
         "denied_p99_ms": round(denied_ms[min(len(denied_ms) - 1, int(0.99 * len(denied_ms)))], 3),
-        "gateway_overhead_p50_ms": None,
+        "gateway_overhead_p50_ms": gateway["overhead_p50_ms"],
         "bypasses_blocked": sum(blocked.values()),
         "bypasses_tried": len(blocked),
         "details": {
@@ -309,7 +324,7 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
             "denied_p50_ms": round(statistics.median(denied_ms), 3),
             "bypasses": blocked,
             "proxy_counts": {"allowed": stats.allowed, "denied": stats.denied},
-            "gateway": "not built: no metered model gateway yet",
+            "gateway": gateway,
             "cpus": os.cpu_count(),
         },
     }
@@ -329,6 +344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = asyncio.run(measure(args.requests, Path(work)))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
+    d, g = result["details"], result["details"]["gateway"]
+    print(f"pip + {d['http_requests']} GETs: proxied/direct {result['proxy_overhead_ratio']}x")
+    print(
+        f"chat completion p50: direct {g['direct_p50_ms']} ms, through the gateway "
+        f"{g['gateway_p50_ms']} ms (+{g['overhead_p50_ms']} ms, {g['chats']} each, {g['recorded']} recorded)"
+    )
     print(json.dumps(result, separators=(",", ":")))
     return 0
 
