@@ -8,6 +8,7 @@ sandbox with curl. Keys are checked against a real lease table.
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -251,3 +252,15 @@ def test_the_ledger_lets_go_of_untaken_calls_after_its_retention() -> None:
     clock.advance(3601)
     ledger.record("team", ModelCall("ls-2", "sb-b", "POST", "/chat/completions", 0.0))
     assert ledger.pending("team", "sb-a") == 0 and ledger.pending("team", "sb-b") == 1
+
+
+def test_recorded_calls_survive_the_rollout_stores_round_trip() -> None:
+    from sandboxd.backends.network.meter import ModelChoice
+    from sandboxd.core.rollouts.model import Group, Trajectory, group_from_json, group_to_json
+
+    call = ModelCall("ls-1", "sb-a", "POST", "/chat/completions", 12.5, model="policy", stream=True)
+    call.request, call.prompt_token_ids = b'{"x": "\\u00e9"}\x00', [1, 2]
+    call.choices = [ModelChoice(0, "hi", [7, 8], [-0.5, -0.25], "stop")]
+    group = Group("g-1", 0, 0.0, trajectories=[Trajectory("t-1", sandbox_id="sb-a", model_calls=[call])])
+    back = group_from_json(json.loads(json.dumps(group_to_json(group))))
+    assert back.trajectories[0].model_calls == [call]
