@@ -140,3 +140,36 @@ async def test_a_leased_sandbox_keeps_its_own_image_across_a_restart(
         again = Sandbox(client, sb.info, lease.id)
         assert (await again.exec(["cat", "/opt/task/id"])).text == "task-2\n"
         await client.release(lease.id)
+
+
+async def test_a_snapshot_of_a_task_image_sandbox_restores_onto_that_image(
+    tmp_path: Path, engine: docker.DockerClient, image: str, tasks: list[str]
+) -> None:
+    async with running_app(make_settings(tmp_path), engine) as app, AsyncClient(app.address) as client:
+        await client.create_pool("swe", image, max_size=4, images=["*"])
+        async with client.acquire("swe", image=tasks[0], timeout=120) as sb:
+            assert (await sb.exec("echo patched > fix.txt")).ok
+            snap = await sb.snapshot()
+        # The snapshot records the sandbox's own image, not its template pool's.
+        assert snap.image == tasks[0] and snap.pool == "swe"
+        lease = await client.restore(snap.id, n=2, timeout=120)
+        try:
+            for restored in lease.sandboxes:
+                assert restored.info.image == tasks[0]
+                out = await restored.exec("cat /opt/task/id fix.txt")
+                assert out.text == "task-0\npatched\n", out
+        finally:
+            await lease.release()
+        # Another template pool that serves the image takes it too; one that serves
+        # only its own image is refused, naming both images.
+        await client.create_pool("other", image, max_size=2, images=["*"])
+        lease = await client.restore(snap.id, pool="other", timeout=120)
+        try:
+            [restored] = lease.sandboxes
+            assert restored.info.image == tasks[0] and restored.info.pool == "other"
+            assert (await restored.exec("cat fix.txt")).text == "patched\n"
+        finally:
+            await lease.release()
+        await client.create_pool("own", image, max_size=2)
+        with pytest.raises(errors.FailedPrecondition, match="was taken on image"):
+            await client.restore(snap.id, pool="own", timeout=30)
