@@ -17,9 +17,11 @@ import openai
 import pytest
 
 from sandboxd.backends.network.meter import CallBuilder, ModelCall
+from sandboxd.client import AsyncClient
 from sandboxd.clock import FakeClock
 from sandboxd.core.leases import Lease, LeaseTable
 from sandboxd.core.model_route import ModelKeys, ModelLedger, ModelRoute
+from sandboxd.errors import FailedPrecondition, InvalidArgument
 from tests.fake_model import PROMPT_IDS, REPLY, REPLY_IDS, REPLY_LOGPROBS, FakeModel, fake_model
 
 POOL = "team/agents"
@@ -264,3 +266,21 @@ def test_recorded_calls_survive_the_rollout_stores_round_trip() -> None:
     group = Group("g-1", 0, 0.0, trajectories=[Trajectory("t-1", sandbox_id="sb-a", model_calls=[call])])
     back = group_from_json(json.loads(json.dumps(group_to_json(group))))
     assert back.trajectories[0].model_calls == [call]
+
+
+async def test_a_backend_without_the_gateway_refuses_a_model_endpoint_and_bad_urls_are_named(
+    client: AsyncClient,
+) -> None:
+    with pytest.raises(FailedPrecondition, match="does not enforce network policies"):
+        await client.create_pool("m", "img", model_endpoint="http://10.0.0.5:8000/v1")
+    for url, why in [
+        ("10.0.0.5:8000", "http:// or https://"),
+        ("http://:8000/v1", "with a host"),
+        ("http://k:s@10.0.0.5/v1", "credentials"),
+        ("http://10.0.0.5/v1?key=1", "a query"),
+        ("http://10.0.0.5:99999/v1", "URL|port"),
+    ]:
+        with pytest.raises(InvalidArgument, match=why) as caught:
+            await client.create_pool("m", "img", model_endpoint=url)
+        assert caught.value.field == "spec.model_endpoint"
+    assert [p.spec.name for p in await client.list_pools()] == []
