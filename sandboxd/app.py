@@ -35,6 +35,7 @@ from sandboxd.core.control import ControlPlane
 from sandboxd.core.images import ImageCache
 from sandboxd.core.ledger_state import LedgerStateStore
 from sandboxd.core.rollouts.fleet import Fleet
+from sandboxd.core.rollouts.fleet_meters import register_fleet_gauges
 from sandboxd.core.rollouts.meters import register_rollout_gauges
 from sandboxd.core.rollouts.service import RolloutManager
 from sandboxd.core.rollouts.store import RolloutStore
@@ -425,7 +426,7 @@ def build_app(
         prices=settings.cost,
     )
     if settings.fleet.enabled:
-        Fleet(settings.fleet, rollouts)
+        register_fleet_gauges(telemetry.meter, Fleet(settings.fleet, rollouts))
     register_rollout_gauges(telemetry.meter, rollouts)
     register_journal_meters(telemetry.meter, snapshots.watcher)
     rollouts_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(rollouts), server)

@@ -169,3 +169,27 @@ async def test_idle_run_lends_its_share() -> None:
     clock.advance(5.0)
     more, _ = await manager.request_slots("b", 8)
     assert len(more) == 4 and fleet.shares["b"].borrowed == 4
+
+
+async def test_fleet_figures_are_gauges_per_run_and_for_the_fleet() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from sandboxd.core.rollouts.fleet_meters import register_fleet_gauges
+    from sandboxd.telemetry import render
+
+    manager, fleet, clock = await _manager(sandboxes=8, idle_seconds=60.0)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    register_fleet_gauges(provider.get_meter("t"), fleet)
+    await manager.configure("b", _config())
+    await manager.request_slots("b", 8)
+    await manager.configure("a", _config())
+    try:
+        text = render(reader.get_metrics_data())
+    finally:
+        provider.shutdown()
+    assert 'sandboxd_fleet_held_sandboxes{run="b"} 8' in text
+    assert 'sandboxd_fleet_guaranteed_sandboxes{run="a"} 4' in text
+    assert 'sandboxd_fleet_allowed_sandboxes{run="b"} 4' in text
+    assert "sandboxd_fleet_reclaims_open 1" in text
