@@ -79,7 +79,9 @@ async def judge_pool(client: AsyncClient, judge_image: str) -> str:
 
 @pytest.fixture
 async def endpoint(client: AsyncClient, judge_pool: str) -> AsyncIterator[tuple[str, web.Application]]:
-    async with serving(client, judge_pool) as served:
+    # A test sends a language's four programs at once, with 60 s limits: past the host's
+    # CPUs they queue for a run slot, within this deadline (never a 504 here).
+    async with serving(client, judge_pool, acquire_timeout=180.0) as served:
         yield served
 
 
