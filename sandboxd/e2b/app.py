@@ -10,7 +10,7 @@ from aiohttp import web
 
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import control as rest
-from sandboxd.e2b import envd
+from sandboxd.e2b import envd, interpreter
 from sandboxd.e2b.control import Control, E2bSettings, Refused
 from sandboxd.e2b.registry import Registry
 
@@ -57,6 +57,7 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/sandboxes/{sandbox_id}/fork", _route(app, rest.fork))
     r.add_get("/templates/aliases/{alias}", _route(app, rest.template_alias))
     envd.add_routes(app)
+    interpreter.add_routes(app)
 
     async def close(app: web.Application) -> None:
         await app[CONTROL].close()

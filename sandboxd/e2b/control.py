@@ -167,6 +167,7 @@ def created(box: Box) -> dict[str, Any]:
         "clientID": "sandboxd",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": box.access_token,
+        "trafficAccessToken": box.traffic_token,
         "domain": None,
     }
 
@@ -328,9 +329,13 @@ async def pause(control: Control, request: web.Request) -> web.Response:
     except errors.SandboxdError as e:
         raise refused(e) from e
     box.state = PAUSED
-    for proc in list(box.processes.values()):
-        if not box.paused_live:
+    if not box.paused_live:
+        # The fresh sandbox of a resume runs none of these.
+        for proc in list(box.processes.values()):
             proc.cancel()
+        for kernel in box.kernels.values():
+            kernel.close()
+        box.kernels.clear()
     return web.Response(status=204, headers={"X-Sandboxd-Pause": "live" if box.paused_live else "filesystem"})
 
 

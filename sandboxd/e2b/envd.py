@@ -36,13 +36,18 @@ from sandboxd.e2b.pty import pty_size
 from sandboxd.e2b.registry import RUNNING, Box, Registry
 from sandboxd.e2b.watch import Watcher, watch_request
 
-__all__ = ["REGISTRY", "add_routes"]
+__all__ = ["REGISTRY", "add_routes", "sandbox_of"]
 
 REGISTRY = web.AppKey("e2b_registry", Registry)
 _SIGNALS = {"SIGNAL_SIGKILL", "SIGNAL_SIGTERM", 9, 15}
 
 
-def _box(request: web.Request) -> Box:
+def sandbox_of(request: web.Request, port_traffic: bool = False) -> Box:
+    """The running sandbox an envd call names (``E2b-Sandbox-Id``) and may
+    use (``X-Access-Token``); a call to a port of the sandbox
+    (``port_traffic``) may prove it with the sandbox's traffic token
+    instead (``E2B-Traffic-Access-Token``), which is what E2B's own port
+    routing checks."""
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
     if not sandbox_id:
         raise ConnectError(
@@ -50,7 +55,12 @@ def _box(request: web.Request) -> Box:
         )
     box = request.app[REGISTRY].by_id(sandbox_id)
     token = request.headers.get("X-Access-Token", "")
-    if box is None or not hmac.compare_digest(token, box.access_token):
+    traffic = request.headers.get("E2B-Traffic-Access-Token", "") if port_traffic else ""
+    allowed = box is not None and (
+        hmac.compare_digest(token, box.access_token)
+        or bool(traffic and hmac.compare_digest(traffic, box.traffic_token))
+    )
+    if box is None or not allowed:
         raise ConnectError("not_found", f"sandbox {sandbox_id} not found")
     if box.state != RUNNING:
         raise ConnectError("unavailable", f"sandbox {sandbox_id} is paused; connect to resume it")
@@ -77,7 +87,7 @@ def _unary(handler: Unary) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def serve(request: web.Request) -> web.Response:
         try:
             message = await parse_unary_request(request)
-            answer = await handler(_box(request), _user(request), message)
+            answer = await handler(sandbox_of(request), _user(request), message)
         except ConnectError as e:
             return error_response(e)
         return web.json_response(answer)
@@ -120,7 +130,7 @@ async def start(request: web.Request) -> web.StreamResponse:
     try:
         message = await parse_stream_request(request)
         timeout = stream_timeout(request)
-        box = _box(request)
+        box = sandbox_of(request)
         proc = start_process(box, message, _user(request), timeout)
     except ConnectError as e:
         return error_response(e)
@@ -131,7 +141,7 @@ async def connect(request: web.Request) -> web.StreamResponse:
     try:
         message = await parse_stream_request(request)
         timeout = stream_timeout(request)
-        proc = find_process(_box(request), message)
+        proc = find_process(sandbox_of(request), message)
     except ConnectError as e:
         return error_response(e)
     return await _follow(request, proc, timeout)
@@ -146,7 +156,7 @@ async def watch_dir(request: web.Request) -> web.StreamResponse:
     try:
         message = await parse_stream_request(request)
         timeout = stream_timeout(request)
-        box = _box(request)
+        box = sandbox_of(request)
         path, recursive = watch_request(message)
         watcher = Watcher(box, _user(request), path, recursive)
         await watcher.start()
@@ -271,7 +281,7 @@ def _files_error(e: ConnectError) -> web.Response:
 
 async def get_file(request: web.Request) -> web.StreamResponse:
     try:
-        box = _box(request)
+        box = sandbox_of(request)
         path = request.query.get("path", "")
         if not path:
             raise ConnectError("invalid_argument", "path is required")
@@ -283,7 +293,7 @@ async def get_file(request: web.Request) -> web.StreamResponse:
 
 async def post_file(request: web.Request) -> web.Response:
     try:
-        box = _box(request)
+        box = sandbox_of(request)
         user = _user(request)
         path = request.query.get("path", "")
         if request.headers.get("Content-Encoding", "identity") != "identity":

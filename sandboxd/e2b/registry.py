@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from sandboxd.client import AsyncClient
 
 if TYPE_CHECKING:
+    from sandboxd.e2b.interpreter import Kernel
     from sandboxd.e2b.processes import Proc
     from sandboxd.e2b.watch import Watcher
 
@@ -46,6 +47,8 @@ class Box:
     """The template's image ("" = its pool's own)."""
     access_token: str = field(default_factory=lambda: secrets.token_hex(16))
     """envd's X-Access-Token for this sandbox."""
+    traffic_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    """E2B's traffic access token: what calls to the sandbox's ports (the code interpreter's) carry."""
     started_at: dt.datetime = field(default_factory=now)
     end_at: dt.datetime = field(default_factory=now)
     state: str = RUNNING
@@ -54,6 +57,9 @@ class Box:
     snapshot_id: str = ""
     processes: dict[int, Proc] = field(default_factory=dict)
     watchers: dict[str, Watcher] = field(default_factory=dict)
+    kernels: dict[str, Kernel] = field(default_factory=dict)
+    """The code interpreter's contexts (run_code)."""
+    default_kernel: str = ""
     next_pid: int = 1000
 
     def extend(self, timeout: float) -> None:
@@ -100,6 +106,9 @@ class Registry:
         for watcher in box.watchers.values():
             watcher.cancel()
         box.watchers.clear()
+        for kernel in box.kernels.values():
+            kernel.close()
+        box.kernels.clear()
 
     def by_id(self, box_id: str) -> Box | None:
         """Any key's box (envd calls prove access with its token instead)."""

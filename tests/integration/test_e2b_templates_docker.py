@@ -279,3 +279,51 @@ async def test_serve_e2b_port_serves_the_sdk(
     assert proc.returncode == 0, (tmp_path / "serve.log").read_text()
     assert "E2B API on http://127.0.0.1:" in (tmp_path / "serve.log").read_text()
     assert not left
+
+
+async def test_code_interpreter_run_code_sync_and_async(templated: str) -> None:
+    ci = pytest.importorskip("e2b_code_interpreter")
+
+    def sync_cells() -> tuple[object, ...]:
+        with ci.Sandbox.create(template="own", timeout=120) as sbx:
+            first = sbx.run_code("x = 41\nprint('side', flush=True)\nx + 1")
+            second = sbx.run_code("x * 2")
+            failed = sbx.run_code("1 / 0")
+            envs = sbx.run_code("import os; os.environ['ONLY_HERE']", envs={"ONLY_HERE": "yes"})
+            return first, second, failed, envs
+
+    first, second, failed, envs = await asyncio.to_thread(sync_cells)
+    assert first.text == "42" and first.logs.stdout == ["side\n"]  # type: ignore[attr-defined]
+    assert second.text == "82" and second.execution_count == 2  # type: ignore[attr-defined]
+    assert failed.error.name == "ZeroDivisionError"  # type: ignore[attr-defined]
+    assert "ZeroDivisionError" in failed.error.traceback  # type: ignore[attr-defined]
+    assert envs.text == "'yes'"  # type: ignore[attr-defined]
+
+    sbx = await ci.AsyncSandbox.create(template="own", timeout=120)
+    try:
+        lines: list[str] = []
+        done = await sbx.run_code(
+            "import subprocess, sys\n"
+            "print('a'); print('b', file=sys.stderr)\n"
+            "subprocess.run(['echo', 'child'])",
+            on_stdout=lambda m: lines.append(m.line),
+        )
+        assert "a\n" in lines and "child\n" in lines and done.logs.stderr == ["b\n"]
+        ctx = await sbx.create_code_context(cwd="/tmp")
+        assert ctx.cwd == "/tmp"
+        await sbx.run_code("y = 'in ctx'", context=ctx)
+        assert (await sbx.run_code("y", context=ctx)).text == "'in ctx'"
+        assert (await sbx.run_code("'y' in dir()")).text == "False", "contexts do not share names"
+        assert ctx.id in [c.id for c in await sbx.list_code_contexts()]
+        # A cell past its timeout is interrupted and the context goes on.
+        with pytest.raises(e2b.TimeoutException):
+            await sbx.run_code("import time\nwhile True: time.sleep(0.1)", context=ctx, timeout=2)
+        assert (await sbx.run_code("y", context=ctx)).text == "'in ctx'"
+        await sbx.restart_code_context(ctx)
+        assert (await sbx.run_code("'y' in dir()", context=ctx)).error is None
+        assert (await sbx.run_code("'y' in dir()", context=ctx)).text == "False"
+        await sbx.remove_code_context(ctx)
+        with pytest.raises(e2b.SandboxException):
+            await sbx.run_code("1", language="javascript")
+    finally:
+        await sbx.kill()
