@@ -184,10 +184,11 @@ async def _settled(client: AsyncClient, until: float) -> None:
 
 
 async def run_sandboxd(
-    scene: Scene, image: str, host: docker.DockerClient, log: Any, out: dict[str, Any]
+    scene: Scene, image: str, host: docker.DockerClient, log: Any, out: dict[str, Any], recycle: str = "off"
 ) -> None:
     """The whole sandboxd side on its own engine, its results into ``out`` as
-    they come (a run cut short still reports what it saw); always tears down."""
+    they come (a run cut short still reports what it saw); always tears down.
+    ``recycle`` is the pool's setting ("off": every released sandbox is destroyed)."""
     engine = Engine("sandboxd")
     origin = time.perf_counter()
     tally = Tally()
@@ -211,8 +212,9 @@ async def run_sandboxd(
                 "predicted_warm_s": round(pre.predicted_warm_seconds, 1),
             }
             log(f"sandboxd: preflight {'ok' if pre.ok else '; '.join(out['preflight']['problems'])}")
+            out["recycle"] = recycle
             await client.create_pool(
-                POOL, image, min_ready=0, max_ready=scene.rollouts, max_size=scene.rollouts
+                POOL, image, min_ready=0, max_ready=scene.rollouts, max_size=scene.rollouts, recycle=recycle
             )
             watcher = Watcher(client, origin)
             watcher.start()
@@ -262,6 +264,15 @@ async def run_sandboxd(
             log(f"sandboxd: step {out['step_s']:.1f}s, {tally.admitted} admitted, {tally.refused} refused")
             leased = await client.list_sandboxes(state=common_pb2.SandboxState.SANDBOX_STATE_LEASED)
             out["left_leased"] = len(leased)
+            # The last groups' sandboxes are still being reset: counted once settled.
+            status = (await client.get_pool(POOL)).status
+            settle_until = time.perf_counter() + 30
+            while status.releasing and time.perf_counter() < settle_until:
+                await asyncio.sleep(0.2)
+                status = (await client.get_pool(POOL)).status
+            out["recycled"] = status.recycled_total
+            out["reset_p50_ms"] = round(status.reset_p50_seconds * 1000, 1)
+            out["create_p50_ms"] = round(status.create_p50_seconds * 1000, 1)
             await watcher.stop()
             d0 = time.perf_counter()
             try:
