@@ -4,8 +4,7 @@ sharing) turned into the groups each queue may start, and borrowed
 sandboxes taken back within the bound.
 
 A run's demand is its controller's concurrency (or its fixed one, or the
-staleness gate when it has neither) as far as the staleness gate lets it
-run groups now, in sandboxes; a run that has not asked for slots for
+staleness gate's size when it has neither), in sandboxes; a run that has not asked for slots for
 ``idle_seconds`` wants only what it holds. What it holds is its running
 groups' sandboxes. Giving back: a run over its allowance gets no new slots
 while its in-flight groups finish; with partial rollouts on, the groups
@@ -91,9 +90,11 @@ class Fleet:
         c = q.config
         per = c.per_group
         held = len(q.running) * per
-        wish = q.target or q.gate_size()
-        gate = (c.max_staleness + q.version + 1) * c.batch_groups + c.extra_slots - q.accepted_total
-        demand = min(wish, max(0, gate)) * per
+        # The target, not what the staleness gate admits this instant: the gate
+        # opens and closes with every step, and a demand following it would
+        # lend and reclaim the same sandboxes step after step. A run that is
+        # ahead of its trainer lends through its controller lowering the target.
+        demand = (q.target or q.gate_size()) * per
         if self.now - self._asked.get(key, self.now) >= self.settings.idle_seconds:
             demand = held
         return Claim(key, self.settings.weight(key), demand, held)
