@@ -101,7 +101,6 @@ class KubernetesBackend(KubeRecycling):
         self.ledger = KubeLedger(self._client, self._ns, options.instance, selector(options.instance))
         self._pods = Pods(self._client, self.cache, self.quotas, options)
         self._egress = KubeEgress(self._client, options, pools_configmap(options.instance))
-        self._swept = False
         self._files = PodFiles(self._client, self.cache, self._ns)
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
@@ -178,9 +177,7 @@ class KubernetesBackend(KubeRecycling):
 
     async def list(self) -> builtins.list[BackendSandbox]:
         found = await self._pods.list()
-        if not self._swept:
-            # Once, as a control plane takes over: pools' NetworkPolicies whose pool was deleted.
-            self._swept = await self._egress.sweep(self.ledger.load_pool_specs)
+        await self._egress.sweep(self.ledger.load_pool_specs)
         return found
 
     def network_refusal(self, runtime: str) -> str | None:

@@ -15,8 +15,9 @@ change its own Pod.
 Each pool's policy is owned by the instance's pool-spec ConfigMap (deleting
 the instance's record takes every one with it) and removed with the pool; a
 listing sweeps those whose pool is gone (a control plane that stopped between
-the two). The API server only stores the policies: a CNI that enforces
-NetworkPolicy (Calico, Cilium, ...) is what makes them hold.
+the two, or a create that made one as its pool was deleted). The API server
+only stores the policies: a CNI that enforces NetworkPolicy (Calico, Cilium,
+...) is what makes them hold.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -55,6 +57,8 @@ ANNOTATION_NETWORK = "sandboxd.io/network"
 LABEL_EGRESS = "sandboxd.egress"
 """On each pool's NetworkPolicy ("pool"): what a sweep lists."""
 _POLICIES = "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+# How often listings sweep the pools' policies for ones whose pool is gone.
+_SWEEP_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,13 @@ class KubeEgress:
     """The pools' NetworkPolicies of one instance in one namespace, and the
     proxy's address their Pods are given."""
 
-    def __init__(self, client: KubeClient, options: KubernetesOptions, owner_cm: str) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        options: KubernetesOptions,
+        owner_cm: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._client = client
         self._ns = options.namespace
         self._instance = options.instance
@@ -198,6 +208,8 @@ class KubeEgress:
         self._path = _POLICIES.format(ns=self._ns)
         self._made: set[str] = set()
         self._service: ProxyService | None = None
+        self._clock = clock
+        self._next_sweep = 0.0
 
     def refusal(self, runtime: str) -> str | None:
         """Why a pool with rules cannot be had; None when it can."""
@@ -283,32 +295,31 @@ class KubeEgress:
             if e.status != 404:
                 raise wrap(e, f"cannot delete the NetworkPolicy of pool {pool!r}") from e
 
-    async def sweep(self, specs: Callable[[], Awaitable[Mapping[str, str]]]) -> bool:
+    async def sweep(self, specs: Callable[[], Awaitable[Mapping[str, str]]]) -> None:
         """Deletes this instance's pool policies whose pool has no spec in
-        ``specs()`` (pool key -> spec); whether the sweep is done (False:
-        the API server did not answer, logged: the next listing tries
-        again). Nothing to do where pool specs are not kept in the API
-        server (no policy was made there)."""
-        if self._proxy is None or not self._in_cluster:
-            return True
-        try:
-            await self._sweep(set(await specs()))
-        except BackendError as e:
-            log.warning("pools' NetworkPolicies not swept (tried again on the next listing): %s", e)
-            return False
-        return True
-
-    async def _sweep(self, pools: set[str]) -> None:
+        ``specs()`` (pool key -> spec), at most once every _SWEEP_SECONDS
+        (called with every listing): what a control plane that stopped
+        between forgetting a pool and deleting its policy left, or a create
+        that made one as its pool was deleted. A failure is logged and tried
+        again on the next listing. Nothing to do where pool specs are not
+        kept in the API server (no policy was made there)."""
+        if self._proxy is None or not self._in_cluster or self._clock() < self._next_sweep:
+            return
         query = {
             "labelSelector": f"{LABEL_MANAGED}=true,{LABEL_INSTANCE}={label_value(self._instance)},"
             f"{LABEL_EGRESS}=pool"
         }
         try:
+            # Policies first, specs second: a pool's spec is saved before its
+            # first policy is made, so a pool made meanwhile is never taken for gone.
             listed = await idempotent(lambda: self._client.request("GET", self._path, query=query))
-        except KubeError as e:
-            raise wrap(e, "cannot list the pools' NetworkPolicies") from e
-        for item in listed.get("items") or []:
-            pool = str(((item.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_POOL, ""))
-            if pool and pool not in pools:
-                log.info("removing the NetworkPolicy of pool %s: the pool is gone", pool)
-                await self.remove(pool)
+            pools = set(await specs())
+            for item in listed.get("items") or []:
+                pool = str(((item.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_POOL, ""))
+                if pool and pool not in pools:
+                    log.info("removing the NetworkPolicy of pool %s: the pool is gone", pool)
+                    await self.remove(pool)
+        except (KubeError, BackendError) as e:
+            log.warning("pools' NetworkPolicies not swept (tried again on the next listing): %s", e)
+            return
+        self._next_sweep = self._clock() + _SWEEP_SECONDS
