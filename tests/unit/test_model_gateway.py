@@ -8,14 +8,17 @@ sandbox with curl. Keys are checked against a real lease table.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import openai
 import pytest
 
+from sandboxd.backends.network.gateway import ModelGateway
 from sandboxd.backends.network.meter import CallBuilder, ModelCall
 from sandboxd.client import AsyncClient
 from sandboxd.clock import FakeClock
@@ -284,3 +287,36 @@ async def test_a_backend_without_the_gateway_refuses_a_model_endpoint_and_bad_ur
             await client.create_pool("m", "img", model_endpoint=url)
         assert caught.value.field == "spec.model_endpoint"
     assert [p.spec.name for p in await client.list_pools()] == []
+
+
+async def test_calls_past_a_sandboxes_bound_are_429_and_the_others_go_through() -> None:
+    async with rig() as (r, model):
+        key = r.lease("ls-1", "sb-a")
+        gateway = ModelGateway(r.route.authorize, r.route.record, max_calls=1)
+        release, entered = asyncio.Event(), asyncio.Event()
+        forward = gateway._forward
+
+        async def held(*args: Any) -> Any:
+            entered.set()
+            await release.wait()
+            return await forward(*args)
+
+        gateway._forward = held  # type: ignore[method-assign]
+        sock = _listener()
+        close = await gateway.serve("sb-a", sock)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key=key, max_retries=0
+        )
+
+        async def models() -> Any:
+            return await client.models.list()
+
+        first = asyncio.create_task(models())
+        await entered.wait()
+        with pytest.raises(openai.RateLimitError, match="more than 1 model calls at once"):
+            await models()
+        release.set()
+        await first
+        await close()
+        await gateway.close()
+        assert len(model.seen) == 1

@@ -85,9 +85,13 @@ def _key_of(request: web.Request) -> str:
 class ModelGateway:
     """Serves the model route on sandboxes' listeners; one upstream client session for all of them."""
 
-    def __init__(self, authorize: Authorize, record: Record, *, timeout: float = 600.0) -> None:
+    def __init__(
+        self, authorize: Authorize, record: Record, *, timeout: float = 600.0, max_calls: int = 64
+    ) -> None:
         self._authorize = authorize
         self._record = record
+        # Calls one sandbox has open at once; more are answered 429 (its share of the model server).
+        self._max_calls = max_calls
         self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10.0)
         self._session: aiohttp.ClientSession | None = None
 
@@ -103,8 +107,18 @@ class ModelGateway:
         """Serves ``sock`` (a listening TCP socket, made in the sandbox's egress
         namespace) for ``sandbox_id``; returns what stops it."""
 
+        in_flight = 0
+
         async def handle(request: web.Request) -> web.StreamResponse:
-            return await self._handle(sandbox_id, request)
+            nonlocal in_flight
+            if in_flight >= self._max_calls:
+                message = f"more than {self._max_calls} model calls at once from this sandbox"
+                return _error(429, message, "too_many_calls")
+            in_flight += 1
+            try:
+                return await self._handle(sandbox_id, request)
+            finally:
+                in_flight -= 1
 
         app = web.Application(client_max_size=MAX_REQUEST)
         app.router.add_route("*", "/{tail:.*}", handle)
