@@ -63,3 +63,24 @@ async def test_cost_and_lifecycle_example_runs(
     assert stages == ["slot_wait", "to_acquire", "acquire", "to_first_command", "rollout", "verifier",
                       "scoring", "queue_wait", "training"]  # fmt: skip
     assert all(line.endswith("n=6") for line in out[1:])
+
+
+async def test_commands_guide_example_runs(app: App, image: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fragment (no main): run as the body of a coroutine given a client and a pool "py"."""
+    from sandboxd.client import AsyncClient
+
+    code = python_block(ROOT / "docs" / "training" / "exec-and-sessions.md", "# Commands and sessions")
+    body = "".join(f"    {line}\n" for line in code.splitlines())
+    namespace: dict[str, object] = {}
+    exec(compile(f"async def fragment(client):\n{body}", "example", "exec"), namespace)
+    async with AsyncClient(app.address) as client:
+        await client.create_pool("py", image, min_ready=1, max_size=2)
+        await namespace["fragment"](client)  # type: ignore[operator]
+        await client.delete_pool("py", force=True)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "EXITED 0 42"
+    assert out[2:4] == ["/tmp", "1"]
+    kinds = [line.split()[0] for line in out[5:]]
+    # Output comes in chunks as it is written (how many is the kernel's and
+    # the stream's business), then one result.
+    assert kinds[-1] == "result" and set(kinds[:-1]) == {"stdout"}, out
