@@ -43,6 +43,7 @@ class PoolReleasing:
     _call_timeout: float
     _creates: set[asyncio.Task[None]]
     _destroys: set[asyncio.Task[None]]
+    _reset_gate: asyncio.Semaphore
     _on_change: Callable[[SandboxRecord], None]
 
     if TYPE_CHECKING:
@@ -87,8 +88,12 @@ class PoolReleasing:
     async def _recycle(self, rec: SandboxRecord) -> None:
         doubt = "closing"
         try:
-            if not self._closed:
-                doubt = await self._recycler.reset(rec)
+            # At most max_starting resets at once, as for creates: a burst of
+            # releases all reset together would only slow every one of them
+            # (and the engine's answers to the rollouts still running).
+            async with self._reset_gate:
+                if not self._closed:
+                    doubt = await self._recycler.reset(rec)
         finally:
             self.resetting -= 1
             self._lines.creating[rec.image] -= 1

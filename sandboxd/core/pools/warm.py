@@ -98,6 +98,7 @@ class WarmPool(PoolFigures, PoolReleasing):
         self._call_timeout = create_timeout
         self._recycler = Recycler(config, backend, clock, self._meters, busy)
         self._run_reserve = RunReserve()
+        self._reset_gate = asyncio.Semaphore(max(1, max_starting))
         self.creating = 0
         self.resetting = 0
         """Released sandboxes being reset in place (a recycling pool)."""
