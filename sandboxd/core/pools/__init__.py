@@ -15,10 +15,16 @@ is paced, transient failures are retried in place (tenacity, exponential
 backoff with jitter) while the pool holds back new creates, and a permanent
 failure (missing image, rejected spec) fails the pool's acquirers at once.
 
+A recycling pool (``spec.recycle``) resets a released sandbox in place and
+hands it out again instead of destroying it, once its checks find nothing in
+doubt (``recycle``).
+
 The pieces: ``config`` (the spec and its checks), ``warm`` (WarmPool),
-``host`` (PoolHost), ``handout`` (READY sandboxes and the acquirers in
-line), ``starting`` (backend creates and their retries), ``demand`` (signals
-and the policy's memory). Other modules import from here.
+``figures`` (its counts, signals and gauges), ``releasing`` (where released
+and lost sandboxes go), ``recycle`` (which are reset, the reset and its
+figures), ``host`` (PoolHost), ``handout`` (READY sandboxes and the
+acquirers in line), ``starting`` (backend creates and their retries),
+``demand`` (signals and the policy's memory). Other modules import from here.
 
 May import: the backends' port (``sandboxd.backends.base``), the image cache
 (``sandboxd.core.images``), ``sandboxd.clock``, ``sandboxd.errors`` and the
