@@ -4,6 +4,7 @@ the client guide. Only the server's address and the image are swapped in."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -84,3 +85,17 @@ async def test_commands_guide_example_runs(app: App, image: str, capsys: pytest.
     # Output comes in chunks as it is written (how many is the kernel's and
     # the stream's business), then one result.
     assert kinds[-1] == "result" and set(kinds[:-1]) == {"stdout"}, out
+
+
+async def test_snapshots_guide_example_runs(app: App, image: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from sandboxd.client import AsyncClient
+
+    code = python_block(ROOT / "docs" / "training" / "snapshots.md", "# Snapshots and forks")
+    body = "".join(f"    {line}\n" for line in code.splitlines())
+    namespace: dict[str, object] = {"asyncio": asyncio}
+    exec(compile(f"async def fragment(client):\n{body}", "example", "exec"), namespace)
+    async with AsyncClient(app.address) as client:
+        await client.create_pool("py", image, min_ready=1, max_size=6)
+        await namespace["fragment"](client)  # type: ignore[operator]
+        await client.delete_pool("py", force=True)
+    assert capsys.readouterr().out.splitlines() == [str([["42", "3"]] * 4)]
