@@ -357,12 +357,24 @@ class RolloutManager:
                     if spec is not None
                 )
             )
+        self._take_model_calls(run, g, trajectories)
         async with run.lock:
             changed = run.queue.tick()
             g, cancels = run.queue.submit(group_id, prompt_id, trajectories)
             life.submitted(g)
             await self._after(run, changed, cancels)
         return g
+
+    def _take_model_calls(self, run: _Run, g: Group, trajectories: list[Trajectory]) -> None:
+        """Puts on each trajectory the model calls made in its sandbox under the
+        group's leases (any of the tenant's, when none was reported)."""
+        if self._control is None:
+            return
+        ledger = self._control.model_route.ledger
+        leases = list(g.lease_ids) or None
+        for t in trajectories:
+            if t.sandbox_id:
+                t.model_calls = ledger.take(run.tenant, t.sandbox_id, leases)
 
     # -- trainer side --------------------------------------------------------------
 
