@@ -166,3 +166,27 @@ async def test_an_acquire_that_pulls_its_image_is_cold_and_says_so(no_task_leaks
     assert (acquire.attributes or {})["sandboxd.image_pulled"] is True
     assert (acquire.attributes or {})["sandboxd.warm"] is False
     assert any(s.name == SANDBOX_START_SPAN for s in spans)
+
+
+async def test_a_group_dropped_as_stale_at_batching_ends_its_trace(
+    traced: tuple[App, InMemorySpanExporter],
+) -> None:
+    app, exporter = traced
+    async with AsyncClient(app.address) as client:
+        r = RolloutClient(client)
+        await r.configure("run", batch_groups=1, group_size=2, max_staleness=0)
+        (old,) = await r.request_slots("run")
+        await r.submit("run", old.group_id, [trajectory("old0", reward=1.0), trajectory("old1", reward=0.0)])
+        await r.publish("run", 1)  # the queued group is now a version too old
+        (new,) = await r.request_slots("run")
+        await r.submit("run", new.group_id, [trajectory("new0", reward=1.0), trajectory("new1", reward=0.0)])
+        async for batch in r.pull("run", max_batches=1):
+            assert [g.group_id for g in batch.groups] == [new.group_id]
+            await r.ack("run", batch.batch_id)
+        f = await r.figures("run")
+    roots = {tid: spans[0] for tid, spans in traces(exporter.get_finished_spans()).items()}
+    assert {tid: (s.attributes or {})["sandboxd.outcome"] for tid, s in roots.items()} == {
+        "old0": "dropped", "old1": "dropped", "new0": "consumed", "new1": "consumed",
+    }  # fmt: skip
+    assert (roots["old0"].attributes or {})["sandboxd.reason"] == "stale"
+    assert f.lifecycle.traces == 4

@@ -391,7 +391,8 @@ class RolloutManager:
                     batch = run.queue.next_batch(stream)
                     await self._flush(run)
                 if batch is not None:
-                    self.lifecycle(run).delivered(batch)
+                    waiting = [*run.queue.queued, *(g for b in run.queue.batches.values() for g in b.groups)]
+                    self.lifecycle(run).delivered(batch, waiting)  # ends the lives of groups dropped as stale
                     sent += 1
                     yield batch
                     continue
