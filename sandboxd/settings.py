@@ -22,6 +22,7 @@ from sandboxd.backends.uids import UidRange
 from sandboxd.cost_settings import CostSettings
 from sandboxd.errors import InvalidArgument
 from sandboxd.fleet_settings import FleetSettings
+from sandboxd.model_gateway_settings import ModelGatewaySettings
 
 __all__ = [
     "BackendSettings",
@@ -302,6 +303,8 @@ class Settings:
     """Prices of the rollout figures' dollars (sandboxd.cost_settings)."""
     fleet: FleetSettings = field(default_factory=FleetSettings)
     """The sandboxes the rollout runs share, by weight (sandboxd.fleet_settings)."""
+    model_gateway: ModelGatewaySettings = field(default_factory=ModelGatewaySettings)
+    """How the gateway reaches pools' model endpoints (sandboxd.model_gateway_settings)."""
 
 
 def load_settings(

@@ -67,7 +67,9 @@ class ControlPlane:
         self.leasing = Leasing(settings, backend, store, clock, self.quotas, self.registry, self.leases)
         self.operations = Operations(settings, backend, self.registry, self.leasing)
         self.pools = self.registry.pools
-        self.model_route = ModelRoute(self.leases, self._model_endpoint, ModelLedger(clock))
+        self.model_route = ModelRoute(
+            self.leases, self._model_endpoint, ModelLedger(clock), gateway=settings.model_gateway.check()
+        )
         """The metered model route: lease keys, the gateway, the calls recorded per trajectory."""
         if isinstance(backend, ModelRoutes):
             backend.use_model_gateway(self.model_route.gateway)

@@ -30,6 +30,7 @@ from sandboxd.backends.network.meter import ModelCall
 from sandboxd.clock import Clock
 from sandboxd.core.leases import LeaseTable
 from sandboxd.core.tenancy import split_pool_key
+from sandboxd.model_gateway_settings import ModelGatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -140,16 +141,22 @@ class ModelRoute:
         endpoint_of: Callable[[str], str],
         ledger: ModelLedger,
         keys: ModelKeys | None = None,
-        upstream_key: str = "",
+        gateway: ModelGatewaySettings | None = None,
     ) -> None:
+        settings = gateway or ModelGatewaySettings()
         self._leases = leases
         self._endpoint_of = endpoint_of
         self.ledger = ledger
         self.keys = keys or ModelKeys()
-        self._upstream_key = upstream_key
+        self._upstream_key = settings.api_key
         # Lease id -> tenant, for calls that finish after their lease ended.
         self._tenants: OrderedDict[str, str] = OrderedDict()
-        self.gateway = ModelGateway(self.authorize, self.record)
+        self.gateway = ModelGateway(
+            self.authorize,
+            self.record,
+            timeout=settings.timeout_seconds,
+            max_calls=settings.max_calls_per_sandbox,
+        )
 
     def key_for(self, lease_id: str, pool_key: str, sandbox_id: str) -> str:
         """The key a command in ``sandbox_id`` gets under the lease (of pool ``pool_key``)."""

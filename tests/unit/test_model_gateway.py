@@ -320,3 +320,29 @@ async def test_calls_past_a_sandboxes_bound_are_429_and_the_others_go_through() 
         await close()
         await gateway.close()
         assert len(model.seen) == 1
+
+
+async def test_the_servers_own_key_goes_to_the_model_and_the_section_is_checked() -> None:
+    from sandboxd.model_gateway_settings import ModelGatewaySettings
+    from sandboxd.settings import load_settings
+
+    settings = load_settings(None, {"model_gateway.api_key": "upstream-secret"}).model_gateway
+    async with fake_model() as model:
+        leases = LeaseTable()
+        route = ModelRoute(leases, lambda _: model.url, ModelLedger(FakeClock()), gateway=settings)
+        leases.add(Lease("ls-1", POOL, ["sb-a"], 60.0, 1e9, 1e9), {})
+        sock = _listener()
+        close = await route.gateway.serve("sb-a", sock)
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1",
+            api_key=route.key_for("ls-1", POOL, "sb-a"),
+            max_retries=0,
+        )
+        await client.models.list()
+        await close()
+        await route.gateway.close()
+        assert [s.authorization for s in model.seen] == ["Bearer upstream-secret"]
+    with pytest.raises(InvalidArgument, match="max_calls_per_sandbox"):
+        ModelGatewaySettings(max_calls_per_sandbox=0).check()
+    with pytest.raises(InvalidArgument, match="timeout_seconds"):
+        ModelGatewaySettings(timeout_seconds=float("nan")).check()
