@@ -66,7 +66,9 @@ scripts/start-docker.sh
 EXAMPLE_VENV=.venv-example
 py=python3
 if [[ $mode == example ]]; then
-    if ! "$EXAMPLE_VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    # Made anew when missing or broken (a venv without pip, or whose python
+    # went away with an upgrade of the system's).
+    if ! "$EXAMPLE_VENV/bin/python" -m pip --version >/dev/null 2>&1; then
         say "creating the virtual environment $EXAMPLE_VENV"
         rm -rf "$EXAMPLE_VENV"
         python3 -m venv "$EXAMPLE_VENV"
