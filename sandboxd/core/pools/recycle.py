@@ -90,7 +90,7 @@ def check_recycle_live(config: PoolConfig) -> None:
     if config.recycle != RECYCLE_OFF and keeps_sessions(config):
         raise FailedPrecondition(
             f'spec.recycle "{config.recycle}" needs spec.live_snapshots "off" under gVisor (sandboxes '
-            "started with the keeper for live snapshots are not reset in place); set it, or recycle \"off\""
+            'started with the keeper for live snapshots are not reset in place); set it, or recycle "off"'
         )
 
 
