@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.execs import EngineExec
 from sandboxd.backends.docker.keeper import FIRST_KEY, session_key
+from sandboxd.backends.gvisor_pids import RESCUE_SESSION
 from sandboxd.backends.session import ShellSession, Spawn
 from sandboxd.errors import BackendError, FailedPrecondition, TransientBackendError
 
@@ -118,8 +119,10 @@ class Shells:
             if session is not None and not session.dead:
                 return session
             # A kept shell is found after a restore by its session's name:
-            # the spare has none.
-            spare = self._spare.pop(handle, None) if not await self._kept_by(handle) else None
+            # the spare has none. The rescue session (started with a gVisor
+            # sandbox) leaves the spare to the first command, as with the keeper.
+            takes_spare = name != RESCUE_SESSION and not await self._kept_by(handle)
+            spare = self._spare.pop(handle, None) if takes_spare else None
             if spare is not None and not spare.dead:
                 session = spare
             else:
