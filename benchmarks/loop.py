@@ -9,6 +9,7 @@ trajectories fail for infrastructure reasons (masked). Both arms see the
 same random draws. Writes benchmarks/results/loop.json and prints it last.
 
     python -m benchmarks.loop [--seconds 3000] [--seed 1]
+    python -m benchmarks.loop --real [--seconds 240]   # on real sandboxes (benchmarks.loop_real)
 """
 
 from __future__ import annotations
@@ -216,7 +217,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3000.0, help="simulated seconds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--real", action="store_true", help="on real sandboxes on the Docker engine (benchmarks.loop_real)"
+    )
     args = parser.parse_args()
+    if args.real:
+        from benchmarks import loop_real
+
+        loop_real.main(args.seconds if args.seconds != 3000.0 else 240.0)
+        return
     result = run(args.seconds, args.seed)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

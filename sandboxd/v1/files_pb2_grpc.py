@@ -96,6 +96,11 @@ class FileServiceServicer:
         NOT_FOUND: unknown sandbox. FAILED_PRECONDITION: sandbox not leased, or
         user "root" on a backend that cannot run it.
         RESOURCE_EXHAUSTED: the workspace is full (bytes or files).
+        PERMISSION_DENIED: the user may not create or replace a file there, as
+        inside the sandbox (no write and search permission on its directory, a
+        sticky directory's rule); the message names the path.
+        FAILED_PRECONDITION also: a directory is where a file goes (named).
+        All or nothing, whatever the size: on any error no file was changed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,6 +126,7 @@ class FileServiceServicer:
         the archive holds.
         RESOURCE_EXHAUSTED: the archive's files, at their apparent sizes (a
         sparse member counts whole), exceed the sandbox's disk limit.
+        PERMISSION_DENIED, FAILED_PRECONDITION: as WriteFiles; all or nothing too.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

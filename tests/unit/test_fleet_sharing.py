@@ -178,7 +178,7 @@ async def test_fleet_figures_are_gauges_per_run_and_for_the_fleet() -> None:
     from sandboxd.core.rollouts.fleet_meters import register_fleet_gauges
     from sandboxd.telemetry import render
 
-    manager, fleet, clock = await _manager(sandboxes=8, idle_seconds=60.0)
+    manager, fleet, _clock = await _manager(sandboxes=8, idle_seconds=60.0)
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
     register_fleet_gauges(provider.get_meter("t"), fleet)
