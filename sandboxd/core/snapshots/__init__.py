@@ -11,6 +11,8 @@ The package, from the public face down:
 - ``capture`` and ``contents``: taking a snapshot, incremental on the
   sandbox's baseline (``baselines``, ``listing``) and its change journal
   (``journal``); ``reading`` and ``workspaces``: getting at the files;
+- ``live``: checkpoints of running sandboxes; ``taking``: what it and
+  ``capture`` check, describe and drop alike;
 - ``restore`` and ``tars``: verified archives into n fresh sandboxes;
 - ``catalog``, ``manifest``, ``packs``, ``tarstream``: what is stored and how;
 - ``gc`` (pins and mark-and-sweep), ``lineage`` (parents and labels).

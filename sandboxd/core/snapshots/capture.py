@@ -33,24 +33,30 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sandboxd.core import validation as v
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots import owners
 from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.catalog import MAX_DEPTH, BaseGone, SnapshotCatalog, SnapshotInfo
 from sandboxd.core.snapshots.contents import Contents
-from sandboxd.core.snapshots.gc import Pins, discard
+from sandboxd.core.snapshots.gc import Pins
 from sandboxd.core.snapshots.journal import Changes, Journal
-from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, new_snapshot_id, parent_of
+from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, parent_of
 from sandboxd.core.snapshots.listing import DELTA_SLACK, RACY_SECONDS, Baseline, Listed
 from sandboxd.core.snapshots.manifest import FILE, Entry
 from sandboxd.core.snapshots.packs import blob_key, tenant_namespace
 from sandboxd.core.snapshots.reading import Prefetch, Rewalk, Scan
 from sandboxd.core.snapshots.sizes import PAGE_BYTES, SizeCheck
+from sandboxd.core.snapshots.taking import (
+    SandboxLocks,
+    SnapshotRequest,
+    describe,
+    requested,
+    unpin_stored,
+    within_quota,
+)
 from sandboxd.core.snapshots.workspaces import Workspaces
-from sandboxd.core.tenancy import current_tenant, split_pool_key
-from sandboxd.errors import InvalidArgument, ResourceExhausted
+from sandboxd.core.tenancy import current_tenant
 from sandboxd.settings import SnapshotSettings
 
 if TYPE_CHECKING:
@@ -81,15 +87,11 @@ class Capture:
         self._pins = pins
         self._settings = settings
         self._now = now
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    def _quota(self, tenant: str) -> int:
-        return self._settings.tenant_quota_bytes.get(tenant, self._settings.quota_bytes)
+        self._locks = SandboxLocks()
 
     def _prune(self) -> None:
         self._baselines.prune(self._control.is_live)
-        for sid in [s for s, lock in self._locks.items() if not lock.locked() and s not in self._baselines]:
-            del self._locks[sid]
+        self._locks.prune(lambda sid: sid in self._baselines)
 
     async def snapshot(
         self,
@@ -103,37 +105,20 @@ class Capture:
     ) -> SnapshotInfo:
         """Snapshots the current tenant's leased sandbox ``sandbox_id``
         (and ``session``'s cwd and environment, if named)."""
-        rec = self._control.leased(sandbox_id)
-        self._baselines.refuse_restoring(rec)
-        session = v.session_name("session", session)
-        labels = v.labels("labels", labels or {})
-        ttl = v.non_negative("ttl_seconds", ttl, self._settings.max_ttl_seconds)
-        ttl = ttl or self._settings.default_ttl_seconds
-        if turn < 0:
-            raise InvalidArgument("turn", f"must be >= 0, got {turn}")
+        rec, request = requested(
+            self._control, self._baselines, self._settings, sandbox_id,
+            session=session, labels=labels, policy_version=policy_version, turn=turn, ttl=ttl,
+        )  # fmt: skip
         tenant = current_tenant()
-        quota = self._quota(tenant)
-        if quota and await self._catalog.usage(tenant) >= quota:
-            raise ResourceExhausted(
-                f"snapshot quota of tenant {tenant!r} ({quota} bytes) is used up; "
-                "delete snapshots or let them expire"
-            )
+        quota = await within_quota(self._catalog, self._settings, tenant)
         self._prune()
         # One snapshot of a sandbox at a time: each builds on the baseline the
         # previous one leaves (and takes what its journal recorded since).
-        async with self._locks.setdefault(rec.sandbox_id, asyncio.Lock()):
-            return await self._snapshot_locked(rec, session, labels, policy_version, turn, ttl, tenant, quota)
+        async with self._locks.of(rec.sandbox_id):
+            return await self._snapshot_locked(rec, request, tenant, quota)
 
     async def _snapshot_locked(
-        self,
-        rec: SandboxRecord,
-        session: str,
-        labels: dict[str, str],
-        policy_version: int | None,
-        turn: int,
-        ttl: float,
-        tenant: str,
-        quota: int,
+        self, rec: SandboxRecord, request: SnapshotRequest, tenant: str, quota: int
     ) -> SnapshotInfo:
         started = time.monotonic()
         sandbox_id = rec.sandbox_id
@@ -155,7 +140,7 @@ class Capture:
                 scan: Scan | None = None
                 # In place, the session's state is asked for beside the capture.
                 state = (
-                    asyncio.ensure_future(self._workspaces.session_state(rec, session))
+                    asyncio.ensure_future(self._workspaces.session_state(rec, request.session))
                     if view is not None
                     else None
                 )
@@ -217,13 +202,13 @@ class Capture:
                         else:
                             seen_mapped: set[str] = set()
                             cwd, env, when, listing, carried, prefetch = await self._workspaces.list_through(
-                                rec, baseline, session, seen_mapped
+                                rec, baseline, request.session, seen_mapped
                             )
                             mapped = frozenset(seen_mapped)
                             compared = _distrusting(baseline, _rechecked(baseline, mapped), listing)
                         by_path, stored, stamps = await self._contents.read(
-                            rec, ns, when, listing, compared, pinned, session, prefetch, carried, view, scan,
-                            check,
+                            rec, ns, when, listing, compared, pinned, request.session, prefetch, carried,
+                            view, scan, check,
                         )  # fmt: skip
                         several = (
                             scan.linked if scan is not None else (i.path for i in listing if i.links > 1)
@@ -245,28 +230,12 @@ class Capture:
             if check.disk_bytes and size_bytes + PAGE_BYTES * len(by_path) > check.disk_bytes:
                 # It may not fit: what was read (not listed) is counted exactly.
                 check.workspace(by_path.values())
-            parent_id, chain = await parent_of(self._catalog, rec, baseline)
-            now = self._now()
-            info = SnapshotInfo(
-                id=new_snapshot_id(),
-                tenant=tenant,
-                pool=split_pool_key(rec.pool)[1],
-                image=rec.image,
-                labels=labels,
-                policy_version=policy_version,
-                turn=turn,
-                parent_id=parent_id,
-                session=session,
-                cwd=cwd,
-                env=env,
-                size_bytes=size_bytes,
-                stored_bytes=stored,
-                entry_count=len(by_path),
+            parent = await parent_of(self._catalog, rec, baseline)
+            info = describe(
+                rec, request, tenant=tenant, now=self._now(), parent=parent, cwd=cwd, env=env,
+                size_bytes=size_bytes, stored_bytes=stored, entry_count=len(by_path),
                 digest=mf.digest_of(by_path.values()),
-                created_at=now,
-                expires_at=now + ttl,
-            )
-            info.chain = [*chain, info.ref()]
+            )  # fmt: skip
             await self._record(info, by_path, quota, baseline, delta)
         except BaseException:
             failed = True
@@ -278,14 +247,11 @@ class Capture:
         finally:
             if prefetch is not None:
                 await prefetch.close()
-            self._pins.unpin(pinned)
-            if failed and pinned:
-                # What this capture stored and nothing else needs goes now,
-                # not at the next collection (a refused snapshot leaves nothing).
-                try:
-                    await discard(self._catalog, self._contents.blobs, self._pins, tenant, pinned)
-                except Exception:  # the collector takes what is left
-                    log.exception("snapshot of %s: dropping what it stored failed", sandbox_id)
+            # A refused snapshot leaves nothing stored.
+            await unpin_stored(
+                self._catalog, self._contents.blobs, self._pins, tenant, pinned,
+                failed=failed, what=f"snapshot of {sandbox_id}",
+            )  # fmt: skip
             self._pins.unpin_snapshot(base_pin)
         self._baselines.set(
             rec.sandbox_id,
@@ -304,7 +270,7 @@ class Capture:
         rec.labels[LABEL_SNAPSHOT] = info.id
         log.info(
             "snapshot %s of %s: %d entries, %d bytes, %d new (parent %s) in %.1f ms",
-            info.id, sandbox_id, info.entry_count, info.size_bytes, stored, parent_id or "-",
+            info.id, sandbox_id, info.entry_count, info.size_bytes, stored, info.parent_id or "-",
             (time.monotonic() - started) * 1000,
         )  # fmt: skip
         return info

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING
 
 from sandboxd.backends.base import LiveCheckpoints
 from sandboxd.backends.snapshot_shell import restore_script
-from sandboxd.core import validation as v
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.live_setting import refuse_keeperless
@@ -42,20 +41,26 @@ from sandboxd.core.pausing import live_backend
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
-from sandboxd.core.snapshots.gc import Pins, discard
+from sandboxd.core.snapshots.gc import Pins
 from sandboxd.core.snapshots.images import Unpacker, archive_chunks, archived_size
-from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, lineage_labels, new_snapshot_id, parent_of
+from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, lineage_labels, parent_of
 from sandboxd.core.snapshots.manifest import UnsafeSnapshot
 from sandboxd.core.snapshots.packs import PackedBlobs, blob_key, tenant_namespace
 from sandboxd.core.snapshots.restore import restore_target
+from sandboxd.core.snapshots.taking import (
+    SandboxLocks,
+    SnapshotRequest,
+    describe,
+    requested,
+    unpin_stored,
+    within_quota,
+)
 from sandboxd.core.snapshots.workspaces import Workspaces
-from sandboxd.core.tenancy import current_tenant, split_pool_key
+from sandboxd.core.tenancy import current_tenant
 from sandboxd.errors import (
     BackendError,
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
-    ResourceExhausted,
     SandboxdError,
 )
 from sandboxd.settings import SnapshotSettings
@@ -92,14 +97,11 @@ class LiveSnapshots:
         self._settings = settings
         self._now = now
         self._staging = staging
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = SandboxLocks()
 
     async def clear(self) -> None:
         """Removes what operations a previous run of this instance left staged."""
         await asyncio.to_thread(shutil.rmtree, self._staging, True)
-
-    def _quota(self, tenant: str) -> int:
-        return self._settings.tenant_quota_bytes.get(tenant, self._settings.quota_bytes)
 
     def _workdir(self) -> Path:
         where = self._staging / secrets.token_hex(8)
@@ -119,49 +121,28 @@ class LiveSnapshots:
         ttl: float = 0.0,
     ) -> SnapshotInfo:
         """Checkpoints the current tenant's leased sandbox, which keeps running."""
-        rec = self._control.leased(sandbox_id)
-        self._baselines.refuse_restoring(rec)
-        session = v.session_name("session", session)
-        labels = v.labels("labels", labels or {})
-        ttl = v.non_negative("ttl_seconds", ttl, self._settings.max_ttl_seconds)
-        ttl = ttl or self._settings.default_ttl_seconds
-        if turn < 0:
-            raise InvalidArgument("turn", f"must be >= 0, got {turn}")
+        rec, request = requested(
+            self._control, self._baselines, self._settings, sandbox_id,
+            session=session, labels=labels, policy_version=policy_version, turn=turn, ttl=ttl,
+        )  # fmt: skip
         backend = live_backend(self._control, rec, "take a live snapshot of")
         pool = self._control.registry.pools.get(rec.pool)
         if pool is not None:
             refuse_keeperless(pool.config, f"take a live snapshot of sandbox {rec.sandbox_id}")
-        tenant = current_tenant()
-        quota = self._quota(tenant)
-        if quota and await self._catalog.usage(tenant) >= quota:
-            raise ResourceExhausted(
-                f"snapshot quota of tenant {tenant!r} ({quota} bytes) is used up; "
-                "delete snapshots or let them expire"
-            )
-        for sid in [
-            s for s, lock in self._locks.items() if not lock.locked() and not self._control.is_live(s)
-        ]:
-            del self._locks[sid]
-        async with self._locks.setdefault(rec.sandbox_id, asyncio.Lock()):
+        quota = await within_quota(self._catalog, self._settings, current_tenant())
+        self._locks.prune(self._control.is_live)
+        async with self._locks.of(rec.sandbox_id):
             with self._control.using(rec):
-                return await self._snapshot(rec, backend, session, labels, policy_version, turn, ttl, quota)
+                return await self._snapshot(rec, backend, request, quota)
 
     async def _snapshot(
-        self,
-        rec: SandboxRecord,
-        backend: LiveCheckpoints,
-        session: str,
-        labels: dict[str, str],
-        policy_version: int | None,
-        turn: int,
-        ttl: float,
-        quota: int,
+        self, rec: SandboxRecord, backend: LiveCheckpoints, request: SnapshotRequest, quota: int
     ) -> SnapshotInfo:
         started = time.monotonic()
         tenant = current_tenant()
         ns = tenant_namespace(tenant)
         # Recorded like a file snapshot's (Get and List show it).
-        cwd, env = await self._workspaces.session_state(rec, session)
+        cwd, env = await self._workspaces.session_state(rec, request.session)
         work = await asyncio.to_thread(self._workdir)
         pinned: list[str] = []
         recorded = False
@@ -182,47 +163,26 @@ class LiveSnapshots:
                 pinned.extend(await self._pins.pin([key]))
 
             digest, stored = await self._blobs.put_stream(ns, archive_chunks(image), size, pin)
-            parent_id, chain = await parent_of(self._catalog, rec, None)
-            now = self._now()
-            info = SnapshotInfo(
-                id=new_snapshot_id(),
-                tenant=tenant,
-                pool=split_pool_key(rec.pool)[1],
-                image=rec.image,
-                labels=labels,
-                policy_version=policy_version,
-                turn=turn,
-                parent_id=parent_id,
-                session=session,
-                cwd=cwd,
-                env=env,
-                size_bytes=size,
-                stored_bytes=stored,
-                entry_count=0,
-                digest=f"sha256:{digest}",
-                created_at=now,
-                expires_at=now + ttl,
-                live=True,
-                memory_limit_bytes=rec.limits.memory_bytes,
-                not_carried=not_carried,
-            )
-            info.chain = [*chain, info.ref()]
+            parent = await parent_of(self._catalog, rec, None)
+            info = describe(
+                rec, request, tenant=tenant, now=self._now(), parent=parent, cwd=cwd, env=env,
+                size_bytes=size, stored_bytes=stored, entry_count=0, digest=f"sha256:{digest}",
+                live=True, not_carried=not_carried,
+            )  # fmt: skip
             await self._catalog.insert(info, mf.encode([]), {blob_key(ns, digest): size}, quota)
             recorded = True
         finally:
-            self._pins.unpin(pinned)
-            if not recorded and pinned:
-                # A refused snapshot (over quota) leaves nothing stored.
-                try:
-                    await discard(self._catalog, self._blobs, self._pins, tenant, pinned)
-                except Exception:  # the collector takes what is left
-                    log.exception("live snapshot of %s: dropping what it stored failed", rec.sandbox_id)
+            # A refused snapshot (over quota) leaves nothing stored.
+            await unpin_stored(
+                self._catalog, self._blobs, self._pins, tenant, pinned,
+                failed=not recorded, what=f"live snapshot of {rec.sandbox_id}",
+            )  # fmt: skip
             await asyncio.to_thread(shutil.rmtree, work, True)
         rec.labels[LABEL_SNAPSHOT] = info.id
         log.info(
             "live snapshot %s of %s: image %d bytes, %d new (parent %s); checkpoint %.0f ms, total %.0f ms; "
             "%d processes not carried",
-            info.id, rec.sandbox_id, size, stored, parent_id or "-", (checkpointed - started) * 1000,
+            info.id, rec.sandbox_id, size, stored, info.parent_id or "-", (checkpointed - started) * 1000,
             (time.monotonic() - started) * 1000, len(not_carried),
         )  # fmt: skip
         return info
