@@ -10,10 +10,10 @@ NOT_FOUND.
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sandboxd.core.bookkeeping import Tombstones
 from sandboxd.core.quotas import Usage
 from sandboxd.core.tenancy import split_pool_key
 from sandboxd.errors import NotFound
@@ -55,7 +55,7 @@ class LeaseTable:
 
     def __init__(self) -> None:
         self._leases: dict[str, Lease] = {}
-        self._released: OrderedDict[str, None] = OrderedDict()
+        self._released: Tombstones[None] = Tombstones(_TOMBSTONES)
         # Per tenant: memory limit of each sandbox held under a lease.
         self._held: dict[str, dict[str, int]] = {}
         # (tenant, request id) -> lease id, for leases granted with one.
@@ -123,9 +123,7 @@ class LeaseTable:
                 self._by_request.pop((split_pool_key(lease.pool)[0], lease.request_id), None)
             for sid in lease.sandbox_ids:
                 self._unhold(lease, sid)
-            self._released[lease_id] = None
-            while len(self._released) > _TOMBSTONES:
-                self._released.popitem(last=False)
+            self._released.add(lease_id, None)
 
     def _unhold(self, lease: Lease, sandbox_id: str) -> None:
         tenant = split_pool_key(lease.pool)[0]

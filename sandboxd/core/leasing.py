@@ -86,8 +86,7 @@ class Leasing:
         self.table = table
         # Commands and transfers running per sandbox: their lease is not
         # reaped, and a recycling pool does not reset the sandbox.
-        self._busy: dict[str, int] = {}
-        registry.busy = self._busy
+        self._busy = registry.busy
         self._orphan_suspects: set[str] = set()
         # Sandboxes each tenant's in-flight acquires were granted, not yet leased.
         self._reserved: dict[str, Usage] = {}
@@ -439,15 +438,8 @@ class Leasing:
     @contextlib.contextmanager
     def using(self, rec: SandboxRecord) -> Iterator[None]:
         """Marks the sandbox busy for the block: its lease is not reaped meanwhile."""
-        self._busy[rec.sandbox_id] = self._busy.get(rec.sandbox_id, 0) + 1
-        try:
+        with self._busy.using(rec.sandbox_id):
             yield
-        finally:
-            left = self._busy[rec.sandbox_id] - 1
-            if left:
-                self._busy[rec.sandbox_id] = left
-            else:
-                del self._busy[rec.sandbox_id]
 
     async def _save(self, lease: Lease) -> None:
         await self._store.save_lease(lease, self._registry.handles(lease.sandbox_ids))

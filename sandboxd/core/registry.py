@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
 
 from sandboxd.backends.base import Backend, Limits, TenantQuotas
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
+from sandboxd.core.bookkeeping import BusyCounts, Tombstones
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import live_setting
@@ -65,10 +65,12 @@ class SandboxRegistry:
         a pool's other images must already be on the backend)."""
         # Records from READY until GONE (a CREATING one is not visible yet).
         self._records: dict[str, SandboxRecord] = {}
-        self._gone: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        # Per sandbox gone recently: (its tenant, why it went).
+        self._gone: Tombstones[tuple[str, str]] = Tombstones(_GONE_TOMBSTONES)
         self._started = False
-        self.busy: Mapping[str, int] = {}
-        """Operations in flight per sandbox id (leasing's): a busy sandbox is never recycled."""
+        self.busy = BusyCounts()
+        """Operations in flight per sandbox id, counted by leasing: a busy
+        sandbox is never recycled."""
 
     @property
     def records(self) -> Mapping[str, SandboxRecord]:
@@ -190,7 +192,7 @@ class SandboxRegistry:
             tuning=self._reconciler.tuning,
             meters=self._reconciler.meters,
             images=self.images,
-            busy=lambda sandbox_id: self.busy.get(sandbox_id, 0) > 0,
+            busy=self.busy.busy,
         )
         self.pools[config.name] = pool
         return pool
@@ -198,9 +200,9 @@ class SandboxRegistry:
     def _track(self, rec: SandboxRecord) -> None:
         if rec.state is State.GONE:
             if self._records.pop(rec.sandbox_id, None) is not None:
-                self._gone[rec.sandbox_id] = (split_pool_key(rec.pool)[0], rec.failure_reason or "released")
-                while len(self._gone) > _GONE_TOMBSTONES:
-                    self._gone.popitem(last=False)
+                self._gone.add(
+                    rec.sandbox_id, (split_pool_key(rec.pool)[0], rec.failure_reason or "released")
+                )
         else:
             self._records[rec.sandbox_id] = rec
 
@@ -334,7 +336,7 @@ class SandboxRegistry:
         if rec is not None and not owns(rec.pool):
             rec = None
         if rec is None:
-            tenant, why = self._gone.get(sandbox_id, ("", ""))
+            tenant, why = self._gone.get(sandbox_id) or ("", "")
             suffix = f" ({why})" if why and tenant == current_tenant() else ""
             raise NotFound(f"sandbox {sandbox_id!r} not found{suffix}")
         return rec
