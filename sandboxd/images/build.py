@@ -11,6 +11,11 @@ well under a second) and as a rootfs tarball in ``$SANDBOXD_CACHE_DIR``
 (default ``~/.cache/sandboxd/images``), which survives a wiped docker store and
 re-imports in seconds.
 
+The steps every recipe shares live here too: debootstrap and the rootfs's
+configuration (``build_tarball``), the cache, lock and ``docker import``
+(``ensure_image``), the recipe hash and the command line; another recipe
+(sandboxd.images.codejudge) adds its own step through ``customise``.
+
 Usage: ``python -m sandboxd.images.build [--force] [--print-tag]``
 """
 
@@ -127,10 +132,16 @@ def _recipe() -> dict[str, object]:
     }
 
 
+def recipe_hash(recipe: dict[str, object]) -> str:
+    """The 12 hex digits that name an image built to ``recipe`` (its tag and
+    its cached tarball): a hash of the recipe's canonical JSON."""
+    blob = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
 def _recipe_hash() -> str:
     # The mirror is deliberately left out: any mirror serves the same suite.
-    blob = json.dumps(_recipe(), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return recipe_hash(_recipe())
 
 
 def default_image_tag() -> str:
@@ -442,19 +453,25 @@ def ensure_default_image(*, force: bool = False, log: Callable[[str], None] = pr
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Builds (or reuses) the default image and prints its tag on stdout, progress on stderr."""
-    parser = argparse.ArgumentParser(
-        prog="python -m sandboxd.images.build",
-        description="Build (or reuse) the default rollout sandbox image.",
-    )
+def recipe_main(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    tag: Callable[[], str],
+    ensure: Callable[..., str],
+) -> int:
+    """The command line of an image recipe's module: builds (or reuses) the
+    image with ``ensure`` and prints its tag on stdout, progress on stderr;
+    ``--print-tag`` prints ``tag()`` without building."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--force", action="store_true", help="rebuild with debootstrap even if cached")
     parser.add_argument(
         "--print-tag", action="store_true", help="print the image tag and exit without building"
     )
     args = parser.parse_args(argv)
     if args.print_tag:
-        print(default_image_tag())
+        print(tag())
         return 0
 
     # Progress goes to stderr so `TAG=$(python -m sandboxd.images.build)` works.
@@ -462,12 +479,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[sandboxd.images] {message}", file=sys.stderr, flush=True)
 
     try:
-        tag = ensure_default_image(force=args.force, log=log)
+        built = ensure(force=args.force, log=log)
     except ImageBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(tag)
+    print(built)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Builds (or reuses) the default image and prints its tag on stdout, progress on stderr."""
+    return recipe_main(
+        argv,
+        prog="python -m sandboxd.images.build",
+        description="Build (or reuse) the default rollout sandbox image.",
+        tag=default_image_tag,
+        ensure=ensure_default_image,
+    )
 
 
 if __name__ == "__main__":

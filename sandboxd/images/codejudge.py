@@ -18,9 +18,6 @@ Usage: ``python -m sandboxd.images.codejudge [--force] [--print-tag]``
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import shutil
 import subprocess
 import sys
@@ -160,8 +157,7 @@ def _recipe() -> dict[str, object]:
 
 
 def _recipe_hash() -> str:
-    blob = json.dumps(_recipe(), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return base.recipe_hash(_recipe())
 
 
 def code_judge_tag() -> str:
@@ -258,24 +254,13 @@ def ensure_code_judge_image(*, force: bool = False, log: Callable[[str], None] =
 
 def main(argv: list[str] | None = None) -> int:
     """Builds (or reuses) the code-judge image and prints its tag on stdout, progress on stderr."""
-    parser = argparse.ArgumentParser(prog="python -m sandboxd.images.codejudge")
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    parser.add_argument("--print-tag", action="store_true", help="print the tag and exit")
-    args = parser.parse_args(argv)
-    if args.print_tag:
-        print(code_judge_tag())
-        return 0
-
-    def log(message: str) -> None:
-        print(f"[sandboxd.images] {message}", file=sys.stderr, flush=True)
-
-    try:
-        tag = ensure_code_judge_image(force=args.force, log=log)
-    except base.ImageBuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(tag)
-    return 0
+    return base.recipe_main(
+        argv,
+        prog="python -m sandboxd.images.codejudge",
+        description="Build (or reuse) the code-judge image for sandboxd run-code.",
+        tag=code_judge_tag,
+        ensure=ensure_code_judge_image,
+    )
 
 
 if __name__ == "__main__":
