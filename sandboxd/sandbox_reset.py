@@ -9,7 +9,7 @@ before anything of a tenant runs, records what the sandbox is as it came:
 a digest of every writable mount (names, modes, owners, sizes and times,
 and the SysV IPC tables), the paths those mounts hold, the sandbox's own
 processes and a fingerprint of each (executable, command line, tracer,
-threads, its executable mappings and how many of their pages are dirty).
+threads, its executable mappings and how many of their pages were copied on write).
 The *reset* stops and kills every other process, removes every path the
 baseline did not list (and every SysV IPC object of the user), then digests
 again. A sandbox passes (``verdict``) only if nothing survived, every own
@@ -198,7 +198,12 @@ def own_infra():
 def fingerprint(pid):
     # What a process that traced this one and rewrote it would change: its
     # program, arguments, tracer, thread count, executable mappings, and
-    # the dirty pages of those (code overwritten through /proc/<pid>/mem).
+    # the anonymous pages of those: code overwritten through /proc/<pid>/mem
+    # is copied on write into one. Not their dirty pages: a file page of a
+    # just-unpacked image is dirty until written back, then clean. Under
+    # gVisor's systrap (a [usertrap] mapping) the platform itself copies text
+    # pages as it patches each syscall site first run, so there the count
+    # would move on its own and is left out.
     import hashlib
     h = hashlib.sha256()
     try:
@@ -209,16 +214,17 @@ def fingerprint(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith(("TracerPid:", "Threads:")):
             h.update(line.encode())
-    exe, dirty = False, 0
+    exe, copied, patched = False, 0, False
     for line in open(f"/proc/{pid}/smaps"):
         parts = line.split()
         if len(parts) >= 5 and "-" in parts[0] and len(parts[1]) == 4:
             exe = "x" in parts[1]
+            patched = patched or parts[5:] == ["[usertrap]"]
             if exe:
                 h.update((" ".join([parts[0], parts[1]] + parts[5:]) + "\n").encode())
-        elif exe and parts and parts[0] == "Private_Dirty:":
-            dirty += int(parts[1])
-    h.update(f"dirty {dirty}".encode())
+        elif exe and parts and parts[0] == "Anonymous:":
+            copied += int(parts[1])
+    h.update(b"patched" if patched else f"copied {copied}".encode())
     return h.hexdigest()
 def fingerprints(idents):
     out = {}
