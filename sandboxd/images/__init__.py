@@ -3,7 +3,8 @@
 Owns the default image (``build``: debootstrap ``--variant=minbase`` and
 ``docker import``, cached by a hash of its recipe) and the code-judge image
 for ``sandboxd run-code`` (``codejudge``), both bootstrapped from the
-mirror ``mirror`` finds in the host's apt sources. The default image is built
+mirror ``mirror`` finds in the host's apt sources, with the steps that
+do not depend on a recipe in ``steps``. The default image is built
 locally because no container registry is reachable from rollout hosts.
 Import from those modules directly; nothing is re-exported here, so that
 ``python -m sandboxd.images.build`` does not import the module twice.

@@ -11,9 +11,10 @@ well under a second) and as a rootfs tarball in ``$SANDBOXD_CACHE_DIR``
 (default ``~/.cache/sandboxd/images``), which survives a wiped docker store and
 re-imports in seconds.
 
-The steps every recipe shares live here too: debootstrap and the rootfs's
-configuration (``build_tarball``), the cache, lock and ``docker import``
-(``ensure_image``), the recipe hash and the command line; another recipe
+Every recipe is built on this one, through the same steps: debootstrap and
+the rootfs's configuration (``build_tarball``), the cache and ``docker
+import`` (``ensure_image``) and the command line (``recipe_main``), with the
+recipe-independent pieces in sandboxd.images.steps; another recipe
 (sandboxd.images.codejudge) adds its own step through ``customise``.
 
 Usage: ``python -m sandboxd.images.build [--force] [--print-tag]``
@@ -22,21 +23,27 @@ Usage: ``python -m sandboxd.images.build [--force] [--print-tag]``
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import hashlib
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sandboxd.images.mirror import debian_mirror as mirror_of_suite
+from sandboxd.images.steps import (
+    ImageBuildError,
+    docker_cli,
+    exclusive,
+    host_path_env,
+    image_exists,
+    import_tarball,
+    recipe_hash,
+    remove_build_dir,
+    run_logged,
+)
 
 __all__ = [
     "DEFAULT_IMAGE_REPO",
@@ -45,7 +52,11 @@ __all__ = [
     "debian_mirror",
     "default_image_tag",
     "ensure_default_image",
+    "ensure_image",
     "main",
+    "recipe_hash",
+    "recipe_main",
+    "run_logged",
 ]
 
 # Bump whenever this module changes what ends up in the image in a way the
@@ -104,14 +115,6 @@ _STRIP_GLOBS: tuple[str, ...] = (
 # nodes that debootstrap created would be dead weight.
 _TAR_EXCLUDES: tuple[str, ...] = ("./dev/*", "./proc/*", "./sys/*")
 
-_SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
-
-_LABEL_RECIPE = "org.sandboxd.recipe"
-
-
-class ImageBuildError(RuntimeError):
-    """The default image could not be found, imported or built."""
-
 
 def _recipe() -> dict[str, object]:
     return {
@@ -130,13 +133,6 @@ def _recipe() -> dict[str, object]:
         "tar_excludes": list(_TAR_EXCLUDES),
         "changes": list(IMAGE_CHANGES),
     }
-
-
-def recipe_hash(recipe: dict[str, object]) -> str:
-    """The 12 hex digits that name an image built to ``recipe`` (its tag and
-    its cached tarball): a hash of the recipe's canonical JSON."""
-    blob = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _recipe_hash() -> str:
@@ -163,65 +159,7 @@ def debian_mirror() -> str:
     return mirror_of_suite(SUITE)
 
 
-# ---------------------------------------------------------------- docker
-
-
-def _docker_cli() -> str:
-    docker = shutil.which("docker")
-    if docker is None:
-        raise ImageBuildError("docker CLI not found; run scripts/start-docker.sh")
-    return docker
-
-
-def _image_exists(docker: str, tag: str) -> bool:
-    # `docker images -q` separates "no such image" (empty output) from "daemon
-    # unreachable" (non-zero exit), which `docker image inspect` does not.
-    try:
-        proc = subprocess.run(
-            [docker, "images", "--quiet", "--no-trunc", tag],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ImageBuildError("docker did not answer within 60s") from exc
-    if proc.returncode != 0:
-        raise ImageBuildError(
-            f"cannot query docker ({proc.stderr.strip()}); is the daemon running? see scripts/start-docker.sh"
-        )
-    return bool(proc.stdout.strip())
-
-
-def import_tarball(
-    docker: str, tarball: Path, tag: str, h: str, *, changes: Sequence[str], what: str
-) -> None:
-    """``docker import`` of a cached rootfs tarball as ``tag``, with the image
-    config ``changes`` and the recipe label ``h``."""
-    cmd = [docker, "import"]
-    for change in (*changes, f"LABEL {_LABEL_RECIPE}={h}"):
-        cmd += ["--change", change]
-    cmd += ["--message", f"sandboxd {what}, recipe {h}", "-", tag]
-    with tarball.open("rb") as stdin:
-        proc = subprocess.run(cmd, stdin=stdin, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise ImageBuildError(
-            f"docker import of {tarball} failed: {proc.stderr.strip()}; "
-            "rerun with --force to rebuild the tarball"
-        )
-
-
 # ---------------------------------------------------------------- rootfs
-
-
-def _host_path_env() -> dict[str, str]:
-    # debootstrap shells out to chroot/mknod/mount, which live in sbin dirs
-    # that a non-login root shell may not have on PATH.
-    env = dict(os.environ)
-    path = env.get("PATH", "").split(os.pathsep)
-    env["PATH"] = os.pathsep.join([*path, *(d for d in _SBIN_DIRS if d not in path)])
-    env["LC_ALL"] = "C"
-    return env
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -297,48 +235,6 @@ def _strip_rootfs(rootfs: Path) -> None:
                 path.unlink()
 
 
-def _mounts_under(root: Path) -> list[str]:
-    prefix = str(root.resolve())
-    mounts: list[str] = []
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            # Field 5 is the mount point, with spaces etc. octal-escaped.
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
-            if point == prefix or point.startswith(prefix + "/"):
-                mounts.append(point)
-    return mounts
-
-
-def _remove_build_dir(path: Path) -> None:
-    # A debootstrap killed mid-run can leave /proc, /sys or a bind-mounted
-    # host /dev mounted inside the target; rmtree would recurse into them.
-    for point in sorted(_mounts_under(path), key=len, reverse=True):
-        subprocess.run(["umount", "--lazy", point], check=False, capture_output=True)
-    leftover = _mounts_under(path)
-    if leftover:
-        raise ImageBuildError(f"refusing to delete {path}: still mounted: {leftover}")
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def run_logged(cmd: list[str], log_path: Path, env: dict[str, str], what: str) -> None:
-    """Runs a build step with its output appended to ``log_path``."""
-    with log_path.open("ab") as out:
-        proc = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, check=False
-        )
-    if proc.returncode != 0:
-        raise ImageBuildError(
-            f"{what} failed (exit {proc.returncode}), full log in {log_path}:\n{_tail(log_path)}"
-        )
-
-
 Customise = Callable[[Path, Path, dict[str, str]], None]
 """A build step after debootstrap: (rootfs, build log, environment)."""
 
@@ -348,7 +244,7 @@ def build_tarball(dest: Path, h: str, log: Callable[[str], None], customise: Cus
     strips it, and caches it as the tarball ``dest``."""
     if os.geteuid() != 0:
         raise ImageBuildError("building the image needs root (debootstrap, chroot); rerun as root")
-    env = _host_path_env()
+    env = host_path_env()
     debootstrap = shutil.which("debootstrap", path=env["PATH"])
     if debootstrap is None:
         raise ImageBuildError("debootstrap not found; apt-get install debootstrap")
@@ -384,17 +280,7 @@ def build_tarball(dest: Path, h: str, log: Callable[[str], None], customise: Cus
         os.replace(partial, dest)
         log(f"cached rootfs {dest} ({dest.stat().st_size / 2**20:.0f} MiB)")
     finally:
-        _remove_build_dir(work)
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    with lock_path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        remove_build_dir(work)
 
 
 def ensure_image(
@@ -411,20 +297,20 @@ def ensure_image(
     """Make sure ``tag`` exists in docker: cheap when it does; otherwise
     imports the cached tarball, building it first if it is missing or
     ``force`` is set. Blocking and slow on a cold cache."""
-    docker = _docker_cli()
-    if not force and _image_exists(docker, tag):
+    docker = docker_cli()
+    if not force and image_exists(docker, tag):
         return tag
     cache = _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     tarball = cache / tarball_name
     # Concurrent callers (several workers starting at once) wait for one build.
-    with _exclusive(cache / f"{tarball.stem}.lock"):
-        if not force and _image_exists(docker, tag):
+    with exclusive(cache / f"{tarball.stem}.lock"):
+        if not force and image_exists(docker, tag):
             return tag
         # Holding the lock, any build dir left over is from a dead builder.
         for stale in cache.glob(f".{h}.build-*"):
             log(f"removing interrupted build {stale}")
-            _remove_build_dir(stale)
+            remove_build_dir(stale)
         if force or not tarball.is_file():
             build_tarball(tarball, h, log, customise)
         log(f"importing {tarball} as {tag}")

@@ -252,13 +252,13 @@ async def test_names_with_a_trailing_newline_are_refused_by_the_api(app: App, cl
 
 def test_every_label_sandboxd_sets_is_reserved() -> None:
     from sandboxd.backends import base
-    from sandboxd.backends.docker import containers, egress, users
+    from sandboxd.backends.docker import containers, containerspec, egress, users
     from sandboxd.backends.kubernetes import podspec
     from sandboxd.core.snapshots import lineage
 
     keys = {
         value
-        for module in (base, containers, egress, users, podspec, lineage)
+        for module in (base, containers, containerspec, egress, users, podspec, lineage)
         for name, value in vars(module).items()
         if name.startswith("LABEL_") and isinstance(value, str) and value.startswith("sandboxd.")
     }

@@ -13,7 +13,8 @@ import pytest
 
 from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec, OutputChunk
 from sandboxd.backends.execstream import FirstLine, MarkerSplitter
-from sandboxd.backends.session import Explain, Frame, OneShot, ShellSession, unchanged
+from sandboxd.backends.exectransport import Explain, Frame, unchanged
+from sandboxd.backends.session import OneShot, ShellSession
 from sandboxd.backends.shell import (
     EXEC_TAG_VAR,
     SESSION_PRELUDE,

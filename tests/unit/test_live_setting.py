@@ -7,7 +7,7 @@ import pytest
 
 from sandboxd import errors
 from sandboxd.backends.base import GVISOR, KEEP_VAR, RUNC, Limits, SandboxSpec
-from sandboxd.backends.docker.containers import LABEL_KEEPER, DockerOptions, container_spec
+from sandboxd.backends.docker.containerspec import LABEL_KEEPER, DockerOptions, container_spec
 from sandboxd.backends.docker.keeper import KEEPER_COMMAND
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient

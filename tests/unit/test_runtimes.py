@@ -6,7 +6,7 @@ import pytest
 
 from sandboxd.app import App
 from sandboxd.backends.base import GVISOR, RUNC, Limits, SandboxSpec
-from sandboxd.backends.docker.containers import DockerOptions, container_spec, engine_pids
+from sandboxd.backends.docker.containerspec import DockerOptions, container_spec, engine_pids
 from sandboxd.backends.docker.gvisor import parse_statfs
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.backends.gvisor_pids import refused_fork

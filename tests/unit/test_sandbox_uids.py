@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.backends.base import RUNC, SANDBOX_UID, Limits, SandboxSpec
-from sandboxd.backends.docker.containers import DockerOptions, container_spec
+from sandboxd.backends.docker.containerspec import DockerOptions, container_spec
 from sandboxd.backends.docker.users import LABEL_USER, ContainerUsers
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.backends.kubernetes.podspec import ANNOTATION_PASSWD, PodOptions, build_pod

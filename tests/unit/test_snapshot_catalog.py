@@ -13,7 +13,8 @@ import pytest
 
 from sandboxd import errors
 from sandboxd.core.snapshots import manifest as mf
-from sandboxd.core.snapshots.catalog import BaseGone, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import BaseGone, SnapshotCatalog
+from sandboxd.core.snapshots.info import SnapshotInfo
 
 pytestmark = pytest.mark.timeout(30)
 

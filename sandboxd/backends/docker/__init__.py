@@ -13,7 +13,7 @@ and the ``docker`` SDK. Never ``sandboxd.backends.kubernetes`` or
 backends layer.
 """
 
-from sandboxd.backends.docker.containers import DockerOptions
+from sandboxd.backends.docker.containerspec import DockerOptions
 
 # The backend with gVisor sandboxes' limits read from inside them (gvisor.py).
 from sandboxd.backends.docker.gvisor import GvisorAwareBackend as DockerBackend

@@ -6,7 +6,7 @@ streams, archives staged in the inbox) are files.py. This module composes
 them with what runs inside: the shells held in each sandbox (shells.py: the
 spare that is its health check, named sessions, idle shells that fork
 one-shot commands), engine execs of their own (execs.py, over the async raw
-client, rawapi), live checkpoints (checkpoints.py), and the host's view of a
+client, rawapi), live checkpoints (live.py, on checkpoints.py), and the host's view of a
 container (usage, its workspace in place).
 """
 
@@ -33,19 +33,19 @@ from sandboxd.backends.base import (
     ExecSpec,
     HostFacts,
     Limits,
-    OutputChunk,
     SandboxSpec,
     SandboxUsage,
 )
 from sandboxd.backends.docker.cgroups import ContainerProbe
-from sandboxd.backends.docker.checkpoints import NOT_CARRIED_SCRIPT, Checkpoints, parse_not_carried
-from sandboxd.backends.docker.containers import INBOX, Containers, DockerOptions
+from sandboxd.backends.docker.checkpoints import Checkpoints
+from sandboxd.backends.docker.containers import Containers
+from sandboxd.backends.docker.containerspec import INBOX, DockerOptions
 from sandboxd.backends.docker.egress import DockerEgress
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.files import ContainerFiles
 from sandboxd.backends.docker.hostcap import host_facts
 from sandboxd.backends.docker.images import DockerImages
-from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys
+from sandboxd.backends.docker.live import DockerLiveCheckpoints
 from sandboxd.backends.docker.model_routes import DockerModelRoutes
 from sandboxd.backends.docker.rawapi import EngineAddress, RawEngine
 from sandboxd.backends.docker.recycling import DockerRecycling
@@ -56,7 +56,7 @@ from sandboxd.backends.hostfs import HostWorkspace
 from sandboxd.backends.hostwrite import write_files
 from sandboxd.backends.network.proxy import EgressLimits
 from sandboxd.backends.session import SessionClosed, ShellSession
-from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxLost, TransientBackendError
+from sandboxd.errors import BackendError, NotFound, SandboxLost
 
 T = TypeVar("T")
 
@@ -81,10 +81,11 @@ class _RootEngineExec(EngineExec):
         super().__init__(engine, container, user=_ROOT_ENGINE_USER, kill_user=_ROOT_ENGINE_USER, **kwargs)
 
 
-class DockerBackend(DockerImages, DockerRecycling, DockerModelRoutes):
+class DockerBackend(DockerImages, DockerRecycling, DockerModelRoutes, DockerLiveCheckpoints):
     """The backend port on one Docker engine: containers and files composed
     with the shells and execs that run inside the sandboxes; its images
-    (pulls, builds, removal) are DockerImages'."""
+    (pulls, builds, removal) are DockerImages', its live checkpoints
+    DockerLiveCheckpoints'."""
 
     def __init__(self, options: DockerOptions) -> None:
         self._options = options
@@ -426,79 +427,3 @@ class DockerBackend(DockerImages, DockerRecycling, DockerModelRoutes):
 
     def get_tar(self, handle: str, base: str, paths: tuple[str, ...]) -> AsyncIterator[bytes]:
         return self._files.get_tar(handle, base, paths)
-
-    # -- LiveCheckpoints ------------------------------------------------------
-
-    def live_refusal(self, runtime: str) -> str:
-        return self._checkpoints.refusal(runtime)
-
-    async def pause(self, handle: str) -> None:
-        # Marked first: a listing meanwhile must not take it for a pause of
-        # a control plane gone (and thaw it).
-        self._paused.add(handle)
-        try:
-            await self._checkpoints.pause(handle)
-        except BaseException:
-            self._paused.discard(handle)
-            raise
-
-    async def resume(self, handle: str) -> None:
-        await self._checkpoints.resume(handle)
-        self._paused.discard(handle)
-
-    async def not_carried(self, handle: str) -> builtins.list[str]:
-        events = self.exec(handle, ExecSpec(shell=NOT_CARRIED_SCRIPT, timeout=30))
-        out = await _stdout_of(events, "listing the sandbox's processes failed", BackendError)
-        return parse_not_carried(out)
-
-    async def checkpoint(self, handle: str, dest: Path) -> None:
-        if not await self._kept(handle):
-            raise FailedPrecondition(
-                "the sandbox runs without the keeper (its pool has live_snapshots off): a checkpoint would "
-                "lose every shell and what runs in it; use a pool with live_snapshots on"
-            )
-        # Between commands: a command's input or output in flight would be
-        # half in the image, and its caller would be answered by the
-        # original only.
-        async with self._shells.between_commands(handle):
-            await self._checkpoints.checkpoint(handle, dest)
-
-    async def restore_checkpoint(self, handle: str, image: Path) -> None:
-        if not await self._kept(handle):
-            raise FailedPrecondition(
-                "the target sandbox runs without the keeper (its pool has live_snapshots off); restore into "
-                "a pool with live_snapshots on"
-            )
-        # The restore replaces every process the sandbox runs: the shells
-        # held for it end with them (closed after, see destroy).
-        shells, _ = self._shells.release(handle)
-        try:
-            await self._checkpoints.restore(handle, image)
-        finally:
-            await asyncio.gather(*(shell.close() for shell in shells))
-        self._shells.restored(handle, await self._after_restore(handle))
-        await self._shells.ready_spare(handle, await self._shells.new(handle))
-
-    async def _after_restore(self, handle: str) -> set[str]:
-        """Ends the image's idle shells; the names of its sessions' shells."""
-        events = run_oneshot(
-            await self._transport(handle), ExecSpec(shell=AFTER_RESTORE, timeout=30), self._spawn
-        )
-        return parse_session_keys(
-            await _stdout_of(events, "the restored sandbox did not answer", TransientBackendError)
-        )
-
-
-async def _stdout_of(events: AsyncIterator[ExecEvent], failed: str, error: type[BackendError]) -> str:
-    """A command's stdout, once it has exited 0; ``error`` saying ``failed``
-    and why otherwise."""
-    out, result = b"", None
-    async for event in events:
-        if isinstance(event, OutputChunk) and event.stream == 1:
-            out += event.data
-        elif isinstance(event, ExecResult):
-            result = event
-    if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
-        why = "no result" if result is None else f"{result.outcome.name} {result.exit_code} {result.detail}"
-        raise error(f"{failed}: {why}")
-    return out.decode(errors="replace")

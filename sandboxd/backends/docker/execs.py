@@ -32,7 +32,8 @@ from sandboxd.backends.docker.pipes import READY, HostPipes
 from sandboxd.backends.docker.rawapi import ExecChannel, RawEngine
 from sandboxd.backends.docker.runsc_exec import RunscExec, RunscProcess
 from sandboxd.backends.execstream import FirstLine, RootPidLine
-from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
+from sandboxd.backends.exectransport import Explain, Frame, Spawn, unchanged
+from sandboxd.backends.session import OneShot
 from sandboxd.backends.shell import Tree, gate_argv, reaper_argv, tree_kill_argv
 from sandboxd.errors import BackendError, TransientBackendError
 

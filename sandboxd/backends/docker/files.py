@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from sandboxd.backends.base import WORKSPACE, ExecEvent, ExecOutcome, ExecResult, ExecSpec
-from sandboxd.backends.docker.containers import INBOX, Containers
+from sandboxd.backends.docker.containers import Containers
+from sandboxd.backends.docker.containerspec import INBOX
 from sandboxd.backends.docker.rawapi import RawEngine
 from sandboxd.backends.extract import put_refusal, put_tar_argv
 from sandboxd.backends.shell import LINK_EXIT, get_tar_argv, link_refusal

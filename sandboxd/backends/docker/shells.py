@@ -22,8 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from sandboxd.backends.base import ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.docker.execs import EngineExec
 from sandboxd.backends.docker.keeper import FIRST_KEY, session_key
+from sandboxd.backends.exectransport import Spawn
 from sandboxd.backends.gvisor_pids import RESCUE_SESSION
-from sandboxd.backends.session import ShellSession, Spawn
+from sandboxd.backends.session import ShellSession
 from sandboxd.errors import BackendError, FailedPrecondition, TransientBackendError
 
 log = logging.getLogger(__name__)

@@ -14,11 +14,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 
 from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec
 from sandboxd.backends.execstream import RootPidLine
+from sandboxd.backends.exectransport import Explain, Frame, Spawn, unchanged
 from sandboxd.backends.kubernetes.cache import PodCache
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, unavailable, unreachable
 from sandboxd.backends.kubernetes.limits import no_process_slot
 from sandboxd.backends.kubernetes.wsexec import ExecStream, wrap_argv
-from sandboxd.backends.session import Explain, Frame, OneShot, Spawn, unchanged
+from sandboxd.backends.session import OneShot
 from sandboxd.backends.shell import Tree, reaper_argv, tree_kill_argv
 
 # How long a kill or a liveness probe may wait on its own exec's output.

@@ -14,7 +14,8 @@ The package, from the public face down:
 - ``live``: checkpoints of running sandboxes; ``taking``: what it and
   ``capture`` check, describe and drop alike;
 - ``restore`` and ``tars``: verified archives into n fresh sandboxes;
-- ``catalog``, ``manifest``, ``packs``, ``tarstream``: what is stored and how;
+- ``catalog``, ``info``, ``manifest``, ``packs``, ``tarstream``: what is
+  stored and how;
 - ``gc`` (pins and mark-and-sweep), ``lineage`` (parents and labels).
 
 The blob store is handed in (sandboxd.stores.base.BlobStore); which one a
@@ -26,8 +27,9 @@ store's port (``sandboxd.stores``), the core's records and pools,
 ``sandboxd.api`` or a backend's own package.
 """
 
-from sandboxd.core.snapshots.catalog import ChainRef, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import SnapshotCatalog
 from sandboxd.core.snapshots.gc import GcResult
+from sandboxd.core.snapshots.info import ChainRef, SnapshotInfo
 from sandboxd.core.snapshots.lineage import LABEL_POLICY, LABEL_SNAPSHOT, LABEL_TURN, lineage_labels
 from sandboxd.core.snapshots.manager import SnapshotManager
 from sandboxd.core.snapshots.manifest import UnsafeSnapshot

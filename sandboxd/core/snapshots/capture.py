@@ -37,9 +37,10 @@ from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots import owners
 from sandboxd.core.snapshots.baselines import Baselines
-from sandboxd.core.snapshots.catalog import MAX_DEPTH, BaseGone, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import MAX_DEPTH, BaseGone, SnapshotCatalog
 from sandboxd.core.snapshots.contents import Contents
 from sandboxd.core.snapshots.gc import Pins
+from sandboxd.core.snapshots.info import SnapshotInfo
 from sandboxd.core.snapshots.journal import Changes, Journal
 from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, parent_of
 from sandboxd.core.snapshots.listing import DELTA_SLACK, RACY_SECONDS, Baseline, Listed

@@ -16,14 +16,13 @@ MAX_DEPTH (past it a snapshot is recorded in full)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sandboxd.core.snapshots import manifest as mf
+from sandboxd.core.snapshots.info import SnapshotInfo
 from sandboxd.core.sqlite import SqliteThread
 from sandboxd.errors import FailedPrecondition, ResourceExhausted
 
@@ -70,62 +69,6 @@ small manifests at most."""
 
 class BaseGone(Exception):
     """The base a delta was to be recorded on no longer exists."""
-
-
-@dataclass(frozen=True)
-class ChainRef:
-    """One snapshot of a lineage chain, as a descendant records it."""
-
-    id: str
-    policy_version: int | None
-    turn: int
-    created_at: float
-
-
-@dataclass
-class SnapshotInfo:
-    """A snapshot's metadata (what Get and List return); ``chain`` ends with itself."""
-
-    id: str
-    tenant: str
-    pool: str
-    image: str
-    labels: dict[str, str]
-    policy_version: int | None
-    turn: int
-    parent_id: str
-    session: str
-    cwd: str
-    env: dict[str, str]
-    size_bytes: int
-    stored_bytes: int
-    entry_count: int
-    digest: str
-    created_at: float
-    expires_at: float
-    chain: list[ChainRef] = field(default_factory=list)
-    # A live snapshot (sandboxd.core.snapshots.live): its one blob is the
-    # checkpoint image (digest and sizes are the image's, no manifest entries).
-    live: bool = False
-    memory_limit_bytes: int = 0
-    not_carried: list[str] = field(default_factory=list)
-    """Live snapshots: the processes the checkpoint did not carry (started
-    by engine execs, not kept), as "args (pid N)"."""
-
-    def ref(self) -> ChainRef:
-        """This snapshot as a link of a descendant's chain."""
-        return ChainRef(self.id, self.policy_version, self.turn, self.created_at)
-
-    def to_json(self) -> str:
-        """Compact JSON of every field, chain included, as the catalog's meta column stores it."""
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> SnapshotInfo:
-        """The inverse of ``to_json``; meta from before chains were kept reads with an empty chain."""
-        doc = json.loads(text)
-        doc["chain"] = [ChainRef(**c) for c in doc.get("chain", [])]
-        return cls(**doc)
 
 
 def _migrate(db: sqlite3.Connection) -> None:

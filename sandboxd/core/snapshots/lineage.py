@@ -6,7 +6,8 @@ from __future__ import annotations
 import secrets
 
 from sandboxd.core.lifecycle import SandboxRecord
-from sandboxd.core.snapshots.catalog import ChainRef, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import SnapshotCatalog
+from sandboxd.core.snapshots.info import ChainRef, SnapshotInfo
 from sandboxd.core.snapshots.listing import Baseline
 
 LABEL_SNAPSHOT = "sandboxd.snapshot"

@@ -12,7 +12,7 @@ from sandboxd.backends.base import SANDBOX_UID, WORKSPACE
 from sandboxd.backends.shell import is_env_name
 from sandboxd.backends.snapshot_shell import SHELL_OWNED
 from sandboxd.core.snapshots import manifest as mf
-from sandboxd.core.snapshots.catalog import ChainRef
+from sandboxd.core.snapshots.info import ChainRef
 from sandboxd.core.snapshots.journal import Journal
 from sandboxd.core.snapshots.manifest import DIR, FILE, LINK, OWNERS, ROOT_UID, Entry, shown
 from sandboxd.errors import BackendError, FailedPrecondition

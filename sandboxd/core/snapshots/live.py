@@ -40,9 +40,10 @@ from sandboxd.core.live_setting import refuse_keeperless
 from sandboxd.core.pausing import live_backend
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots.baselines import Baselines
-from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import SnapshotCatalog
 from sandboxd.core.snapshots.gc import Pins
 from sandboxd.core.snapshots.images import Unpacker, archive_chunks, archived_size
+from sandboxd.core.snapshots.info import SnapshotInfo
 from sandboxd.core.snapshots.lineage import LABEL_SNAPSHOT, lineage_labels, parent_of
 from sandboxd.core.snapshots.manifest import UnsafeSnapshot
 from sandboxd.core.snapshots.packs import PackedBlobs, blob_key, tenant_namespace

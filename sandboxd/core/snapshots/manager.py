@@ -18,9 +18,10 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.capture import Capture
-from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import SnapshotCatalog
 from sandboxd.core.snapshots.contents import Contents
 from sandboxd.core.snapshots.gc import GcResult, Pins, collect
+from sandboxd.core.snapshots.info import SnapshotInfo
 from sandboxd.core.snapshots.journal import Budget, Watcher
 from sandboxd.core.snapshots.listing import Baseline
 from sandboxd.core.snapshots.live import LiveSnapshots

@@ -37,8 +37,9 @@ from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots import owners, sizes
 from sandboxd.core.snapshots.baselines import Baselines
-from sandboxd.core.snapshots.catalog import SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import SnapshotCatalog
 from sandboxd.core.snapshots.gc import Pins
+from sandboxd.core.snapshots.info import SnapshotInfo
 from sandboxd.core.snapshots.journal import Journal
 from sandboxd.core.snapshots.lineage import lineage_labels
 from sandboxd.core.snapshots.listing import DELTA_SLACK, Baseline

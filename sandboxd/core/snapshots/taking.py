@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 from sandboxd.core import validation as v
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.snapshots.baselines import Baselines
-from sandboxd.core.snapshots.catalog import ChainRef, SnapshotCatalog, SnapshotInfo
+from sandboxd.core.snapshots.catalog import SnapshotCatalog
 from sandboxd.core.snapshots.gc import Pins, discard
+from sandboxd.core.snapshots.info import ChainRef, SnapshotInfo
 from sandboxd.core.snapshots.lineage import new_snapshot_id
 from sandboxd.core.snapshots.packs import PackedBlobs
 from sandboxd.core.tenancy import split_pool_key

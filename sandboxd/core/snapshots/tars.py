@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots import sizes
-from sandboxd.core.snapshots.catalog import SnapshotInfo
+from sandboxd.core.snapshots.info import SnapshotInfo
 from sandboxd.core.snapshots.manifest import FILE, Entry, UnsafeSnapshot
 from sandboxd.core.snapshots.packs import PackedBlobs, blob_key
 from sandboxd.core.snapshots.reading import BATCH_BYTES
