@@ -121,6 +121,7 @@ def make_backend(settings: Settings) -> Backend:
     if isinstance(cfg, KubernetesBackendSettings):
         from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, PodOptions
         from sandboxd.backends.kubernetes.egress import EgressProxyRef
+        from sandboxd.backends.kubernetes.model_gateway import GatewayOptions
 
         return KubernetesBackend(
             KubernetesOptions(
@@ -158,6 +159,16 @@ def make_backend(settings: Settings) -> Backend:
                 egress_proxy=(
                     EgressProxyRef(cfg.egress_proxy_service, cfg.egress_proxy_namespace or cfg.namespace)
                     if cfg.egress_proxy_service
+                    else None
+                ),
+                model_gateway=(
+                    GatewayOptions(
+                        cfg.model_gateway_listen,
+                        cfg.model_gateway_service,
+                        cfg.model_gateway_namespace or cfg.namespace,
+                        cfg.model_gateway_address,
+                    )
+                    if cfg.model_gateway_listen
                     else None
                 ),
                 pool_specs_in_cluster=cfg.state == "cluster",

@@ -142,6 +142,18 @@ class KubernetesBackendSettings:
     such pools are refused (FAILED_PRECONDITION)."""
     egress_proxy_namespace: str = ""
     """Namespace of that Service and its Pods; empty = ``namespace``."""
+    model_gateway_listen: str = ""
+    """IP:PORT where the control plane serves the model gateway to Pods of
+    pools with a model endpoint (the chart: "0.0.0.0:8091"); empty = such
+    pools are refused (FAILED_PRECONDITION)."""
+    model_gateway_service: str = ""
+    """The control plane's Service (a port named ``model-gateway``) Pods reach
+    that listener through; empty = ``model_gateway_address``."""
+    model_gateway_namespace: str = ""
+    """Namespace of that Service and its Pods; empty = ``namespace``."""
+    model_gateway_address: str = ""
+    """IP:PORT Pods reach the listener at without a Service; empty = the
+    listener's own address (it must then name an IP, not 0.0.0.0)."""
     allowed_images: list[str] = field(default_factory=list)
     """Images pools may use; empty = any (image_exists() is then always true)."""
     check_node_images: bool = False

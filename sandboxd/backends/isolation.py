@@ -47,6 +47,14 @@ class ModelRoutes(Protocol):
         """(allowed, denied) attempts of each sandbox with egress open, by sandbox id."""
         ...
 
+    def model_route_refusal(self, runtime: str) -> str | None:
+        """Why sandboxes of ``runtime`` cannot have the model route here; None when they can."""
+        ...
+
+    def model_url(self) -> str:
+        """OPENAI_BASE_URL of commands in sandboxes with the model route."""
+        ...
+
 
 SANDBOX_UID = 1000
 """The sandbox user's uid (and gid) as a snapshot records it, whatever host

@@ -6,8 +6,9 @@ and cannot be forged or bent to another lease or sandbox. Whether it may be
 used is read from the lease table at each call: the moment a lease ends
 (released, expired, its sandbox lost, its pool deleted) its keys are refused,
 whatever path ended it. A call is served only on the listener of the
-sandbox the key names (the gateway knows which sandbox's namespace a call
-came from), so one lease's key cannot put tokens on another's trajectory.
+sandbox the key names (the gateway knows which sandbox's namespace, or on
+Kubernetes which Pod, a call came from), so one lease's key cannot put
+tokens on another's trajectory.
 
 The ledger keeps each (lease, sandbox)'s calls until the rollout queue takes
 them onto the trajectory of that sandbox (sandboxd.core.rollouts.service),

@@ -23,6 +23,7 @@ from sandboxd.backends.base import (
     ExecResult,
     ExecSpec,
     InPlaceWrites,
+    ModelRoutes,
     RootUser,
     SandboxUsage,
 )
@@ -121,7 +122,8 @@ class Operations:
         pool = self._registry.pools.get(rec.pool)
         if route is None or pool is None or not pool.config.model_endpoint or not rec.lease_id:
             return {}
-        return model_env(route.key_for(rec.lease_id, rec.pool, rec.sandbox_id))
+        url = self._backend.model_url() if isinstance(self._backend, ModelRoutes) else ""
+        return model_env(route.key_for(rec.lease_id, rec.pool, rec.sandbox_id), url)
 
     def _user(self, field: str, user: str, session: str = "") -> str:
         """A validated exec or file user; root needs a backend that serves it."""

@@ -177,7 +177,8 @@ async def real_node_app(
     """A started server whose Pods run on the real kubelet node (the test is
     skipped without one); stopped at the end."""
     require_real_node()
-    app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=REAL_NODE_BACKEND, **overrides))
+    backend = {**REAL_NODE_BACKEND, **overrides.pop("backend", {})}
+    app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=backend, **overrides))
     await app.start()
     try:
         yield app

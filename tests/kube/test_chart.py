@@ -18,7 +18,9 @@ from sandboxd.backends.base import GVISOR, RUNC, LeaseMark, Limits, SandboxSpec
 from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions, LeaderElector, PodOptions
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.backends.kubernetes.egress import EgressProxyRef, pool_policy_name
+from sandboxd.backends.kubernetes.model_gateway import GatewayOptions
 from sandboxd.backends.kubernetes.podspec import tenant_class
+from sandboxd.backends.network.gateway import Grant, ModelGateway
 from tests.kube.conftest import IMAGE
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
@@ -140,9 +142,11 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 tenant_quotas=True,
                 pod=PodOptions(namespace=namespace, instance=instance, gvisor_runtime_class=probe_class),
                 egress_proxy=EgressProxyRef("sandboxd-egress", release_ns),
+                model_gateway=GatewayOptions("127.0.0.1:0", "sandboxd", release_ns),
             ),
             as_sa,
         )
+        backend.use_model_gateway(ModelGateway(lambda sid, key: Grant("", sid, ""), lambda call: None))
         try:
             await backend.ping()  # creates the NetworkPolicy, starts the watch
             handle = await backend.create(
@@ -165,6 +169,16 @@ async def test_the_charts_rbac_is_enough_and_no_more(
             policy = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/"
             await kube.request("GET", policy + pool_policy_name(instance, "p"))
             await backend.destroy(networked)
+            # A pool with the model route: the control plane's Service read, its policy made.
+            routed = await backend.create(
+                SandboxSpec(
+                    "sb-" + secrets.token_hex(6), "m", IMAGE, Limits(memory_bytes=64 << 20, cpu_millis=100),
+                    model_gateway=True,
+                )
+            )  # fmt: skip
+            await kube.request("GET", policy + pool_policy_name(instance, "m"))
+            await backend.destroy(routed)
+            await backend.delete_pool_spec("m")
             await backend.delete_pool_spec("p")
             with pytest.raises(KubeError) as gone:
                 await kube.request("GET", policy + pool_policy_name(instance, "p"))
@@ -324,5 +338,11 @@ def test_the_rendered_config_loads_as_settings(tmp_path: Path) -> None:
         "sandboxd-egress",
         "cp",
     )
+    # The model gateway, on the control plane's Service.
+    assert (
+        settings.backend.model_gateway_listen,
+        settings.backend.model_gateway_service,
+        settings.backend.model_gateway_namespace,
+    ) == ("0.0.0.0:8091", "sandboxd", "cp")
     assert settings.tenants["team-a"].max_sandboxes == 5
     assert settings.presets[0].image == "img:1"

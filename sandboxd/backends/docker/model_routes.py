@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sandboxd.backends.docker.egress import DockerEgress
+from sandboxd.backends.network.egress import MODEL_URL
 from sandboxd.backends.network.gateway import ModelGateway
 
 
@@ -18,3 +19,11 @@ class DockerModelRoutes:
     def egress_counts(self) -> dict[str, tuple[int, int]]:
         """(allowed, denied) attempts of each sandbox with egress open, by sandbox id."""
         return {sid: (st.allowed, st.denied) for sid, st in self._egress.all_stats().items()}
+
+    def model_route_refusal(self, runtime: str) -> str | None:
+        """The gateway listens in the sandbox's egress namespace: as for a network policy."""
+        return self._egress.refusal(runtime)
+
+    def model_url(self) -> str:
+        """The fixed in-sandbox address of every sandbox's own listener."""
+        return MODEL_URL

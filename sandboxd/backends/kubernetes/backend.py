@@ -32,10 +32,8 @@ from sandboxd.backends.base import (
     ExecResult,
     ExecSpec,
     HostFacts,
-    LeaseMark,
     Limits,
     OutputChunk,
-    QuotaHeadroom,
     SandboxSpec,
     SandboxUsage,
 )
@@ -63,6 +61,7 @@ from sandboxd.backends.kubernetes.limits import (
     parse_counters,
     parse_filesystems,
 )
+from sandboxd.backends.kubernetes.model_gateway import KubeGateway, KubeModelRoutes
 from sandboxd.backends.kubernetes.pods import KubernetesOptions, Pods
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
@@ -72,16 +71,17 @@ from sandboxd.backends.kubernetes.podspec import (
     selector,
 )
 from sandboxd.backends.kubernetes.quotas import TenantQuotaManager
+from sandboxd.backends.kubernetes.records import KubeRecords
 from sandboxd.backends.kubernetes.recycling import KubeRecycling
 from sandboxd.backends.kubernetes.usage import read_usage
 from sandboxd.backends.kubernetes.wsexec import ExecStream
 from sandboxd.backends.session import SessionClosed, ShellSession
-from sandboxd.errors import BackendError, NotFound, SandboxLost, TransientBackendError
+from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxLost, TransientBackendError
 
 log = logging.getLogger(__name__)
 
 
-class KubernetesBackend(KubeRecycling):
+class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords):
     """The backend port on one namespace: Pods, files and usage composed with
     the one-shots and sessions that run over the API server's exec stream."""
 
@@ -101,6 +101,12 @@ class KubernetesBackend(KubeRecycling):
         self.ledger = KubeLedger(self._client, self._ns, options.instance, selector(options.instance))
         self._pods = Pods(self._client, self.cache, self.quotas, options)
         self._egress = KubeEgress(self._client, options, pools_configmap(options.instance))
+        self._model_gateway = None
+        self._gateway = (
+            KubeGateway(self._client, self.cache, options.model_gateway, self._pods.sandbox_of)
+            if options.model_gateway is not None
+            else None
+        )
         self._files = PodFiles(self._client, self.cache, self._ns)
         self._sessions: dict[str, dict[str, ShellSession]] = {}
         self._session_locks: dict[str, asyncio.Lock] = {}
@@ -137,7 +143,10 @@ class KubernetesBackend(KubeRecycling):
 
     async def create(self, spec: SandboxSpec) -> str:
         check = self._health_check if self._options.exec_health_check else None
-        spec, proxy_ip = await self._egress.prepare(spec)
+        gateway = await self.model_target() if spec.model_gateway else None
+        if spec.model_gateway and gateway is None:
+            raise FailedPrecondition(self.model_route_refusal(spec.runtime) or "no model gateway")
+        spec, proxy_ip = await self._egress.prepare(spec, gateway)
         handle = await self._pods.create(spec, check, shape=lambda body: egress_pod(body, spec, proxy_ip))
         if spec.runtime == GVISOR:
             try:
@@ -178,6 +187,11 @@ class KubernetesBackend(KubeRecycling):
     async def list(self) -> builtins.list[BackendSandbox]:
         found = await self._pods.list()
         await self._egress.sweep(self.ledger.load_pool_specs)
+        try:
+            # Adopted sandboxes with the model route call it before any create.
+            await self.model_target()
+        except (BackendError, FailedPrecondition) as e:
+            log.warning("the model gateway did not start (tried again with the next listing): %s", e)
         return found
 
     def network_refusal(self, runtime: str) -> str | None:
@@ -189,33 +203,6 @@ class KubernetesBackend(KubeRecycling):
         if user is None:
             raise NotFound(f"sandbox Pod {handle} is not known to this control plane")
         return user
-
-    # -- TenantQuotas: ResourceQuotas per tenant (see quotas.py) ------------
-
-    async def set_tenant_quota(self, tenant: str, pods: int, memory_bytes: int) -> None:
-        if self._options.tenant_quotas:
-            await self.quotas.set(tenant, pods, memory_bytes)
-
-    async def quota_headroom(self, tenant: str) -> QuotaHeadroom:
-        return await self.quotas.headroom(tenant)
-
-    # -- Ledger: the API server keeps pools and leases (see ledger.py) -----
-
-    async def load_pool_specs(self) -> dict[str, str]:
-        return await self.ledger.load_pool_specs()
-
-    async def save_pool_spec(self, key: str, spec: str) -> None:
-        await self.ledger.save_pool_spec(key, spec)
-
-    async def delete_pool_spec(self, key: str) -> None:
-        await self.ledger.delete_pool_spec(key)
-        await self._egress.remove(key)
-
-    async def mark_leased(self, handle: str, mark: LeaseMark) -> None:
-        await self.ledger.mark_leased(handle, mark)
-
-    async def lease_marks(self) -> builtins.list[tuple[str, str, LeaseMark]]:
-        return await self.ledger.lease_marks()
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
         return await self._pods.alive(handles)
@@ -246,6 +233,8 @@ class KubernetesBackend(KubeRecycling):
             for session in sessions.values():
                 await session.close()
         self._sessions.clear()
+        if self._gateway is not None:
+            await self._gateway.close()
         await self._pods.close()
         await self.cache.stop()
         await self._client.close()

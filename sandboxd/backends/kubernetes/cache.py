@@ -70,6 +70,8 @@ class PodInfo:
     cpu_limit_millis: int = 0
     cpu_request_millis: int = 0
     """The containers' resources summed, as a ResourceQuota counts them."""
+    address: str = ""
+    """status.podIP ("" before the Pod has one)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -165,6 +167,7 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
         memory_request=mem_r,
         cpu_limit_millis=cpu_l,
         cpu_request_millis=cpu_r,
+        address=str(status.get("podIP") or ""),
     )
 
 
@@ -187,6 +190,7 @@ class PodCache:
         self._keep = keep_annotations
         self.pods: dict[str, PodInfo] = {}
         self._unplaced: dict[str, PodInfo] = {}
+        self._at: dict[str, str] = {}
         self._waiters: dict[str, list[tuple[Predicate, asyncio.Future[PodInfo | None]]]] = {}
         self._rv = ""
         self._task: asyncio.Task[None] | None = None
@@ -220,6 +224,12 @@ class PodCache:
         oldest = min(self._unplaced.values(), key=lambda p: (p.created, p.name))
         return len(self._unplaced), oldest.schedule_message
 
+    def at(self, address: str) -> PodInfo | None:
+        """The Pod of this cache that has ``address`` now (not one being
+        deleted: its address may already be another's), or None."""
+        info = self.pods.get(self._at.get(address, ""))
+        return info if info is not None and info.address == address and not info.deleting else None
+
     def get(self, name: str) -> PodInfo | None:
         """The Pod as last seen, or None when the cache holds no such Pod; never asks the API server."""
         return self.pods.get(name)
@@ -244,10 +254,13 @@ class PodCache:
                     del self._waiters[name]
 
     def _set(self, name: str, info: PodInfo | None) -> None:
-        if info is None:
-            self.pods.pop(name, None)
-        else:
+        old = self.pods.pop(name, None) if info is None else self.pods.get(name)
+        if old is not None and old.address and self._at.get(old.address) == name:
+            del self._at[old.address]
+        if info is not None:
             self.pods[name] = info
+            if info.address:
+                self._at[info.address] = name
         if info is not None and info.waiting_for_node:
             self._unplaced[name] = info
         else:

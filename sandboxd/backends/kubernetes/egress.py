@@ -37,6 +37,7 @@ from sandboxd.backends.network.egress import PROXY_URL, command_env
 from sandboxd.errors import BackendError, FailedPrecondition, TransientBackendError
 
 if TYPE_CHECKING:
+    from sandboxd.backends.kubernetes.model_gateway import GatewayTarget
     from sandboxd.backends.kubernetes.pods import KubernetesOptions
 
 __all__ = [
@@ -118,12 +119,38 @@ def pool_policy_name(instance: str, pool: str) -> str:
 
 
 def pool_policy(
-    namespace: str, instance: str, pool: str, proxy: ProxyService, owner: dict[str, Any] | None = None
+    namespace: str,
+    instance: str,
+    pool: str,
+    proxy: ProxyService | None,
+    owner: dict[str, Any] | None = None,
+    gateway: GatewayTarget | None = None,
 ) -> dict[str, Any]:
     """The NetworkPolicy of one pool's Pods: Egress only to the proxy's Pods
-    on its port (TCP) and its DNS (UDP); nothing else, whatever other
-    policies allow (a policy of type Egress that selects a Pod denies all
-    it does not list)."""
+    on its port (TCP) and its DNS (UDP) for a pool with rules, and to the
+    model gateway's listener (TCP) for one with the model route; nothing
+    else, whatever other policies allow (a policy of type Egress that
+    selects a Pod denies all it does not list)."""
+    egress: list[dict[str, Any]] = []
+    if proxy is not None:
+        egress.append(
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": proxy.namespace}
+                        },
+                        "podSelector": {"matchLabels": dict(proxy.pod_labels)},
+                    }
+                ],
+                "ports": [
+                    {"protocol": "TCP", "port": proxy.pod_port},
+                    {"protocol": "UDP", "port": proxy.dns_pod_port},
+                ],
+            }
+        )
+    if gateway is not None:
+        egress.append({"to": [gateway.peer], "ports": [{"protocol": "TCP", "port": gateway.peer_port}]})
     metadata: dict[str, Any] = {
         "name": pool_policy_name(instance, pool),
         "namespace": namespace,
@@ -150,22 +177,7 @@ def pool_policy(
                 }
             },
             "policyTypes": ["Egress"],
-            "egress": [
-                {
-                    "to": [
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": proxy.namespace}
-                            },
-                            "podSelector": {"matchLabels": dict(proxy.pod_labels)},
-                        }
-                    ],
-                    "ports": [
-                        {"protocol": "TCP", "port": proxy.pod_port},
-                        {"protocol": "UDP", "port": proxy.dns_pod_port},
-                    ],
-                }
-            ],
+            "egress": egress,
         },
     }
 
@@ -182,10 +194,15 @@ def egress_pod(body: dict[str, Any], spec: SandboxSpec, proxy_ip: str) -> dict[s
     return body
 
 
-def proxy_env(url: str) -> dict[str, str]:
+def proxy_env(url: str, direct: str = "") -> dict[str, str]:
     """The Docker side's command settings (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY,
-    npm's), the proxy at ``url``."""
-    return {k: url if v == PROXY_URL else v for k, v in command_env().items()}
+    npm's), the proxy at ``url``; ``direct``, the model gateway's address,
+    is reached without it."""
+    env = {k: url if v == PROXY_URL else v for k, v in command_env().items()}
+    if direct:
+        for var in ("NO_PROXY", "no_proxy"):
+            env[var] += f",{direct}"
+    return env
 
 
 class KubeEgress:
@@ -204,6 +221,7 @@ class KubeEgress:
         self._instance = options.instance
         self._proxy = options.egress_proxy
         self._in_cluster = options.pool_specs_in_cluster
+        self._gateway = options.model_gateway is not None
         self._owner_cm = owner_cm
         self._path = _POLICIES.format(ns=self._ns)
         self._made: set[str] = set()
@@ -227,20 +245,28 @@ class KubeEgress:
             )
         return None
 
-    async def prepare(self, spec: SandboxSpec) -> tuple[SandboxSpec, str]:
-        """For a sandbox with rules: its pool's NetworkPolicy made (once per
-        pool), and ``spec`` with the proxy settings in its environment, with
-        the proxy's address for its Pod (egress_pod). ``spec`` as it is
-        without rules."""
-        if not spec.network:
+    async def prepare(
+        self, spec: SandboxSpec, gateway: GatewayTarget | None = None
+    ) -> tuple[SandboxSpec, str]:
+        """For a sandbox with rules or the model route (at ``gateway``): its
+        pool's NetworkPolicy made (once per pool), and with rules ``spec``
+        with the proxy settings in its environment, with the proxy's address
+        for its Pod (egress_pod). ``spec`` as it is with neither."""
+        gateway = gateway if spec.model_gateway else None
+        if not spec.network and gateway is None:
             return spec, ""
-        if self._proxy is None:
-            raise FailedPrecondition(self.refusal(spec.runtime) or "no egress proxy")
-        service = await self.proxy_service()
+        service = None
+        if spec.network:
+            if self._proxy is None:
+                raise FailedPrecondition(self.refusal(spec.runtime) or "no egress proxy")
+            service = await self.proxy_service()
         if spec.pool not in self._made:
-            await self._ensure_policy(spec.pool, service)
+            await self._ensure_policy(spec.pool, service, gateway)
             self._made.add(spec.pool)
-        env = {**spec.env, **proxy_env(f"http://{service.address}:{service.port}")}
+        if service is None:
+            return spec, ""
+        direct = gateway.address if gateway is not None else ""
+        env = {**spec.env, **proxy_env(f"http://{service.address}:{service.port}", direct)}
         return replace(spec, env=env), service.address
 
     async def proxy_service(self) -> ProxyService:
@@ -277,8 +303,10 @@ class KubeEgress:
             "uid": cm["metadata"]["uid"],
         }
 
-    async def _ensure_policy(self, pool: str, service: ProxyService) -> None:
-        body = pool_policy(self._ns, self._instance, pool, service, await self._owner())
+    async def _ensure_policy(
+        self, pool: str, service: ProxyService | None, gateway: GatewayTarget | None
+    ) -> None:
+        body = pool_policy(self._ns, self._instance, pool, service, await self._owner(), gateway)
         try:
             await self._client.request("POST", self._path, body=body)
         except KubeError as e:
@@ -303,7 +331,8 @@ class KubeEgress:
         that made one as its pool was deleted. A failure is logged and tried
         again on the next listing. Nothing to do where pool specs are not
         kept in the API server (no policy was made there)."""
-        if self._proxy is None or not self._in_cluster or self._clock() < self._next_sweep:
+        made = self._proxy is not None or self._gateway
+        if not made or not self._in_cluster or self._clock() < self._next_sweep:
             return
         query = {
             "labelSelector": f"{LABEL_MANAGED}=true,{LABEL_INSTANCE}={label_value(self._instance)},"

@@ -26,6 +26,7 @@ from sandboxd.backends.kubernetes import hostcap
 from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, unreachable, wrap
 from sandboxd.backends.kubernetes.egress import EgressProxyRef
+from sandboxd.backends.kubernetes.model_gateway import GatewayOptions
 from sandboxd.backends.kubernetes.nodeimages import NodeImages
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
@@ -72,6 +73,9 @@ class KubernetesOptions:
     """Pods prefer nodes whose status.images list their image (no pull)."""
     egress_proxy: EgressProxyRef | None = None
     """The chart's egress proxy, for pools with network rules (None: such pools are refused)."""
+    model_gateway: GatewayOptions | None = None
+    """The control plane's gateway listener for Pods of pools with a model
+    endpoint (None: such pools are refused)."""
     pool_specs_in_cluster: bool = True
     """Pool specs live in the API server (state = cluster), where a pool's
     NetworkPolicy is removed with its spec."""
@@ -228,6 +232,10 @@ class Pods:
             await posting
         with contextlib.suppress(BackendError):
             await self.delete(name)
+
+    def sandbox_of(self, name: str) -> str:
+        """The sandbox id of a Pod created or listed here ("" = none known)."""
+        return self._sandbox_of.get(name, "")
 
     def known_user(self, name: str) -> tuple[int, int] | None:
         """The sandbox user's (uid, gid) of a Pod created or listed here."""

@@ -35,9 +35,11 @@ def command_env() -> dict[str, str]:
     return env
 
 
-def model_env(key: str) -> dict[str, str]:
-    """The model route's settings for one command: the gateway and the lease's key."""
-    return {"OPENAI_BASE_URL": MODEL_URL, "OPENAI_API_BASE": MODEL_URL, "OPENAI_API_KEY": key}
+def model_env(key: str, url: str = "") -> dict[str, str]:
+    """The model route's settings for one command: the gateway (at ``url``,
+    "" = the in-sandbox MODEL_URL) and the lease's key."""
+    url = url or MODEL_URL
+    return {"OPENAI_BASE_URL": url, "OPENAI_API_BASE": url, "OPENAI_API_KEY": key}
 
 
 @dataclass

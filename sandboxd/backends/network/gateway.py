@@ -8,6 +8,8 @@ of that sandbox's lease, in force now (``Authorize``, answered by the core).
 The call goes on to the model server from sandboxd's own namespace, streamed
 responses included, and what came back (sandboxd.backends.network.meter) is
 handed to ``Record``. The sandbox never learns the server's address.
+On Kubernetes one listener serves every Pod, each call's sandbox told by
+its source address (``serve_shared``; sandboxd.backends.kubernetes.model_gateway).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ Authorize = Callable[[str, str], Grant]
 """(the sandbox a listener serves, the key a call presents) -> Grant, or KeyRefused."""
 Record = Callable[[ModelCall], None]
 Closer = Callable[[], Awaitable[None]]
+Identify = Callable[[str], Awaitable[str]]
+"""A call's source address -> the sandbox it came from ("" = none of this server's)."""
 
 
 def _error(status: int, message: str, code: str) -> web.Response:
@@ -107,18 +111,33 @@ class ModelGateway:
         """Serves ``sock`` (a listening TCP socket, made in the sandbox's egress
         namespace) for ``sandbox_id``; returns what stops it."""
 
-        in_flight = 0
+        async def only(_: str) -> str:
+            return sandbox_id
+
+        return await self.serve_shared(sock, only)
+
+    async def serve_shared(self, sock: socket.socket, identify: Identify) -> Closer:
+        """Serves ``sock`` for every sandbox whose calls reach it, each call's
+        sandbox the one ``identify`` names for its source address (one
+        listener for all Pods on Kubernetes); a source that is no sandbox's
+        is answered 403. Returns what stops it."""
+        in_flight: dict[str, int] = {}
 
         async def handle(request: web.Request) -> web.StreamResponse:
-            nonlocal in_flight
-            if in_flight >= self._max_calls:
+            sandbox_id = await identify(request.remote or "")
+            if not sandbox_id:
+                log.info("model gateway refused a call from %s: no sandbox of this server", request.remote)
+                return _error(403, "the model gateway serves this server's sandboxes only", "not_a_sandbox")
+            if in_flight.get(sandbox_id, 0) >= self._max_calls:
                 message = f"more than {self._max_calls} model calls at once from this sandbox"
                 return _error(429, message, "too_many_calls")
-            in_flight += 1
+            in_flight[sandbox_id] = in_flight.get(sandbox_id, 0) + 1
             try:
                 return await self._handle(sandbox_id, request)
             finally:
-                in_flight -= 1
+                in_flight[sandbox_id] -= 1
+                if not in_flight[sandbox_id]:
+                    del in_flight[sandbox_id]
 
         app = web.Application(client_max_size=MAX_REQUEST)
         app.router.add_route("*", "/{tail:.*}", handle)

@@ -143,9 +143,13 @@ def network_refusal(backend: object, runtime: str, network: list[str], model: bo
             f"the {type(backend).__name__} backend does not enforce network policies; "
             "leave spec.network and spec.model_endpoint empty (no network) or use the Docker backend"
         )
-    if model and not isinstance(backend, ModelRoutes):
+    if network and (refusal := backend.network_refusal(runtime)):
+        return refusal
+    if not model:
+        return None
+    if not isinstance(backend, ModelRoutes):
         return f"the {type(backend).__name__} backend does not serve the model gateway (spec.model_endpoint)"
-    return backend.network_refusal(runtime)
+    return backend.model_route_refusal(runtime)
 
 
 def check_model_endpoint(config: PoolConfig) -> None:
