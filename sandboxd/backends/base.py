@@ -37,6 +37,7 @@ from sandboxd.backends.images import (
     ImageDisk,
     ImagePrefetch,
     ImageStore,
+    PoolPullSecrets,
     PullStatus,
     RegistryAuth,
     RemoteImage,
@@ -94,6 +95,7 @@ __all__ = [
     "LivenessProbe",
     "ModelRoutes",
     "OutputChunk",
+    "PoolPullSecrets",
     "PullStatus",
     "QuotaHeadroom",
     "RegistryAuth",
@@ -169,6 +171,8 @@ class SandboxSpec:
     model_gateway: bool = False
     """The sandbox reaches the run's model through sandboxd's gateway
     (sandboxd.backends.network.gateway), on its egress link."""
+    pull_secrets: tuple[str, ...] = ()
+    """Secrets its image is pulled with, besides the backend's own (PoolPullSecrets)."""
     live_snapshots: bool = True
     """gVisor: started so that a live snapshot carries its sessions (the
     keeper and relay of sandboxd.backends.docker.keeper); False: its shells

@@ -133,13 +133,24 @@ class ImageStore(Protocol):
 
 
 @runtime_checkable
+class PoolPullSecrets(Protocol):
+    """Optional for a backend: it pulls a pool's images with Secrets the pool
+    names (SandboxSpec.pull_secrets; ImagePrefetch's ``pull_secrets``)."""
+
+    def pulls_with_pool_secrets(self) -> bool:
+        """True (the protocol is the claim)."""
+        ...
+
+
+@runtime_checkable
 class ImagePrefetch(Protocol):
     """Optional for a backend whose nodes pull images themselves (Kubernetes:
     the kubelets): it pulls an image onto nodes ahead of the sandboxes that
     will need it, so their Pods start without a pull."""
 
-    async def prefetch_image(self, image: str, copies: int) -> int:
+    async def prefetch_image(self, image: str, copies: int, pull_secrets: tuple[str, ...] = ()) -> int:
         """Starts pulls of ``image`` onto up to ``copies`` nodes that do not
-        hold it yet; returns how many it started (0: every node has it, or
-        one is pulling it there). Raises BackendError when it cannot."""
+        hold it yet, with ``pull_secrets`` besides the backend's own; returns
+        how many it started (0: every node has it, or one is pulling it
+        there). Raises BackendError when it cannot."""
         ...

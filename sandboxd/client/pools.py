@@ -31,6 +31,7 @@ class PoolCalls(Connection):
         recycle_label: str = "",
         max_uses: int = 0,
         model_endpoint: str = "",
+        image_pull_secrets: Sequence[str] = (),
     ) -> pools_pb2.Pool:
         """``max_ready`` above ``min_ready`` makes the pool follow demand
         between the two; ``idle_seconds`` is its scale-down delay; ``runtime``
@@ -44,7 +45,8 @@ class PoolCalls(Connection):
         hands them out again, each for at most ``max_uses`` leases ("" or
         "off": released sandboxes are destroyed); ``model_endpoint`` the
         run's OpenAI-compatible server, reached from the sandboxes only
-        through sandboxd's metered gateway."""
+        through sandboxd's metered gateway; ``image_pull_secrets`` (Kubernetes)
+        the Secrets the pool's Pods pull their images with."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -63,6 +65,7 @@ class PoolCalls(Connection):
             recycle_label=recycle_label,
             max_uses=max_uses,
             model_endpoint=model_endpoint,
+            image_pull_secrets=list(image_pull_secrets),
         )
         with rpc_errors():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(

@@ -25,7 +25,13 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import live_setting
 from sandboxd.core.pools import PoolConfig, WarmPool, check_scaling
-from sandboxd.core.pools.config import check_images, check_model_endpoint, check_network, network_refusal
+from sandboxd.core.pools.config import (
+    check_images,
+    check_model_endpoint,
+    check_network,
+    check_pull_secrets,
+    network_refusal,
+)
 from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.pools.recycle import check_recycle, check_recycle_live
 from sandboxd.core.quotas import Quotas
@@ -239,6 +245,7 @@ class SandboxRegistry:
         check_images(config)
         check_network(config)
         check_model_endpoint(config)
+        check_pull_secrets(config, self._backend)
         check_recycle(config, self._backend)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)

@@ -12,7 +12,7 @@ from sandboxd.app import build_app
 from sandboxd.backends.kubernetes.client import KubeClient
 from sandboxd.backends.kubernetes.podspec import selector
 from sandboxd.client import AsyncClient
-from tests.kube.conftest import kube_settings, pods, poll
+from tests.kube.conftest import IMAGE, kube_settings, pods, poll
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
 
@@ -86,8 +86,12 @@ async def test_announced_images_are_pulled_onto_the_nodes_lacking_them(
     await app.start()
     seen: dict[str, dict[str, object]] = {}
     try:
-        assert app.control.images is not None
-        app.control.images.want("queue", {image: 8})
+        # Announced for a template pool with a pull secret of its own.
+        async with AsyncClient(app.address) as client:
+            await client.create_pool(
+                "swe", IMAGE, max_size=8, max_ready=8, images=["*"], image_pull_secrets=["task-reg"]
+            )
+            await client.set_demand("swe", 8, in_seconds=60, ttl=300, images={image: 8})
 
         async def prepulls() -> list[dict[str, object]]:
             found = await pods(kube, namespace, f"{LABEL_PREPULL}={settings.instance_id}")
@@ -104,7 +108,7 @@ async def test_announced_images_are_pulled_onto_the_nodes_lacking_them(
         for pod in seen.values():
             spec = pod["spec"]
             assert spec["containers"][0]["image"] == image  # type: ignore[index]
-            assert spec["imagePullSecrets"] == [{"name": "regcred"}]  # type: ignore[index]
+            assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "task-reg"}]  # type: ignore[index]
 
         async def reaped() -> bool:
             return not await prepulls()

@@ -82,3 +82,17 @@ async def test_set_demand_with_images_warms_them_and_watch_shows_pulls(
     assert pulls[TASK].started.seconds > 0
     with pytest.raises(InvalidArgument, match="above count"):
         await client.set_demand("swe", 1, source="queue", images={TASK: 2})
+
+
+async def test_pull_secrets_need_a_backend_that_pulls_with_them(
+    served: tuple[App, FakeBackend, AsyncClient],
+) -> None:
+    """The fake backend, like Docker, pulls with its own credentials: a pool
+    naming Secrets is refused, and nothing is made."""
+    _app, _backend, client = served
+    with pytest.raises(FailedPrecondition, match="image_pull_secrets"):
+        await client.create_pool("swe", IMAGE, max_size=8, image_pull_secrets=["task-registry"])
+    with pytest.raises(InvalidArgument) as caught:
+        await client.create_pool("swe", IMAGE, max_size=8, image_pull_secrets=["UPPER"])
+    assert caught.value.field == "spec.image_pull_secrets[0]"
+    assert not await client.list_pools()

@@ -45,6 +45,11 @@ def test_the_pod_prefers_those_nodes_and_pulls_with_the_secrets() -> None:
     ]
     plain = build_pod(spec, PodOptions(namespace="ns", instance="i"))["spec"]
     assert "affinity" not in plain and "imagePullSecrets" not in plain
+    # A pool's own secrets come after the server's, each once.
+    pooled = SandboxSpec(
+        "sb-2", "pool", "127.0.0.1:5000/task-1:v1", Limits(), pull_secrets=("task-reg", "regcred")
+    )
+    assert build_pod(pooled, opts)["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "task-reg"}]
 
 
 async def test_node_lists_are_read_at_most_every_refresh_and_a_failure_means_no_preference() -> None:
@@ -111,13 +116,15 @@ async def test_wanted_images_are_pulled_onto_nodes_once_per_while() -> None:
     class Nodes:
         def __init__(self) -> None:
             self.calls: list[tuple[str, int]] = []
+            self.secrets: list[tuple[str, ...]] = []
             self.fail = True
 
         async def image_exists(self, image: str) -> bool:
             return True
 
-        async def prefetch_image(self, image: str, copies: int) -> int:
+        async def prefetch_image(self, image: str, copies: int, pull_secrets: tuple[str, ...] = ()) -> int:
             self.calls.append((image, copies))
+            self.secrets.append(pull_secrets)
             if self.fail:
                 raise TransientBackendError("cannot list nodes")
             return copies
@@ -147,6 +154,10 @@ async def test_wanted_images_are_pulled_onto_nodes_once_per_while() -> None:
         cache.want("queue", {"reg/a:1": 5})
         await wait_for(lambda: len(backend.calls) == 4, what="again after a while")
         assert backend.calls == [("reg/a:1", 3), ("reg/a:1", 3), ("reg/b:1", 1), ("reg/a:1", 5)]
+        # An announcing pool's own pull secrets go with its pre-pulls.
+        cache.want("pool:t/swe", {"reg/c:1": 2}, ("task-reg",))
+        await wait_for(lambda: len(backend.calls) == 5, what="c")
+        assert backend.secrets[-1] == ("task-reg",) and backend.secrets[0] == ()
     finally:
         await cache.stop()
 
@@ -166,6 +177,8 @@ def test_prepull_pods_are_hardened_bound_to_their_node_and_not_sandboxes() -> No
     assert spec["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert prepull_pod("reg/a:1", "n2", opts)["metadata"]["name"] == pod["metadata"]["name"]
     assert prepull_pod("reg/a:1", "n3", opts)["metadata"]["name"] != pod["metadata"]["name"]
+    pooled = prepull_pod("reg/a:1", "n2", opts, ("task-reg",))["spec"]["imagePullSecrets"]
+    assert pooled == [{"name": "regcred"}, {"name": "task-reg"}]
     waiting = {"phase": "Pending", "containerStatuses": [{"state": {"waiting": {"reason": "ErrImagePull"}}}]}
     assert not pulled({"status": waiting})
     assert pulled({"status": {"phase": "Pending", "containerStatuses": [{"state": {"terminated": {}}}]}})

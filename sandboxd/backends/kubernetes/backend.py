@@ -210,10 +210,14 @@ class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords):
     async def capacity(self) -> tuple[int, int]:
         return await self._pods.capacity()
 
-    async def prefetch_image(self, image: str, copies: int) -> int:
+    async def prefetch_image(self, image: str, copies: int, pull_secrets: tuple[str, ...] = ()) -> int:
         """Pre-pull Pods of ``image`` on up to ``copies`` nodes lacking it (prepull.py)."""
         await self._pods.ensure_started()
-        return await self._pods.prepulls.prefetch(image, copies)
+        return await self._pods.prepulls.prefetch(image, copies, pull_secrets)
+
+    def pulls_with_pool_secrets(self) -> bool:
+        """A pool's image_pull_secrets go on its Pods and its pre-pulls (PoolPullSecrets)."""
+        return True
 
     # -- HostCapacity and SchedulingPressure (hostcap.py, cache.py) --------
 

@@ -145,6 +145,11 @@ def label_value(text: str) -> str:
     return value.strip("_.-") or "x"
 
 
+def pull_secrets_of(opts: PodOptions, pool: tuple[str, ...]) -> list[dict[str, str]]:
+    """A Pod's imagePullSecrets: the backend's, then the pool's (each once)."""
+    return [{"name": name} for name in dict.fromkeys((*opts.image_pull_secrets, *pool))]
+
+
 def pod_name(sandbox_id: str) -> str:
     """A DNS-1123 name for the sandbox's Pod."""
     name = re.sub(r"[^a-z0-9-]", "-", f"sandboxd-{sandbox_id}".lower())[:63]
@@ -325,8 +330,9 @@ def build_pod(
         pod_spec["priorityClassName"] = tenant_class(tenant_of(spec.pool))
     elif opts.priority_class:
         pod_spec["priorityClassName"] = opts.priority_class
-    if opts.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": name} for name in opts.image_pull_secrets]
+    secrets = pull_secrets_of(opts, spec.pull_secrets)
+    if secrets:
+        pod_spec["imagePullSecrets"] = secrets
     if image_nodes:
         pod_spec["affinity"] = prefer_nodes(image_nodes)
     return {

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, wrap
-from sandboxd.backends.kubernetes.podspec import PodOptions, label_value
+from sandboxd.backends.kubernetes.podspec import PodOptions, label_value, pull_secrets_of
 from sandboxd.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,11 @@ DEADLINE_SECONDS = 1800
 _UID = 65534
 
 
-def prepull_pod(image: str, node: str, opts: PodOptions) -> dict[str, Any]:
-    """The pre-pull Pod of ``image`` on ``node``: ``true`` as nobody, read-only, no privileges."""
+def prepull_pod(
+    image: str, node: str, opts: PodOptions, pull_secrets: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The pre-pull Pod of ``image`` on ``node``: ``true`` as nobody, read-only,
+    no privileges, pulling with the backend's and ``pull_secrets``."""
     digest = hashlib.sha256(f"{image}\0{node}".encode()).hexdigest()[:12]
     spec: dict[str, Any] = {
         "nodeName": node,
@@ -66,8 +69,9 @@ def prepull_pod(image: str, node: str, opts: PodOptions) -> dict[str, Any]:
             }
         ],
     }
-    if opts.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": name} for name in opts.image_pull_secrets]
+    secrets = pull_secrets_of(opts, pull_secrets)
+    if secrets:
+        spec["imagePullSecrets"] = secrets
     if opts.tolerations:
         spec["tolerations"] = [dict(t) for t in opts.tolerations]
     return {
@@ -115,7 +119,7 @@ class PrePulls:
         self._swept = False
         self._reaper: asyncio.Task[None] | None = None
 
-    async def prefetch(self, image: str, copies: int) -> int:
+    async def prefetch(self, image: str, copies: int, pull_secrets: tuple[str, ...] = ()) -> int:
         """Starts pulls of ``image`` onto up to ``copies`` schedulable nodes
         that do not list it (and have no pre-pull of it running); returns how
         many. BackendError when the cluster refuses."""
@@ -130,7 +134,9 @@ class PrePulls:
             if started >= copies:
                 break
             try:
-                await self._client.request("POST", self._path, body=prepull_pod(image, node, self._opts))
+                await self._client.request(
+                    "POST", self._path, body=prepull_pod(image, node, self._opts, pull_secrets)
+                )
             except KubeError as e:
                 if e.status == 409:  # one is pulling it there already
                     continue

@@ -218,10 +218,12 @@ class ImageCache(BudgetKeeping):
             del self._in_use[image]
         self._touch(image)
 
-    def want(self, source: str, images: Mapping[str, int]) -> None:
+    def want(self, source: str, images: Mapping[str, int], pull_secrets: tuple[str, ...] = ()) -> None:
         """Announced demand of ``source`` (replacing its previous set): image ->
         sandboxes coming. Wanted images are never evicted, and absent ones are
-        pulled ahead (a failed prefetch is logged and shows in ``progress``)."""
+        pulled ahead (a failed prefetch is logged and shows in ``progress``);
+        where nodes pull (Kubernetes), with ``pull_secrets`` besides the
+        backend's own."""
         wanted = {normalize(image): n for image, n in images.items() if n > 0}
         if wanted:
             self._demand.by_source[source] = wanted
@@ -229,7 +231,7 @@ class ImageCache(BudgetKeeping):
             self._demand.by_source.pop(source, None)
         if self._store is None:
             if self._nodes is not None:
-                self._nodes.want(wanted)
+                self._nodes.want(wanted, pull_secrets)
             return
         for image in wanted:
             if image not in self._present and image not in self._flights:

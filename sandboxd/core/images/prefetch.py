@@ -35,7 +35,7 @@ class NodePrefetch:
         self._spawn = spawn
         self.last: dict[str, float] = {}
 
-    def want(self, wanted: Mapping[str, int]) -> None:
+    def want(self, wanted: Mapping[str, int], pull_secrets: tuple[str, ...] = ()) -> None:
         """Starts pre-pulls of the images of ``wanted`` (image -> sandboxes
         coming) not pre-pulled within PREFETCH_AGAIN_SECONDS."""
         now = self._clock.monotonic()
@@ -44,11 +44,11 @@ class NodePrefetch:
             if last is not None and now - last < PREFETCH_AGAIN_SECONDS:
                 continue
             self.last[image] = now
-            self._spawn(self._prefetch(image, copies))
+            self._spawn(self._prefetch(image, copies, pull_secrets))
 
-    async def _prefetch(self, image: str, copies: int) -> None:
+    async def _prefetch(self, image: str, copies: int, pull_secrets: tuple[str, ...]) -> None:
         try:
-            started = await self._backend.prefetch_image(image, copies)
+            started = await self._backend.prefetch_image(image, copies, pull_secrets)
         except SandboxdError as e:
             self.last.pop(image, None)
             log.warning("pre-pull of image %s onto nodes failed: %s", image, e)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-from sandboxd.backends.base import RUNC, EgressPolicies, Limits, ModelRoutes
+from sandboxd.backends.base import RUNC, EgressPolicies, Limits, ModelRoutes, PoolPullSecrets
 from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.core import validation as v
 from sandboxd.core.images.references import normalize
@@ -51,6 +52,9 @@ class PoolConfig:
     model_endpoint: str = ""
     """The run's OpenAI-compatible inference server (``http://host:port/v1``)
     its sandboxes reach through sandboxd's metered gateway; "" = none."""
+    image_pull_secrets: list[str] = field(default_factory=list)
+    """Kubernetes: Secrets in the sandbox namespace the pool's Pods (and the
+    pre-pulls of its announced images) pull with, besides the server's."""
     recycle: str = "off"
     """Whether a released sandbox is reset in place and used again
     (sandboxd.core.pools.recycle.RECYCLE_MODES): "off" destroys it."""
@@ -122,6 +126,37 @@ def check_images(config: PoolConfig) -> None:
     for i, image in enumerate(config.images):
         if image != ANY_IMAGE:
             v.image_ref(f"spec.images[{i}]", image)
+
+
+MAX_PULL_SECRETS = 16
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_pull_secrets(config: PoolConfig, backend: object) -> None:
+    """Validates a pool spec's image pull secrets: Secret names (DNS
+    subdomains), at most MAX_PULL_SECRETS, none twice (INVALID_ARGUMENT
+    naming the entry); a backend that does not pull with them refuses any
+    (FAILED_PRECONDITION)."""
+    names = config.image_pull_secrets
+    if not names:
+        return
+    if len(names) > MAX_PULL_SECRETS:
+        raise InvalidArgument(
+            "spec.image_pull_secrets", f"at most {MAX_PULL_SECRETS} Secrets, got {len(names)}"
+        )
+    for i, name in enumerate(names):
+        if len(name) > 253 or not _SECRET_NAME.fullmatch(name):
+            raise InvalidArgument(
+                f"spec.image_pull_secrets[{i}]",
+                f"not a Secret name (lowercase letters, digits, '-' and '.', at most 253): {name[:100]!r}",
+            )
+        if name in names[:i]:
+            raise InvalidArgument(f"spec.image_pull_secrets[{i}]", f"{name!r} is listed twice")
+    if not isinstance(backend, PoolPullSecrets):
+        raise FailedPrecondition(
+            f"the {type(backend).__name__} backend pulls with its own credentials (on Docker the engine's, "
+            "images.registries in sandboxd.toml); leave spec.image_pull_secrets empty"
+        )
 
 
 def check_network(config: PoolConfig) -> None:

@@ -32,7 +32,8 @@ class ImageSource(Protocol):
         """One sandbox of ``image`` is gone."""
         ...
 
-    def want(self, source: str, images: Mapping[str, int]) -> None:
+    def want(self, source: str, images: Mapping[str, int], pull_secrets: tuple[str, ...] = ()) -> None:
         """``source``'s announced demand per image (replaces its previous set;
-        empty withdraws it): pulled ahead, never evicted."""
+        empty withdraws it): pulled ahead (onto nodes with ``pull_secrets``,
+        where nodes pull), never evicted."""
         ...

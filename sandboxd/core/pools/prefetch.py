@@ -36,8 +36,10 @@ class PoolImages:
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         poke: Callable[[], None],
         fail_waiters: Callable[[str, Callable[[], Exception]], None],
+        pull_secrets: tuple[str, ...] = (),
     ) -> None:
         self._pool = pool
+        self._pull_secrets = pull_secrets
         self._own = own
         self._images = images
         self._backend = backend
@@ -72,7 +74,7 @@ class PoolImages:
         if self._images is None or wanted == self._wanted:
             return
         self._wanted = wanted
-        self._images.want(self._source, wanted)
+        self._images.want(self._source, wanted, self._pull_secrets)
         for image in wanted:
             if image not in self._fetching and not self._images.present(image):
                 self._fetching.add(image)

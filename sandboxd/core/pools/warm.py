@@ -81,6 +81,7 @@ class WarmPool(PoolFigures, PoolReleasing):
             spawn=lambda coro: self._spawn(coro, self._creates),
             poke=self.poke,
             fail_waiters=lambda image, error: self._lines.fail_waiters(error, image=image),
+            pull_secrets=tuple(config.image_pull_secrets),
         )
         self._starter = Starter(
             config.name,
@@ -250,6 +251,7 @@ class WarmPool(PoolFigures, PoolReleasing):
             runtime=self.config.runtime,
             network=tuple(self.config.network),
             model_gateway=bool(self.config.model_endpoint),
+            pull_secrets=tuple(self.config.image_pull_secrets),
             live_snapshots=keeps_sessions(self.config),
         )
         own = rec.image == self.config.image
