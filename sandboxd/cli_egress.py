@@ -25,6 +25,7 @@ def add_parser(sub: Any) -> None:
     ep.add_argument("--dns-answer", default="", help="what allowed names resolve to (not --service's)")
     ep.add_argument("--max-connections", type=int, default=64, help="per sandbox, at once")
     ep.add_argument("--bytes-per-second", type=int, default=64 << 20, help="per sandbox, both ways")
+    ep.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = none)")
     ep.add_argument("--kubeconfig", default=None, help="default: in-cluster")
 
 
@@ -41,8 +42,10 @@ async def _dns_answer(client: Any, args: argparse.Namespace) -> str:
 async def run(args: argparse.Namespace) -> int:
     """Serves until interrupted."""
     from sandboxd.backends.kubernetes.client import KubeClient, load_configuration
-    from sandboxd.backends.kubernetes.egress_proxy import PodPolicies, SharedEgress
+    from sandboxd.backends.kubernetes.egress_proxy import PodPolicies, SharedEgress, register_proxy_meters
     from sandboxd.backends.network.proxy import EgressLimits
+    from sandboxd.settings import TelemetrySettings
+    from sandboxd.telemetry import Telemetry
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = KubeClient(load_configuration(args.kubeconfig, None), threads=8)
@@ -51,14 +54,22 @@ async def run(args: argparse.Namespace) -> int:
         dns_answer=await _dns_answer(client, args),
         limits=EgressLimits(max_connections=args.max_connections, bytes_per_second=args.bytes_per_second),
     )
+    telemetry = Telemetry(
+        TelemetrySettings(
+            service_name="sandboxd-egress-proxy", metrics_host=args.listen, metrics_port=args.metrics_port
+        )
+    )
+    register_proxy_meters(telemetry.meter, egress)
     try:
         tcp, udp = await egress.start(args.listen, args.port, args.dns_port)
+        await telemetry.start()
         logging.getLogger("sandboxd.egress").info(
             "egress proxy on %s: proxy %d/tcp, dns %d/udp", args.listen, tcp, udp
         )
         with contextlib.suppress(asyncio.CancelledError):
             await egress.serve_forever()
     finally:
+        await telemetry.stop()
         await egress.close()
         await client.close()
     return 0

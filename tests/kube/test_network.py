@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -281,14 +282,14 @@ def _query(name: str) -> bytes:
 
 @contextlib.asynccontextmanager
 async def _egress_proxy(
-    kubeconfig: str, namespace: str, listen: str = "127.0.0.1"
+    kubeconfig: str, namespace: str, listen: str = "127.0.0.1", metrics_port: int = 0
 ) -> AsyncIterator[tuple[int, int]]:
     """``sandboxd egress-proxy`` as the chart runs it, on this host at ``listen``."""
     port, dns = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sandboxd.cli", "egress-proxy", f"--namespace={namespace}",
         f"--listen={listen}", f"--port={port}", f"--dns-port={dns}", "--dns-answer=10.96.0.53",
-        f"--kubeconfig={kubeconfig}",
+        f"--kubeconfig={kubeconfig}", f"--metrics-port={metrics_port}",
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
 
@@ -307,6 +308,17 @@ async def _egress_proxy(
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 10)
+
+
+def _metrics(port: int) -> dict[str, float]:
+    """The proxy's /metrics, sample name with labels -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 async def _get(port: int, target: str) -> bytes:
@@ -332,7 +344,8 @@ async def test_the_egress_proxy_serves_each_source_under_its_pods_rules(
 ) -> None:
     allowed = f"127.0.0.1:{upstream}"
     name = await _pod_at(kube, namespace, "127.0.0.1", [allowed, "pypi.internal"])
-    async with _egress_proxy(kubeconfig, namespace) as (port, dns):
+    metrics_port = _free_port(socket.SOCK_STREAM)
+    async with _egress_proxy(kubeconfig, namespace, metrics_port=metrics_port) as (port, dns):
         ok = await _get(port, allowed)
         assert ok.startswith(b"HTTP/1.0 200") or ok.startswith(b"HTTP/1.1 200"), ok[:200]
         assert ok.endswith(b"upstream ok\n")
@@ -342,6 +355,10 @@ async def test_the_egress_proxy_serves_each_source_under_its_pods_rules(
         assert yes[3] & 0x0F == 0 and yes[-4:] == socket.inet_aton("10.96.0.53")
         no = await _dns(port=dns, name="evil.example")
         assert no[3] & 0x0F == 3, "NXDOMAIN for a name no rule names"
+        # Counted per sandbox and pool, under the control plane's names.
+        seen = await asyncio.to_thread(_metrics, metrics_port)
+        assert seen['sandboxd_egress_denied_total{pool="p",sandbox="sb-egress1"}'] == 2, seen
+        assert seen['sandboxd_egress_allowed_total{pool="p",sandbox="sb-egress1"}'] == 1, seen
         # The Pod gone, its address is no sandbox's: refused (once the proxy's short memory of it lapses).
         await kube.request(
             "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body={"gracePeriodSeconds": 0}
@@ -352,6 +369,8 @@ async def test_the_egress_proxy_serves_each_source_under_its_pods_rules(
             return answer.startswith(b"HTTP/1.1 403") and b"no sandbox Pod" in answer
 
         await poll(refused, timeout=30, what="the proxy to refuse a deleted Pod's address")
+        seen = await asyncio.to_thread(_metrics, metrics_port)
+        assert seen["sandboxd_egress_refused_sources_total"] >= 1, seen
     assert not [
         p
         for p in await pods(kube, namespace, selector("egress-test"))

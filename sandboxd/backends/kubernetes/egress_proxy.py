@@ -22,15 +22,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opentelemetry.metrics import Meter, Observation
+
 from sandboxd.backends.base import LABEL_MANAGED, LABEL_SANDBOX
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError
 from sandboxd.backends.kubernetes.egress import ANNOTATION_NETWORK
+from sandboxd.backends.kubernetes.podspec import ANNOTATION_POOL
 from sandboxd.backends.network.dns import answer
 from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.backends.network.proxy import EgressLimits, EgressProxy, Resolver, system_resolve
 from sandboxd.errors import InvalidArgument
 
-__all__ = ["PodPolicies", "SandboxOf", "SharedEgress"]
+__all__ = ["PodPolicies", "SandboxOf", "SharedEgress", "register_proxy_meters"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class SandboxOf:
     uid: str
     sandbox_id: str
     policy: EgressPolicy
+    pool: str = ""
 
 
 class PodPolicies:
@@ -94,7 +98,8 @@ class PodPolicies:
                 log.warning("Pod %s has unreadable network rules: %s", meta.get("name"), e)
                 continue
             sandbox = str((meta.get("labels") or {}).get(LABEL_SANDBOX, meta.get("name", "")))
-            return SandboxOf(str(meta.get("uid", "")), sandbox, policy)
+            pool = str((meta.get("annotations") or {}).get(ANNOTATION_POOL, ""))
+            return SandboxOf(str(meta.get("uid", "")), sandbox, policy, pool)
         return None
 
 
@@ -116,6 +121,9 @@ class SharedEgress:
         self._resolve = resolve
         self._limits = limits or EgressLimits()
         self._proxies: dict[str, EgressProxy] = {}
+        self._pools: dict[str, str] = {}
+        self.refused_sources = 0
+        """Connections and queries from addresses that are no sandbox Pod with rules."""
         self._server: asyncio.Server | None = None
         self._dns: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -126,12 +134,22 @@ class SharedEgress:
         if proxy is None and len(self._proxies) >= _MAX_PROXIES:
             # Pods come and go: forget the idle sandboxes' proxies (their counters with them).
             self._proxies = {uid: p for uid, p in self._proxies.items() if p.stats.active}
+            self._pools = {uid: self._pools.get(uid, "") for uid in self._proxies}
+        self._pools[sandbox.uid] = sandbox.pool
         if proxy is None or proxy.policy != sandbox.policy:
             proxy = EgressProxy(
                 sandbox.sandbox_id, sandbox.policy, resolve=self._resolve, limits=self._limits
             )
             self._proxies[sandbox.uid] = proxy
         return proxy
+
+    def counts(self) -> list[tuple[str, str, int, int]]:
+        """(sandbox id, pool, allowed, denied) of each sandbox Pod served so far
+        (bounded: idle ones are forgotten past _MAX_PROXIES)."""
+        return sorted(
+            (p.sandbox_id, self._pools.get(uid, ""), p.stats.allowed, p.stats.denied)
+            for uid, p in self._proxies.items()
+        )
 
     async def start(self, host: str, port: int, dns_port: int) -> tuple[int, int]:
         """Listens (TCP ``port``, UDP ``dns_port``; 0 = any); the ports bound."""
@@ -166,6 +184,7 @@ class SharedEgress:
         address = str(peer[0]) if peer else ""
         sandbox = await self._policies.lookup(address) if address else None
         if sandbox is None:
+            self.refused_sources += 1
             log.info("egress denied: %s is no sandbox Pod with a network policy", address)
             body = f"sandboxd egress denied: {address} is no sandbox Pod with a network policy\n".encode()
             with contextlib.suppress(OSError):
@@ -188,6 +207,8 @@ class SharedEgress:
     async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
         sandbox = await self._policies.lookup(addr[0])
         policy = sandbox.policy if sandbox is not None else _NO_RULES
+        if sandbox is None:
+            self.refused_sources += 1
         reply, name = answer(data, policy, self._dns_answer)
         if name and not policy.names_allowed(name) and sandbox is not None:
             self.proxy_of(sandbox).deny(f"DNS query for {name!r}: no network rule names it")
@@ -201,3 +222,32 @@ class _Dns(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self._egress.query(data, addr)
+
+
+def register_proxy_meters(meter: Meter, egress: SharedEgress) -> None:
+    """The proxy's counters, named as the control plane's on Docker
+    (sandboxd.core.egress_meters): ``sandboxd_egress_allowed_total`` and
+    ``sandboxd_egress_denied_total`` per {sandbox, pool}, and
+    ``sandboxd_egress_refused_sources_total`` (no sandbox Pod with rules)."""
+
+    def counts(denied: bool) -> list[Observation]:
+        return [
+            Observation(no if denied else yes, {"sandbox": sandbox, "pool": pool})
+            for sandbox, pool, yes, no in egress.counts()
+        ]
+
+    meter.create_observable_counter(
+        "sandboxd_egress_denied_total",
+        callbacks=[lambda options: counts(True)],
+        description="Denied egress attempts of each sandbox Pod with rules (proxy, resolver, TLS name).",
+    )
+    meter.create_observable_counter(
+        "sandboxd_egress_allowed_total",
+        callbacks=[lambda options: counts(False)],
+        description="Egress connections let through, per sandbox Pod with rules.",
+    )
+    meter.create_observable_counter(
+        "sandboxd_egress_refused_sources_total",
+        callbacks=[lambda options: [Observation(egress.refused_sources)]],
+        description="Connections and DNS queries from addresses that are no sandbox Pod with rules.",
+    )
