@@ -156,6 +156,7 @@ def make_backend(settings: Settings) -> Backend:
                 exec_health_check=cfg.exec_health_check,
                 tenant_quotas=cfg.tenant_quotas,
                 prefer_image_nodes=cfg.prefer_image_nodes,
+                prepulls_per_node=cfg.prepulls_per_node,
                 egress_proxy=(
                     EgressProxyRef(cfg.egress_proxy_service, cfg.egress_proxy_namespace or cfg.namespace)
                     if cfg.egress_proxy_service

@@ -123,6 +123,9 @@ class KubernetesBackendSettings:
     prefer_image_nodes: bool = True
     """Pods prefer nodes whose status.images already list their image
     (a preferred node affinity; the scheduler still decides)."""
+    prepulls_per_node: int = 2
+    """Pre-pulls of announced images one node runs at once: a node with as
+    many in flight gets no more until one ends (busy pulling is not free)."""
     cpu_request_ratio: float = 1.0
     """CPU request = limit x this (below 1 overcommits nodes)."""
     memory_request_ratio: float = 1.0

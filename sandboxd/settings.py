@@ -378,6 +378,8 @@ def _build_settings(data: dict[str, Any]) -> Settings:
                 "backend.uid_base",
                 f"sandbox uids {backend.uid_base}+{backend.uid_count} cannot be used: {problem}",
             )
+    if isinstance(backend, KubernetesBackendSettings) and backend.prepulls_per_node < 1:
+        raise InvalidArgument("backend.prepulls_per_node", f"must be >= 1, got {backend.prepulls_per_node}")
     settings.backend = backend
     settings.presets = presets
     settings.tenants = tenants

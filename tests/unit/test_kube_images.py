@@ -183,3 +183,40 @@ def test_prepull_pods_are_hardened_bound_to_their_node_and_not_sandboxes() -> No
     assert not pulled({"status": waiting})
     assert pulled({"status": {"phase": "Pending", "containerStatuses": [{"state": {"terminated": {}}}]}})
     assert pulled({"status": {"phase": "Failed"}})
+
+
+async def test_a_node_busy_pulling_gets_no_more_pre_pulls_and_the_least_busy_go_first() -> None:
+    from sandboxd.backends.kubernetes.prepull import PrePulls
+
+    def pulling(node: str, n: int) -> dict[str, Any]:
+        waiting = {"state": {"waiting": {"reason": "ContainerCreating"}}}
+        return {"metadata": {"name": f"p-{node}-{n}"}, "spec": {"nodeName": node},
+                "status": {"phase": "Pending", "containerStatuses": [waiting]}}  # fmt: skip
+
+    class Client:
+        def __init__(self) -> None:
+            self.posted: list[str] = []
+            self.in_flight = [pulling("n1", 1), pulling("n1", 2), pulling("n2", 1)]
+
+        async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+            if method == "GET":
+                return {"items": self.in_flight}
+            if method == "POST":
+                self.posted.append(kw["body"]["spec"]["nodeName"])
+            return {}
+
+    async def nodes() -> list[dict[str, Any]]:
+        return [{"metadata": {"name": n}} for n in ("n1", "n2", "n3", "n4")]
+
+    async def holding(image: str) -> list[str]:
+        return ["n4"]
+
+    client = Client()
+    prepulls = PrePulls(client, PodOptions(namespace="ns", instance="i"), nodes, holding, per_node=2)  # type: ignore[arg-type]
+    prepulls._swept = True
+    try:
+        # n4 holds it; n1 runs two pre-pulls already (busy: not free); n3 is idle, then n2.
+        assert await prepulls.prefetch("reg/a:1", 3) == 2
+        assert client.posted == ["n3", "n2"]
+    finally:
+        await prepulls.close()

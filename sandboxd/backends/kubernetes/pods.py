@@ -73,6 +73,8 @@ class KubernetesOptions:
     """Pods prefer nodes whose status.images list their image (no pull)."""
     egress_proxy: EgressProxyRef | None = None
     """The chart's egress proxy, for pools with network rules (None: such pools are refused)."""
+    prepulls_per_node: int = 2
+    """Pre-pulls one node runs at once (prepull.py: a node busy pulling is not free)."""
     model_gateway: GatewayOptions | None = None
     """The control plane's gateway listener for Pods of pools with a model
     endpoint (None: such pools are refused)."""
@@ -112,7 +114,13 @@ class Pods:
         # one (it began before the delete) books no uid for it.
         self._deleted: OrderedDict[str, None] = OrderedDict()
         self._node_images = NodeImages(self._nodes, time.monotonic)
-        self.prepulls = PrePulls(client, self._pod_opts, self._schedulable_nodes, self._node_images.holding)
+        self.prepulls = PrePulls(
+            client,
+            self._pod_opts,
+            self._schedulable_nodes,
+            self._node_images.holding,
+            options.prepulls_per_node,
+        )
         """Images pulled onto nodes ahead of their sandboxes."""
 
     async def ensure_started(self) -> None:

@@ -5,7 +5,12 @@ Its kubelet pulls the image to start it; once the container has started or
 ended (the pull is done either way: an image without ``true`` fails after
 its pull), or the Pod failed, it is deleted. Pre-pull Pods carry labels of
 their own, not a sandbox's: the pools, adoption and the orphan sweep never
-see them. Those a previous run left are deleted at the first pre-pull."""
+see them. Those a previous run left are deleted at the first pre-pull.
+
+A node busy pulling is not free: one with ``per_node`` pre-pulls in flight
+gets no more until one ends (its disk and network are taken), and the nodes
+with the fewest in flight are chosen first, so an announcement of many
+images spreads its pulls instead of queueing them behind one kubelet."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +34,8 @@ POLL_SECONDS = 2.0
 """How often pre-pull Pods in flight are looked at."""
 DEADLINE_SECONDS = 1800
 """A pre-pull Pod that has not pulled by then is ended by Kubernetes (activeDeadlineSeconds)."""
+PER_NODE = 2
+"""Pre-pulls one node runs at once, by default (backend.prepulls_per_node)."""
 _UID = 65534
 
 
@@ -109,8 +117,10 @@ class PrePulls:
         opts: PodOptions,
         nodes: Callable[[], Awaitable[list[dict[str, Any]] | None]],
         holding: Callable[[str], Awaitable[list[str]]],
+        per_node: int = PER_NODE,
     ) -> None:
         self._client = client
+        self._per_node = per_node
         self._opts = opts
         self._nodes = nodes
         self._holding = holding
@@ -121,18 +131,27 @@ class PrePulls:
 
     async def prefetch(self, image: str, copies: int, pull_secrets: tuple[str, ...] = ()) -> int:
         """Starts pulls of ``image`` onto up to ``copies`` schedulable nodes
-        that do not list it (and have no pre-pull of it running); returns how
-        many. BackendError when the cluster refuses."""
+        that do not list it (and have no pre-pull of it running), those least
+        busy pulling first, none already running ``per_node`` pre-pulls;
+        returns how many. BackendError when the cluster refuses."""
         if not self._swept:
             self._swept = True
             await self._delete_where(lambda _: True)
         nodes = await self._nodes() or []
         holding = set(await self._holding(image))
-        names = sorted(str(n["metadata"]["name"]) for n in nodes if n["metadata"]["name"] not in holding)
+        busy = Counter(
+            str((p.get("spec") or {}).get("nodeName", "")) for p in await self._list() if not pulled(p)
+        )
+        names = sorted(
+            (str(n["metadata"]["name"]) for n in nodes if n["metadata"]["name"] not in holding),
+            key=lambda name: (busy[name], name),
+        )
         started = 0
         for node in names:
             if started >= copies:
                 break
+            if busy[node] >= self._per_node:
+                continue
             try:
                 await self._client.request(
                     "POST", self._path, body=prepull_pod(image, node, self._opts, pull_secrets)
@@ -142,6 +161,7 @@ class PrePulls:
                     continue
                 raise wrap(e, f"cannot start a pre-pull of {image} on {node}") from e
             started += 1
+            busy[node] += 1
         if started and (self._reaper is None or self._reaper.done()):
             self._reaper = asyncio.create_task(self._reap(), name="prepull-reaper")
         return started
