@@ -25,13 +25,17 @@ import contextlib
 import ipaddress
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.kubernetes.cache import PodCache
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
 from sandboxd.backends.network.gateway import Closer, ModelGateway
 from sandboxd.errors import FailedPrecondition, InvalidArgument, TransientBackendError
+
+if TYPE_CHECKING:
+    from sandboxd.backends.kubernetes.pods import KubernetesOptions
 
 __all__ = ["GatewayOptions", "GatewayTarget", "KubeGateway", "KubeModelRoutes", "parse_host_port"]
 
@@ -104,7 +108,10 @@ class GatewayTarget:
 class KubeGateway:
     """The control plane's listener for sandbox Pods' model calls."""
 
-    def __init__(self, client: KubeClient, cache: PodCache, options: GatewayOptions, sandbox_of: Any) -> None:
+    def __init__(
+        self, client: KubeClient, cache: PodCache, options: GatewayOptions, sandbox_of: Callable[[str], str]
+    ) -> None:
+        """``sandbox_of`` names the sandbox of a Pod (by name) of this control plane ("" = none)."""
         self._client = client
         self._cache = cache
         self._options = options.check()
@@ -193,7 +200,7 @@ class KubeGateway:
         pod = self._cache.at(address)
         if pod is None or pod.phase != "Running":
             return ""
-        return str(self._sandbox_of(pod.name) or "")
+        return self._sandbox_of(pod.name)
 
     async def close(self) -> None:
         if self._stop is not None:
@@ -213,7 +220,7 @@ class KubeModelRoutes:
         listener opens with the first such Pod, or the first listing)."""
         self._model_gateway = gateway
 
-    _options: Any
+    _options: KubernetesOptions
 
     def model_route_refusal(self, runtime: str) -> str | None:
         """Why a pool with a model endpoint cannot be had here; None when it
