@@ -5,11 +5,12 @@ cancelled exec, ``Explain`` for naming the limit a command hit)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
-from sandboxd.backends.base import ExecResult
+from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, OutputChunk
 from sandboxd.backends.shell import Tree
+from sandboxd.errors import BackendError
 
 Frame = tuple[int, bytes]
 """(stream, data): 1 = stdout, 2 = stderr."""
@@ -87,3 +88,20 @@ class ExecTransport(Protocol):
         """Closes the stream; idempotent, and safe before open. Called after
         the last kill."""
         ...
+
+
+async def stdout_once_exited(
+    events: AsyncIterator[ExecEvent], failed: str, error: type[BackendError]
+) -> bytes:
+    """A command's stdout, once it has exited 0; ``error`` saying ``failed``
+    and why otherwise (the backends' own steps: resets, process listings)."""
+    out, result = b"", None
+    async for event in events:
+        if isinstance(event, OutputChunk) and event.stream == 1:
+            out += event.data
+        elif isinstance(event, ExecResult):
+            result = event
+    if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
+        why = "no result" if result is None else f"{result.outcome.name} {result.exit_code} {result.detail}"
+        raise error(f"{failed}: {why}")
+    return out

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.base import ExecEvent, ExecSpec
+from sandboxd.backends.exectransport import stdout_once_exited
 from sandboxd.errors import TransientBackendError
 from sandboxd.sandbox_reset import Baseline, ResetReport, parse_baseline, parse_report
 
@@ -43,16 +44,7 @@ def step_spec(argv: list[str], stdin: bytes, timeout: float) -> ExecSpec:
 
 async def step_output(events: AsyncIterator[ExecEvent], what: str) -> bytes:
     """A step's stdout once it exited 0; TransientBackendError naming ``what`` otherwise."""
-    out, result = b"", None
-    async for event in events:
-        if isinstance(event, OutputChunk) and event.stream == 1:
-            out += event.data
-        elif isinstance(event, ExecResult):
-            result = event
-    if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
-        why = "no result" if result is None else f"{result.outcome.name} {result.exit_code} {result.detail}"
-        raise TransientBackendError(f"the sandbox's {what} step failed: {why}")
-    return out
+    return await stdout_once_exited(events, f"the sandbox's {what} step failed", TransientBackendError)
 
 
 def baseline_of(out: bytes) -> Baseline:

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
+from sandboxd.backends.base import ExecEvent, ExecSpec
 from sandboxd.backends.docker.checkpoints import NOT_CARRIED_SCRIPT, Checkpoints, parse_not_carried
 from sandboxd.backends.docker.execs import EngineExec, run_oneshot
 from sandboxd.backends.docker.keeper import AFTER_RESTORE, parse_session_keys
 from sandboxd.backends.docker.shells import Shells
+from sandboxd.backends.exectransport import stdout_once_exited
 from sandboxd.errors import BackendError, FailedPrecondition, TransientBackendError
 
 
@@ -58,7 +59,9 @@ class DockerLiveCheckpoints:
 
     async def not_carried(self, handle: str) -> builtins.list[str]:
         events = self.exec(handle, ExecSpec(shell=NOT_CARRIED_SCRIPT, timeout=30))
-        out = await _stdout_of(events, "listing the sandbox's processes failed", BackendError)
+        out = (
+            await stdout_once_exited(events, "listing the sandbox's processes failed", BackendError)
+        ).decode(errors="replace")
         return parse_not_carried(out)
 
     async def checkpoint(self, handle: str, dest: Path) -> None:
@@ -95,20 +98,7 @@ class DockerLiveCheckpoints:
             await self._transport(handle), ExecSpec(shell=AFTER_RESTORE, timeout=30), self._spawn
         )
         return parse_session_keys(
-            await _stdout_of(events, "the restored sandbox did not answer", TransientBackendError)
+            (
+                await stdout_once_exited(events, "the restored sandbox did not answer", TransientBackendError)
+            ).decode(errors="replace")
         )
-
-
-async def _stdout_of(events: AsyncIterator[ExecEvent], failed: str, error: type[BackendError]) -> str:
-    """A command's stdout, once it has exited 0; ``error`` saying ``failed``
-    and why otherwise."""
-    out, result = b"", None
-    async for event in events:
-        if isinstance(event, OutputChunk) and event.stream == 1:
-            out += event.data
-        elif isinstance(event, ExecResult):
-            result = event
-    if result is None or result.outcome is not ExecOutcome.EXITED or result.exit_code != 0:
-        why = "no result" if result is None else f"{result.outcome.name} {result.exit_code} {result.detail}"
-        raise error(f"{failed}: {why}")
-    return out.decode(errors="replace")

@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 from sandboxd.backends.base import LABEL_INSTANCE, LABEL_MANAGED, LABEL_POOL, SandboxSpec
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
 from sandboxd.backends.kubernetes.podspec import ANNOTATION_POOL, label_value
+from sandboxd.backends.kubernetes.services import ServiceShape, read_service
 from sandboxd.backends.network.egress import PROXY_URL, command_env
-from sandboxd.errors import BackendError, FailedPrecondition, TransientBackendError
+from sandboxd.errors import BackendError, FailedPrecondition
 
 if TYPE_CHECKING:
     from sandboxd.backends.kubernetes.model_gateway import GatewayTarget
@@ -84,31 +85,15 @@ class ProxyService:
     dns_pod_port: int
 
     @classmethod
-    def parse(cls, svc: dict[str, Any], namespace: str) -> ProxyService:
-        """From the Service object; TransientBackendError naming what it lacks
-        (a create is retried with backoff: the Service may yet be fixed)."""
-        spec = svc.get("spec") or {}
-        name = (svc.get("metadata") or {}).get("name", "?")
-        address = str(spec.get("clusterIP") or "")
-        ports = {str(p.get("name", "")): p for p in spec.get("ports") or []}
-        selector = spec.get("selector") or {}
-        if not address or address == "None" or not selector or not {"proxy", "dns"} <= set(ports):
-            raise TransientBackendError(
-                f"the egress proxy's Service {name} needs a cluster IP, a Pod selector and ports named "
-                "proxy and dns (the chart's egress-proxy Service has them)"
-            )
-
-        def target(p: dict[str, Any]) -> int:
-            t = p.get("targetPort", p["port"])
-            return int(t) if isinstance(t, int) or str(t).isdigit() else int(p["port"])
-
+    def of(cls, svc: ServiceShape) -> ProxyService:
+        """From the proxy's Service as read (its ports ``proxy`` and ``dns``)."""
         return cls(
-            namespace=namespace,
-            address=address,
-            port=int(ports["proxy"]["port"]),
-            pod_labels=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
-            pod_port=target(ports["proxy"]),
-            dns_pod_port=target(ports["dns"]),
+            namespace=svc.namespace,
+            address=svc.address,
+            port=svc.ports["proxy"][0],
+            pod_labels=tuple(sorted(svc.selector.items())),
+            pod_port=svc.ports["proxy"][1],
+            dns_pod_port=svc.ports["dns"][1],
         )
 
 
@@ -273,18 +258,15 @@ class KubeEgress:
         """The proxy's Service as read once (its address does not change while it exists)."""
         assert self._proxy is not None
         if self._service is None:
-            path = f"/api/v1/namespaces/{self._proxy.namespace}/services/{self._proxy.service}"
-            try:
-                svc = await idempotent(lambda: self._client.request("GET", path))
-            except KubeError as e:
-                if e.status == 404:
-                    # A create is retried with backoff: the chart may yet make it.
-                    raise TransientBackendError(
-                        f"the egress proxy's Service {self._proxy.service} is not in namespace "
-                        f"{self._proxy.namespace!r} (egress.enabled in the chart's values)"
-                    ) from e
-                raise wrap(e, f"cannot read the egress proxy's Service {self._proxy.service}") from e
-            self._service = ProxyService.parse(svc, self._proxy.namespace)
+            svc = await read_service(
+                self._client,
+                self._proxy.namespace,
+                self._proxy.service,
+                what="the egress proxy",
+                enabled_by="egress.enabled",
+                ports=("proxy", "dns"),
+            )
+            self._service = ProxyService.of(svc)
         return self._service
 
     async def _owner(self) -> dict[str, Any] | None:

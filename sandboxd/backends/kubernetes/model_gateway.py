@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.backends.kubernetes.cache import PodCache
-from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
+from sandboxd.backends.kubernetes.client import KubeClient
+from sandboxd.backends.kubernetes.services import read_service
 from sandboxd.backends.network.gateway import Closer, ModelGateway
-from sandboxd.errors import FailedPrecondition, InvalidArgument, TransientBackendError
+from sandboxd.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:
     from sandboxd.backends.kubernetes.pods import KubernetesOptions
@@ -163,32 +164,16 @@ class KubeGateway:
 
     async def _service_target(self) -> GatewayTarget:
         opts = self._options
-        path = f"/api/v1/namespaces/{opts.service_namespace}/services/{opts.service}"
-        try:
-            svc = await idempotent(lambda: self._client.request("GET", path))
-        except KubeError as e:
-            if e.status == 404:
-                raise TransientBackendError(
-                    f"the model gateway's Service {opts.service} is not in namespace "
-                    f"{opts.service_namespace!r} (modelGateway.enabled in the chart's values)"
-                ) from e
-            raise wrap(e, f"cannot read the model gateway's Service {opts.service}") from e
-        spec = svc.get("spec") or {}
-        ports = {str(p.get("name", "")): p for p in spec.get("ports") or []}
-        address, selector = str(spec.get("clusterIP") or ""), spec.get("selector") or {}
-        if not address or address == "None" or not selector or PORT_NAME not in ports:
-            raise TransientBackendError(
-                f"the model gateway's Service {opts.service} needs a cluster IP, a Pod selector and a "
-                f"port named {PORT_NAME} (the chart's Service has them)"
-            )
-        port = ports[PORT_NAME]
-        target = port.get("targetPort", port["port"])
-        peer = {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": opts.service_namespace}},
-            "podSelector": {"matchLabels": {str(k): str(v) for k, v in selector.items()}},
-        }
-        peer_port = int(target) if isinstance(target, int) or str(target).isdigit() else int(port["port"])
-        return GatewayTarget(address, int(port["port"]), peer, peer_port)
+        svc = await read_service(
+            self._client,
+            opts.service_namespace,
+            opts.service,
+            what="the model gateway",
+            enabled_by="modelGateway.enabled",
+            ports=(PORT_NAME,),
+        )
+        port, pods_port = svc.ports[PORT_NAME]
+        return GatewayTarget(svc.address, port, svc.peer(), pods_port)
 
     async def identify(self, address: str) -> str:
         """The sandbox whose Pod has ``address`` now ("" = none of this control plane's)."""
