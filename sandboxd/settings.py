@@ -262,6 +262,12 @@ class ImageSettings:
     them in (gzip of a typical image: about 2; 1 for incompressible
     content): before a pull the cache makes room for the layers it lacks
     times this."""
+    dockerfile_frontend: str = ""
+    """Image of a BuildKit Dockerfile frontend for builds whose Dockerfile
+    names none (no ``# syntax=`` line), found on the engine or a registry it
+    reaches: e.g. the one ``python -m sandboxd.images.dockerfile_frontend``
+    builds (syntax 1.4: heredocs, ``COPY --link``). Empty = the engine's
+    built-in frontend."""
 
 
 @dataclass

@@ -84,6 +84,9 @@ class BuildSpec:
     """Path of the Dockerfile inside ``context``."""
     build_args: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    registry_auths: Mapping[str, RegistryAuth] = field(default_factory=dict)
+    """Credentials by registry (a Docker config's ``auths`` keys) for the
+    bases the Dockerfile pulls; the engine picks each base's registry's."""
 
 
 @runtime_checkable
@@ -126,8 +129,9 @@ class ImageStore(Protocol):
         ...
 
     def build_image(self, spec: BuildSpec) -> AsyncIterator[str]:
-        """Builds ``spec`` through the engine, yielding the build's log lines;
-        returns once the image is tagged. Raises BuildFailed naming the
+        """Builds ``spec`` through the engine, yielding the build's log lines
+        as they come (the first says which builder runs it); returns once
+        the image is tagged. Raises BuildFailed naming the
         failing step, TransientBackendError when the engine fails."""
         ...
 

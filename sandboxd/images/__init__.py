@@ -4,7 +4,9 @@ Owns the default image (``build``: debootstrap ``--variant=minbase`` and
 ``docker import``, cached by a hash of its recipe) and the code-judge image
 for ``sandboxd run-code`` (``codejudge``), both bootstrapped from the
 mirror ``mirror`` finds in the host's apt sources, with the steps that
-do not depend on a recipe in ``steps``. The default image is built
+do not depend on a recipe in ``steps``; and BuildKit's Dockerfile frontend
+(``dockerfile_frontend``: syntax 1.4, compiled from its Go module) for
+builds whose Dockerfiles use heredocs. The default image is built
 locally because no container registry is reachable from rollout hosts.
 Import from those modules directly; nothing is re-exported here, so that
 ``python -m sandboxd.images.build`` does not import the module twice.

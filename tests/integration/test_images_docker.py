@@ -275,8 +275,11 @@ async def test_builds_offline_cached_by_hash_with_the_failing_step_named(
     context.mkdir()
     (context / "task.txt").write_text("repository checkout\n")
     # One base only in the local registry, one only on the engine: nothing
-    # comes from the internet.
-    (context / "Dockerfile").write_text(f"FROM {base} AS files\nFROM {image}\nCOPY task.txt /task.txt\n")
+    # comes from the internet. (BuildKit skips a stage nothing uses: this one is used.)
+    (context / "Dockerfile").write_text(
+        f"FROM {base} AS files\nFROM {image}\n"
+        "COPY --from=files /payload /base-payload\nCOPY task.txt /task.txt\n"
+    )
     cache = ImageCache(backend, SystemClock(), settings())
     await cache.start()
     try:
@@ -286,7 +289,9 @@ async def test_builds_offline_cached_by_hash_with_the_failing_step_named(
         )
         published.append(engine.images.get(tag).id)
         assert tag.startswith(f"{PREFIX}-build:")
+        assert lines[0].startswith("builder: BuildKit")
         assert any("COPY task.txt" in line for line in lines)
+        assert any("COPY --from=files /payload /base-payload" in line for line in lines)
         assert engine.images.get(tag).labels["sandboxd.build"].startswith(tag.rsplit(":", 1)[1])
         again: list[str] = []
         assert (
@@ -300,7 +305,7 @@ async def test_builds_offline_cached_by_hash_with_the_failing_step_named(
         with pytest.raises(BuildFailed) as caught:
             await cache.build(context, repository=f"{PREFIX}-build")
         assert caught.value.step == "RUN exit 3"
-        assert "returned a non-zero code: 3" in caught.value.message
+        assert "exit code: 3" in caught.value.message
     finally:
         await cache.stop()
 

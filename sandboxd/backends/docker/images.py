@@ -1,6 +1,7 @@
 """Images on a Docker engine (the ImageStore port): pulls through the
 engine's /images/create with progress, builds, the image list with sizes,
-removal and the disk under the engine's data root. The SDK's low-level
+removal and the disk under the engine's data root (builds on BuildKit:
+sandboxd.backends.docker.builds). The SDK's low-level
 client streams on worker threads of their own, so a long pull never holds a
 thread the sandboxes' calls need; its events reach the event loop through
 a queue."""
@@ -8,20 +9,19 @@ a queue."""
 from __future__ import annotations
 
 import asyncio
-import io
 import os
-import tarfile
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import docker.errors
 import requests
 
 from sandboxd.backends.base import BuildSpec, EngineImage, ImageDisk, PullStatus, RegistryAuth, RemoteImage
+from sandboxd.backends.docker.builds import CLASSIC, Builder, EngineBuild, NoBuildKit, builder_of, context_tar
 from sandboxd.backends.registry_api import remote_image
-from sandboxd.errors import BuildFailed, FailedPrecondition, TransientBackendError, Unavailable
+from sandboxd.errors import FailedPrecondition, TransientBackendError, Unavailable
 
 # What the engine says when the registry answered but has no such image or
 # refuses us: asking again cannot help.
@@ -50,6 +50,7 @@ _UNREACHABLE = (
     "eof",
     "timeout exceeded",
 )
+_T = TypeVar("_T")
 # Threads streaming pulls and builds; more wait in the cache's queue anyway.
 _STREAM_THREADS = 8
 _END = object()
@@ -108,15 +109,6 @@ def _image_of(entry: dict[str, Any]) -> EngineImage:
     )
 
 
-def _context_tar(spec: BuildSpec) -> io.BytesIO:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path in sorted(spec.context.rglob("*")):
-            tar.add(path, arcname=str(path.relative_to(spec.context)), recursive=False)
-    buf.seek(0)
-    return buf
-
-
 class DockerImages:
     """The ImageStore half of DockerBackend (mixed into it); ``_images_api``
     is the SDK's low-level client, ``_data_root`` the engine's."""
@@ -130,8 +122,9 @@ class DockerImages:
         self._streams = ThreadPoolExecutor(max_workers=_STREAM_THREADS, thread_name_prefix="sandboxd-pull")
         self._data_root = ""
         self._listing: asyncio.Future[list[EngineImage]] | None = None
+        self._build_with: Builder | None = None
 
-    async def _stream(self, produce: Callable[[], Iterator[dict[str, Any]]]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, produce: Callable[[], Iterator[_T]]) -> AsyncIterator[_T]:
         """The events ``produce`` yields on a stream thread, handed over as
         they come; an exception it raises is raised here. Leaving early
         stops the thread at its next event."""
@@ -280,52 +273,46 @@ class DockerImages:
             raise TransientBackendError(f"cannot tell the engine's image disk: {e}") from e
         return ImageDisk(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, self._data_root)
 
+    async def _builder(self) -> Builder:
+        """The builder this engine runs builds on, asked once (its /_ping
+        headers and whether it has the default bridge network)."""
+        if self._build_with is None:
+            api = self._images_api
+            try:
+                ping = await self._call(api.get, f"{api.base_url}/_ping", timeout=30)
+                bridges = await self._call(api.networks, names=["bridge"])
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+                raise TransientBackendError(f"cannot ask the engine which builder it has: {e}") from e
+            has_bridge = any(n.get("Name") == "bridge" for n in bridges or [])
+            self._build_with = builder_of(ping.headers, has_bridge)
+        return self._build_with
+
     async def build_image(self, spec: BuildSpec) -> AsyncIterator[str]:
-        """Builds through /build with the context sent as a tar, yielding the
-        build's output lines; BuildFailed names the step that failed."""
-        context = await asyncio.to_thread(_context_tar, spec)
-        step = ""
-        log: list[str] = []
-
-        def produce() -> Iterator[dict[str, Any]]:
-            return self._images_api.build(  # type: ignore[no-any-return]
-                fileobj=context,
-                custom_context=True,
-                tag=spec.tag,
-                dockerfile=spec.dockerfile,
-                buildargs=dict(spec.build_args),
-                labels=dict(spec.labels),
-                rm=True,
-                forcerm=True,
-                decode=True,
-                pull=False,
-            )
-
+        """Builds through /build with the context sent as a tar, on BuildKit
+        unless the engine has none (the first line says which builder ran),
+        yielding the build's log lines; BuildFailed names the step that
+        failed. Leaving early (a cancelled build) asks the engine to stop it."""
+        context = await asyncio.to_thread(context_tar, spec)
+        builder = await self._builder()
+        yield builder.describe()
+        build = EngineBuild(self._images_api, spec, builder, context)
         try:
-            async for event in self._stream(produce):
-                if event.get("error"):
-                    message = str((event.get("errorDetail") or {}).get("message") or event["error"])
-                    raise BuildFailed(
-                        f"build of {spec.tag!r} failed at {step or 'its start'}: {message}",
-                        step=step,
-                        log_tail="\n".join(log[-20:]),
-                    )
-                text = str(event.get("stream", "") or event.get("status", ""))
-                for line in text.splitlines():
-                    if not line.strip():
-                        continue
-                    if line.startswith("Step "):
-                        step = line.split(" : ", 1)[-1]
-                    log.append(line)
-                    yield line
-        except docker.errors.APIError as e:
-            raise BuildFailed(
-                f"build of {spec.tag!r} refused: {e.explanation or e}",
-                step=step,
-                log_tail="\n".join(log[-20:]),
-            ) from e
+            async for line in self._stream(build.lines):
+                yield line
+        except NoBuildKit as e:
+            # Said it had BuildKit, then turned a BuildKit build down: the
+            # classic builder for this engine from now on.
+            self._build_with = Builder(CLASSIC, f"the engine turned BuildKit down: {e}")
+            yield self._build_with.describe()
+            context.seek(0)
+            classic = EngineBuild(self._images_api, spec, self._build_with, context)
+            async for line in self._stream(classic.lines):
+                yield line
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"build of {spec.tag!r}: engine failed: {e}") from e
+        except (asyncio.CancelledError, GeneratorExit):
+            await asyncio.to_thread(build.cancel)
+            raise
 
     def _close_images(self) -> None:
         self._streams.shutdown(wait=False, cancel_futures=True)

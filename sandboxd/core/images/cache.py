@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections import Counter
@@ -25,7 +26,7 @@ from sandboxd.backends.base import (
 from sandboxd.backends.image_refs import normalize
 from sandboxd.clock import Clock
 from sandboxd.core.images.budget import BudgetKeeping, Demand, image_id_of
-from sandboxd.core.images.builds import DEFAULT_REPOSITORY, Builds, build_labels
+from sandboxd.core.images.builds import DEFAULT_REPOSITORY, Builds, bases_of, build_labels
 from sandboxd.core.images.credentials import Credentials, config_dir
 from sandboxd.core.images.eviction import Footprint
 from sandboxd.core.images.ledger import BUILT, PULLED, Entry, ImageLedger
@@ -99,7 +100,7 @@ class ImageCache(BudgetKeeping):
         self._nodes = (
             NodePrefetch(backend, clock, self._spawn) if isinstance(backend, ImagePrefetch) else None
         )
-        self._builds = Builds(self._store, self._slots, clock.monotonic)
+        self._builds = Builds(self._store, self._slots, clock.monotonic, self._prepare_build)
         self.meters = ImageMeters(meter, self.gauges)
 
     # -- start and stop ---------------------------------------------------------
@@ -260,17 +261,20 @@ class ImageCache(BudgetKeeping):
     ) -> str:
         """The tag of the image built from ``context`` (a directory holding
         ``dockerfile``) with ``build_args``: ``repository:<hash>``, the hash
-        of the Dockerfile, every file of the context and the arguments. An
-        image of that tag already on the engine answers at once (no build);
-        else it is built through the engine once however many ask, its log
-        lines streamed to ``on_log``, and recorded as sandboxd's own (the
+        of the Dockerfile, every file of the context and the arguments (and
+        ``images.dockerfile_frontend``, sent as BUILDKIT_SYNTAX when the
+        Dockerfile names no frontend of its own). An image of that tag
+        already on the engine answers at once (no build); else it is built
+        through the engine once however many ask, its log lines streamed to
+        ``on_log``, and recorded as sandboxd's own (the
         cache may evict it when unused; building again gives the same tag).
         Bases come from the engine or a registry it reaches, so it works
         offline. Raises InvalidArgument (no such context or Dockerfile),
         BuildFailed naming the failing step (with the log's tail),
         FailedPrecondition when the backend cannot build."""
-        args = dict(build_args or {})
-        tag, digest = await self._builds.tag_for(context, dockerfile, args, repository)
+        tag, digest, args = await self._builds.recipe(
+            context, dockerfile, build_args or {}, repository, self.settings.dockerfile_frontend
+        )
         if self._store is None:
             raise FailedPrecondition("this backend does not build images")
         found = await self._store.inspect_image(tag)
@@ -297,6 +301,26 @@ class ImageCache(BudgetKeeping):
         if self._evicts:
             self._check_budget_soon()
         return tag
+
+    async def _prepare_build(self, spec: BuildSpec, log: Callable[[str], None]) -> BuildSpec:
+        """Once per build, before it runs: pulls the bases the Docker config
+        has credentials for and the engine lacks, through the engine's pull
+        API with those credentials (the engine's BuildKit asks a client
+        session for registry credentials and ignores the build request's,
+        and it takes a base already on the engine from there); the spec
+        then carries every registry's credentials (for a classic builder)."""
+        assert self._store is not None
+        path = spec.context / spec.dockerfile
+        text = await asyncio.to_thread(path.read_text, errors="replace")
+        for base in bases_of(text, spec.build_args):
+            if await asyncio.to_thread(self._credentials.for_reference, base) is None:
+                continue
+            if await self._store.inspect_image(base) is not None:
+                continue
+            log(f"pulling base {base} with the Docker config's credentials")
+            await self.ensure(base)
+        auths = await asyncio.to_thread(self._credentials.every)
+        return dataclasses.replace(spec, registry_auths=auths)
 
     def gauges(self) -> dict[str, float]:
         """Figures for metrics and status: cache and budget bytes, pulls in flight."""

@@ -68,6 +68,11 @@ class Credentials:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
+    def every(self) -> dict[str, RegistryAuth]:
+        """Every registry's credentials, by ``auths`` key: what a build sends,
+        as it cannot know beforehand which registries its bases come from."""
+        return read_auths(self.directory)
+
     def for_reference(self, reference: str) -> RegistryAuth | None:
         """The credentials for the registry serving ``reference``, or None (anonymous)."""
         auths = read_auths(self.directory)
