@@ -28,6 +28,13 @@ if [[ ${SANDBOXD_KUBE_TESTCLUSTER:-1} != 0 ]]; then
         # tests that exec into real containers; they skip if it cannot start.
         if deploy/testcluster/node-up.sh >&2; then
             export SANDBOXD_KUBE_REAL_NODE=1
+            # Its NetworkPolicy firewall (kube-router, which node-up.sh started;
+            # this only confirms it): without it the tests of dropped packets skip.
+            if deploy/testcluster/netpol-up.sh >&2; then
+                export SANDBOXD_KUBE_NETPOL=1
+            else
+                echo "[test] NetworkPolicy not enforced on the real node: its tests will be skipped" >&2
+            fi
         else
             echo "[test] real kubelet node unavailable: kube_node tests will be skipped" >&2
         fi

@@ -4,7 +4,8 @@
 # $KUBE_CACHE/bin. Idempotent: a binary already cached is not rebuilt, so a
 # warm run returns at once. Cold on 2 cores: see deploy/README.md.
 #
-#   deploy/testcluster/build.sh [etcd] [kwok] [kube] [helm]   (default: all)
+#   deploy/testcluster/build.sh [etcd] [kwok] [kube] [helm] [kubelet] [kuberouter]
+#   (default: etcd kwok kube helm; node-up.sh builds the last two)
 #
 # Kubernetes components: `go install k8s.io/kubernetes/cmd/...@vX` fails
 # because k8s.io/kubernetes' go.mod replaces its staging modules with local
@@ -103,6 +104,18 @@ build_kubelet() {
     KUBE_CMDS="kubelet" build_kube
 }
 
+# Tier B's NetworkPolicy firewall (netpol-up.sh): kube-router's go.mod has no
+# replace directives, so `go install` builds it as published.
+build_kuberouter() {
+    have kube-router "$KUBE_ROUTER_VERSION" && return
+    say "kube-router $KUBE_ROUTER_VERSION"
+    local d=$SRC/kube-router-$KUBE_ROUTER_VERSION
+    local ld="-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
+    rm -rf "$d" && mkdir -p "$d" && GOBIN=$d go install -p "$P" -trimpath -ldflags "$ld" \
+        "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+    mv "$d/kube-router" "$BIN/kube-router-$KUBE_ROUTER_VERSION"
+}
+
 targets=("$@"); ((${#targets[@]})) || targets=(etcd kwok kube helm)
 for t in "${targets[@]}"; do
     start=$SECONDS
@@ -113,7 +126,8 @@ done
 mkdir -p "$BIN/current"
 for pair in "etcd $ETCD_VERSION" "kwok $KWOK_VERSION" "kube-apiserver $KUBE_VERSION" \
     "kube-controller-manager $KUBE_VERSION" "kube-scheduler $KUBE_VERSION" \
-    "kubectl $KUBE_VERSION" "kubelet $KUBE_VERSION" "helm $HELM_VERSION"; do
+    "kubectl $KUBE_VERSION" "kubelet $KUBE_VERSION" "helm $HELM_VERSION" \
+    "kube-router $KUBE_ROUTER_VERSION"; do
     set -- $pair
     [[ -x "$BIN/$1-$2" ]] && ln -sfn "../$1-$2" "$BIN/current/$1"
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stops the test cluster's processes (only those up.sh and node-up.sh started,
-# by pid file): the real node first (its containers, kubelet, containerd), then
-# kwok and the control plane. --purge also deletes its state (etcd data,
-# certificates, kubeconfig, images of the node's containerd).
+# by pid file): the real node first (its containers, kube-router and its
+# rules, kubelet, containerd), then kwok and the control plane. --purge also
+# deletes its state (etcd data, certificates, kubeconfig, images of the
+# node's containerd).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.sh
@@ -34,6 +35,7 @@ if [[ -f $STATE/pids/kubelet ]] && kill -0 "$(cat "$STATE/pids/kubelet")" 2>/dev
         sleep 0.2
     done
 fi
+"$here/netpol-down.sh"
 stop kubelet
 if [[ -S $SOCK ]] && [[ -f $STATE/pids/containerd ]]; then
     # The node's containers (and their shims) outlive containerd: remove them.

@@ -3,7 +3,8 @@
 # containerd (Debian's, separate root and socket from Docker's), runc, the
 # bridge CNI (no masquerade, pod traffic stays on the host), a kubelet built
 # like the other components, the pause image compiled from source and the
-# sandbox image imported from the rootfs cache, all without a registry.
+# sandbox image imported from the rootfs cache, all without a registry, and
+# kube-router's firewall enforcing NetworkPolicy (netpol-up.sh).
 # The node is tainted sandboxd.io/real-node=true:NoSchedule so only Pods that
 # tolerate it land there. Two RuntimeClasses besides the default runc:
 # sandboxd (runc with a file-limited workspace) and gvisor (gVisor's runsc).
@@ -206,5 +207,8 @@ until [[ $(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready"
     sleep 1
 done
 k apply -f "$here/../node/runtimeclass.yaml" -f "$here/../node/runtimeclass-gvisor.yaml" >&2
+# NetworkPolicy enforcement (kube-router's firewall): the node is of use
+# without it, so a failure is reported, not fatal.
+"$here/netpol-up.sh" || say "node $NODE runs without NetworkPolicy enforcement (see above)"
 say "node $NODE Ready"
 echo "$NODE"

@@ -145,6 +145,19 @@ def require_real_node() -> None:
         pytest.skip("needs the real kubelet node (deploy/testcluster/node-up.sh; SANDBOXD_KUBE_REAL_NODE=1)")
 
 
+# kube-router enforcing NetworkPolicy on the real node (deploy/testcluster/netpol-up.sh).
+NETPOL = os.environ.get("SANDBOXD_KUBE_NETPOL") == "1"
+
+
+def require_netpol() -> None:
+    require_real_node()
+    if not NETPOL:
+        pytest.skip(
+            "needs NetworkPolicy enforced on the real node: deploy/testcluster/netpol-up.sh says why it "
+            "is not (log: kube-router.log beside the node's); SANDBOXD_KUBE_NETPOL=1"
+        )
+
+
 def kube_settings(tmp_path: Path, kubeconfig: str, namespace: str, **overrides: Any) -> Settings:
     """Settings of a server on the test cluster; a ``backend`` override is
     merged into the Kubernetes backend's table, other overrides replace."""

@@ -3,9 +3,10 @@ rules become its NetworkPolicy (egress only to the egress proxy's Pods and
 DNS) and its Pods' proxy settings, resolver and rules; the policy goes with
 the pool, and one left by a control plane that stopped is swept by the next;
 the egress proxy (``sandboxd egress-proxy``) serves each source address
-under the rules of the Pod the API server says has it. The test cluster's
-CNI stores NetworkPolicies without enforcing them: what is checked here is
-their shape and what they select, not packets dropped."""
+under the rules of the Pod the API server says has it. What is checked here
+is the policies' shape and what they select; that their packets are dropped
+on the wire is test_network_enforced.py's part (kube-router on the real
+node)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from sandboxd.backends.kubernetes.podspec import PodOptions, build_pod, selector
 from sandboxd.client import AsyncClient
 from sandboxd.images.build import default_image_tag
 from tests.kube.conftest import IMAGE, REAL_NODE_BACKEND, kube_settings, pods, poll, require_real_node
+from tests.kube.proxy_pod import proxy_stand_in
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
 
@@ -47,8 +49,9 @@ PROXY_LABELS = {
 RULES = ["pypi.internal", "*.corp.example:443", "10.1.0.0/16:22"]
 
 
-async def _proxy_service(kube: KubeClient, namespace: str) -> str:
-    """The chart's egress-proxy Service (its shape), made by hand; its cluster IP."""
+async def _proxy_service(kube: KubeClient, namespace: str, port: int = 3128, dns_port: int = 5353) -> str:
+    """The chart's egress-proxy Service (its shape), made by hand, its Pods'
+    ports ``port`` and ``dns_port``; its cluster IP."""
     svc = await kube.request(
         "POST",
         f"/api/v1/namespaces/{namespace}/services",
@@ -59,8 +62,8 @@ async def _proxy_service(kube: KubeClient, namespace: str) -> str:
             "spec": {
                 "selector": PROXY_LABELS,
                 "ports": [
-                    {"name": "proxy", "port": 3128, "targetPort": 3128, "protocol": "TCP"},
-                    {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"},
+                    {"name": "proxy", "port": 3128, "targetPort": port, "protocol": "TCP"},
+                    {"name": "dns", "port": 53, "targetPort": dns_port, "protocol": "UDP"},
                 ],
             },
         },
@@ -412,16 +415,18 @@ async def test_a_real_pod_of_a_network_pool_reaches_what_its_rules_allow_through
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient, upstream: int
 ) -> None:
     require_real_node()
-    proxy_ip = await _proxy_service(kube, namespace)
     gateway = await asyncio.to_thread(_bridge_address)
     backend = {**REAL_NODE_BACKEND, "egress_proxy_service": PROXY}
     app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=backend))
     await app.start()
     try:
         async with (
-            _egress_proxy(kubeconfig, namespace, listen=gateway) as (port, _),
+            _egress_proxy(kubeconfig, namespace, listen=gateway) as (port, dns),
+            # Where NetworkPolicy is enforced, the pool's policy lets its Pods reach this.
+            proxy_stand_in(kube, namespace, PROXY_LABELS, gateway),
             AsyncClient(app.address) as client,
         ):
+            proxy_ip = await _proxy_service(kube, namespace, port, dns)
             # The default image: the real node imports the cached rootfs of every image.
             image = os.environ.get("SANDBOXD_KUBE_IMAGE", "") or default_image_tag()
             await client.create_pool("net", image, min_ready=0, max_size=1, network=[f"127.0.0.1:{upstream}"])
