@@ -9,6 +9,7 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import LIVE_OFF, LIVE_ON, keeps_sessions
 from sandboxd.core.pools import PoolConfig, WarmPool
+from sandboxd.core.root_setting import ROOT_READ_ONLY
 from sandboxd.core.tenancy import split_pool_key
 from sandboxd.errors import printable
 from sandboxd.v1 import common_pb2, exec_pb2, pools_pb2, sandboxes_pb2
@@ -69,6 +70,7 @@ def pool_config_from(spec: pools_pb2.PoolSpec) -> PoolConfig:
         recycle=spec.recycle or "off",
         recycle_label=spec.recycle_label,
         max_uses=spec.max_uses,
+        root=spec.root,
     )
 
 
@@ -95,6 +97,7 @@ def pool_to(pool: WarmPool) -> pools_pb2.Pool:
             recycle=c.recycle,
             recycle_label=c.recycle_label,
             max_uses=c.max_uses,
+            root=c.root or ROOT_READ_ONLY,
         ),
         status=pools_pb2.PoolStatus(
             ready=pool.ready,
@@ -129,6 +132,7 @@ def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
         lease_expires_at=ts(lease.expires_wall if lease and rec.state is State.LEASED else 0.0),
         failure_reason=printable(rec.failure_reason),
         paused=rec.paused,
+        network=list(rec.network) if rec.state is State.LEASED else [],
     )
 
 
@@ -139,6 +143,7 @@ def lease_to(lease: Lease) -> sandboxes_pb2.Lease:
         sandbox_ids=lease.sandbox_ids,
         ttl_seconds=lease.ttl,
         expires_at=ts(lease.expires_wall),
+        network=list(lease.network),
     )
 
 

@@ -39,6 +39,7 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
                 limits=limits_from(request.limits) if request.HasField("limits") else None,
                 request_id=request.request_id,
                 image=request.image,
+                network=tuple(request.network),
             )
         )
         # A client that cancels the call from here on never learns of the lease.

@@ -89,6 +89,7 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
             ttl=request.lease_ttl_seconds,
             timeout=request.timeout_seconds,
             call_remaining=context.time_remaining(),
+            network=tuple(request.network),
         )
         return snapshots_pb2.RestoreResponse(
             lease=lease_to(lease),

@@ -44,11 +44,13 @@ from sandboxd.backends.images import (
 )
 from sandboxd.backends.isolation import (
     SANDBOX_UID,
+    EgressNarrowing,
     EgressPolicies,
     IsolationRuntimes,
     ModelRoutes,
     RootUser,
     SandboxUsers,
+    WritableRoots,
 )
 from sandboxd.backends.layout import WORKSPACE
 from sandboxd.backends.ledger import LeaseMark, Ledger
@@ -74,6 +76,7 @@ __all__ = [
     "BackendSandbox",
     "BuildSpec",
     "Deployment",
+    "EgressNarrowing",
     "EgressPolicies",
     "EngineImage",
     "ExecEvent",
@@ -108,6 +111,7 @@ __all__ = [
     "SchedulingPressure",
     "StagedTars",
     "TenantQuotas",
+    "WritableRoots",
 ]
 
 # Labels every backend puts on what it creates, so a restarted control plane
@@ -178,6 +182,9 @@ class SandboxSpec:
     keeper and relay of sandboxd.backends.docker.keeper); False: its shells
     run straight on ``runsc exec``, a faster start, and no live snapshot is
     taken of it."""
+    writable_root: bool = False
+    """Its root filesystem is writable, its writes bounded by disk_bytes and
+    max_files apart from the workspace's (a WritableRoots backend only)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """An in-memory backend: a real adapter for fast tests of everything above
-the engine. Sandboxes are dictionaries of files (under /workspace and /tmp);
+the engine. Sandboxes are dictionaries of files (under /workspace and /tmp,
+anywhere below / with a writable root);
 exec understands a small shell (echo, cat, pwd, cd, export, env, true, false,
 exit N, sleep S, id -u, whoami, and ``;``-separated lists), keeps session
 state, runs commands and file transfers as the sandbox's user (a uid of its
@@ -82,8 +83,9 @@ _TMP = "/tmp"
 _ROOTS = (WORKSPACE, _TMP)
 
 
-def _in_roots(path: str) -> bool:
-    return any(path == r or path.startswith(r + "/") for r in _ROOTS)
+def _in_roots(path: str, anywhere: bool = False) -> bool:
+    # ``anywhere``: a sandbox with a writable root, whose files may be anywhere below /.
+    return (anywhere and path != "/") or any(path == r or path.startswith(r + "/") for r in _ROOTS)
 
 
 def _refuse_links(box: FakeSandbox, path: str, *, last: bool = True) -> None:
@@ -113,6 +115,8 @@ class FakeBackend(FakeImages, FakeReset):
         """Images that exist; None = every image exists."""
         self.runtimes_available: frozenset[str] = frozenset(RUNTIMES)
         """What runtimes() answers: every runtime unless a test takes some away."""
+        self.root_refusal_text: str | None = None
+        """What root_refusal() answers: None (a writable root is had) unless a test says why not."""
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.memory_bytes = 64 << 30
         self.cpus = 16
@@ -163,6 +167,10 @@ class FakeBackend(FakeImages, FakeReset):
         """``runtimes_available``."""
         return self.runtimes_available
 
+    async def root_refusal(self, runtime: str) -> str | None:
+        """``root_refusal_text``."""
+        return self.root_refusal_text
+
     async def create(self, spec: SandboxSpec) -> str:
         """A new sandbox after ``start_delay``; fails for a missing image or an injected transient error."""
         self.creates += 1
@@ -178,7 +186,9 @@ class FakeBackend(FakeImages, FakeReset):
                 raise TransientBackendError("injected transient create failure")
             self._counter += 1
             handle = f"fake-{self._counter}"
-            self.sandboxes[handle] = FakeSandbox(spec, handle, user=self.uids.allocate(spec.sandbox_id))
+            self.sandboxes[handle] = box = FakeSandbox(spec, handle, user=self.uids.allocate(spec.sandbox_id))
+            if spec.writable_root:
+                box.dirs.add("/")
             await self._answer()
             return handle
         finally:
@@ -400,7 +410,7 @@ class FakeBackend(FakeImages, FakeReset):
                 _refuse_links(box, dest)
                 for member in tar:
                     path = posixpath.normpath(posixpath.join(dest, member.name))
-                    if not _in_roots(path):
+                    if not _in_roots(path, box.spec.writable_root):
                         raise InvalidArgument("tar", f"member {member.name} escapes")
                     _refuse_links(box, path, last=member.isdir())
                     self._mkdirs(box, posixpath.dirname(path))
@@ -423,7 +433,7 @@ class FakeBackend(FakeImages, FakeReset):
 
     @staticmethod
     def _mkdirs(box: FakeSandbox, path: str) -> None:
-        while _in_roots(path) and path not in box.dirs:
+        while _in_roots(path, box.spec.writable_root) and path not in box.dirs:
             box.dirs.add(path)
             path = posixpath.dirname(path)
 

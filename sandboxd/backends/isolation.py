@@ -1,12 +1,13 @@
 """How a backend isolates sandboxes beyond the defaults: the optional ports for
-runtimes other than runc, egress allow-lists and the model route, a host uid
-per sandbox, and root inside a sandbox without capabilities.
+runtimes other than runc, egress allow-lists and the model route, a bounded
+writable root, a host uid per sandbox, and root inside a sandbox without
+capabilities.
 
 Re-exported by sandboxd.backends.base, where the port is described."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Protocol, runtime_checkable
 
 from sandboxd.backends.network.gateway import ModelGateway
@@ -30,6 +31,45 @@ class EgressPolicies(Protocol):
 
     def network_refusal(self, runtime: str) -> str | None:
         """Why sandboxes of ``runtime`` cannot have a network policy here; None when they can."""
+        ...
+
+
+@runtime_checkable
+class EgressNarrowing(Protocol):
+    """Optional for a backend with EgressPolicies: it can put one sandbox's
+    egress under fewer rules than its pool's for the length of a lease
+    (AcquireRequest.network); a backend without it refuses narrowing."""
+
+    async def narrowing_refusal(self, runtime: str) -> str | None:
+        """Why a lease of a pool of ``runtime`` (with network rules) cannot
+        narrow them here; None when it can."""
+        ...
+
+    async def narrow_egress(self, handle: str, rules: tuple[str, ...]) -> None:
+        """Serves the sandbox's egress under ``rules`` (already checked to lie
+        within its pool's) from the moment this returns, cutting connections
+        opened under the rules before; () = its pool's own rules again. A
+        sandbox without egress open (it has no network at all) keeps none.
+        BackendError when it cannot."""
+        ...
+
+    def expect_narrowed(self, rules: Mapping[str, tuple[str, ...]]) -> None:
+        """Sandbox id -> the rules a previous run narrowed it to: a sandbox
+        linked again after a restart is linked under these, never its pool's
+        first. Replaces what was expected before ({} = nothing)."""
+        ...
+
+
+@runtime_checkable
+class WritableRoots(Protocol):
+    """Optional for a backend: it can give a sandbox a writable root
+    filesystem whose writes are bounded apart from the workspace's, by the
+    sandbox's disk_bytes and max_files (SandboxSpec.writable_root); a
+    backend without it refuses a writable root."""
+
+    async def root_refusal(self, runtime: str) -> str | None:
+        """Why sandboxes of ``runtime`` cannot have a bounded writable root
+        here; None when they can."""
         ...
 
 

@@ -116,6 +116,8 @@ class Lease:
         self.client = client
         self.id = response.lease.id
         self.ttl = response.lease.ttl_seconds
+        self.network = list(response.lease.network)
+        """Its network rules when narrower than the pool's (empty: the pool's)."""
         self.sandboxes = [Sandbox(client, s, self.id) for s in response.sandboxes]
 
     def __iter__(self) -> Iterator[Sandbox]:
@@ -187,10 +189,12 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         timeout: float | None,
         limits: Mapping[str, int] | None,
         image: str = "",
+        network: Sequence[str] = (),
     ) -> sandboxes_pb2.AcquireRequest:
         request = sandboxes_pb2.AcquireRequest(
             pool=pool,
             image=image,
+            network=list(network),
             n=n,
             min_n=min_n,
             labels=labels or {},
@@ -213,12 +217,14 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         timeout: float | None = None,
         limits: Mapping[str, int] | None = None,
         image: str = "",
+        network: Sequence[str] = (),
     ) -> HeldLease:
         """``async with client.acquire(pool) as sandbox``: one sandbox.
         ``limits`` (memory_bytes, cpu_millis, pids, ...) lowers the pool's;
         ``image`` picks one of the images the pool serves ("" = its own),
-        pulled first when the engine lacks it."""
-        request = self._acquire_request(pool, 1, 0, labels, lease_ttl, timeout, limits, image)
+        pulled first when the engine lacks it; ``network`` narrows the pool's
+        network rules for this lease (each rule within the pool's)."""
+        request = self._acquire_request(pool, 1, 0, labels, lease_ttl, timeout, limits, image, network)
         return HeldLease(self, request, timeout, single=True)
 
     def acquire_group(
@@ -232,10 +238,12 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         timeout: float | None = None,
         limits: Mapping[str, int] | None = None,
         image: str = "",
+        network: Sequence[str] = (),
     ) -> HeldLease:
         """``async with client.acquire_group(pool, n=8) as group``: a Lease of n
-        sandboxes (all-or-nothing, or at least min_n), of ``image`` as ``acquire``."""
-        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image)
+        sandboxes (all-or-nothing, or at least min_n), of ``image`` and
+        ``network`` as ``acquire``."""
+        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image, network)
         return HeldLease(self, request, timeout, single=False)
 
     async def lease(
@@ -249,9 +257,10 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         timeout: float | None = None,
         limits: Mapping[str, int] | None = None,
         image: str = "",
+        network: Sequence[str] = (),
     ) -> Lease:
         """Acquire without a context manager: the caller heartbeats and releases."""
-        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image)
+        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image, network)
         return await self._acquire(request, timeout)
 
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:
@@ -363,13 +372,16 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         labels: Mapping[str, str] | None = None,
         lease_ttl: float = 0.0,
         timeout: float | None = None,
+        network: Sequence[str] = (),
     ) -> Lease:
         """Restores a snapshot into n fresh sandboxes (a fork when n > 1) under
-        a new lease, which the caller heartbeats and releases."""
+        a new lease, which the caller heartbeats and releases; ``network``
+        narrows the pool's rules for it, as ``acquire``'s."""
         request = snapshots_pb2.RestoreRequest(
             snapshot_id=snapshot_id,
             n=n,
             pool=pool,
+            network=list(network),
             labels=labels or {},
             lease_ttl_seconds=lease_ttl,
             timeout_seconds=timeout or 0.0,

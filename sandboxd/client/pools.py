@@ -32,6 +32,7 @@ class PoolCalls(Connection):
         max_uses: int = 0,
         model_endpoint: str = "",
         image_pull_secrets: Sequence[str] = (),
+        root: str = "",
     ) -> pools_pb2.Pool:
         """``max_ready`` above ``min_ready`` makes the pool follow demand
         between the two; ``idle_seconds`` is its scale-down delay; ``runtime``
@@ -46,7 +47,10 @@ class PoolCalls(Connection):
         "off": released sandboxes are destroyed); ``model_endpoint`` the
         run's OpenAI-compatible server, reached from the sandboxes only
         through sandboxd's metered gateway; ``image_pull_secrets`` (Kubernetes)
-        the Secrets the pool's Pods pull their images with."""
+        the Secrets the pool's Pods pull their images with; ``root``
+        "writable" lets the sandboxes write anywhere in the image's
+        filesystem, bounded by the pool's disk and file limits ("" or
+        "read-only": only the workspace and scratch mounts are writable)."""
         spec = pools_pb2.PoolSpec(
             name=name,
             image=image,
@@ -66,6 +70,7 @@ class PoolCalls(Connection):
             max_uses=max_uses,
             model_endpoint=model_endpoint,
             image_pull_secrets=list(image_pull_secrets),
+            root=root,
         )
         with rpc_errors():
             response: pools_pb2.CreatePoolResponse = await self.pools.CreatePool(

@@ -24,10 +24,11 @@ from opentelemetry.metrics import Meter
 from sandboxd.backends.base import Backend, ExecSpec, Limits, ModelRoutes
 from sandboxd.clock import Clock
 from sandboxd.core import capacity
+from sandboxd.core.acquire_request import AcquireRequest
 from sandboxd.core.egress_meters import register_egress_meters
 from sandboxd.core.images import ImageCache
 from sandboxd.core.leases import Lease, LeaseTable
-from sandboxd.core.leasing import AcquireRequest, Leasing
+from sandboxd.core.leasing import Leasing
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.model_route import ModelLedger, ModelRoute
 from sandboxd.core.operations import ExecRequest, Operations, paths_in_order
@@ -160,6 +161,7 @@ class ControlPlane:
         call_remaining: float | None,
         limits: Limits | None = None,
         image: str = "",
+        network: tuple[str, ...] = (),
     ) -> tuple[Lease, list[SandboxRecord]]: ...
 
     async def acquire(
@@ -173,12 +175,13 @@ class ControlPlane:
         call_remaining: float | None = None,
         limits: Limits | None = None,
         image: str = "",
+        network: tuple[str, ...] = (),
     ) -> tuple[Lease, list[SandboxRecord]]:
         """``Leasing.acquire``. The positional form (pool name first) is kept
         for callers written before ``AcquireRequest``."""
         if isinstance(request, str):
             request = AcquireRequest(
-                request, n, min_n, labels, ttl, timeout, call_remaining, limits, image=image
+                request, n, min_n, labels, ttl, timeout, call_remaining, limits, image=image, network=network
             )
         # What a rollout's lifecycle reads of this acquire: when it was asked
         # for (a sandbox ready before then came warm) and whether it waited

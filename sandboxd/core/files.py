@@ -32,7 +32,7 @@ def shared_parent(files: list[FileData], root: str) -> str:
     every one of ``files``: where an upload of them is extracted, so that
     its staging needs no right on a directory above the files' own."""
     parent = posixpath.commonpath([posixpath.dirname(f.path) for f in files])
-    return parent if parent == root or parent.startswith(root + "/") else root
+    return parent if parent == root or parent.startswith(root.rstrip("/") + "/") else root
 
 
 def build_tar(files: list[FileData], base: str = WORKSPACE) -> bytes:

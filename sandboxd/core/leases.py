@@ -42,6 +42,9 @@ class Lease:
     """Wall-clock moment its Acquire was asked for (0 = adopted); not persisted."""
     image_pulled: bool = False
     """Its Acquire found the image absent and waited for the pull; not persisted."""
+    network: tuple[str, ...] = ()
+    """Network rules narrower than the pool's its sandboxes run under (AcquireRequest.network);
+    () = the pool's own. Persisted: a restarted control plane narrows them again."""
 
 
 def new_lease_id() -> str:

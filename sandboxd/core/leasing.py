@@ -16,14 +16,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from sandboxd.backends.base import GVISOR, RUNC, Backend, Limits
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
+from sandboxd.core.acquire_request import AcquireRequest
 from sandboxd.core.deadlines import ACQUIRE_MARGIN_SECONDS, within_deadline
 from sandboxd.core.leases import Lease, LeaseTable, new_lease_id
 from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.narrowing import adopt_narrowed, apply_narrowed, checked_narrowing
 from sandboxd.core.pools import WarmPool
 from sandboxd.core.quotas import Quotas, Usage
 from sandboxd.core.registry import SandboxRegistry
@@ -33,34 +35,6 @@ from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument, N
 from sandboxd.settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AcquireRequest:
-    """An acquire as the API received it, before validation."""
-
-    pool: str
-    n: int = 1
-    """Sandboxes wanted; 0 = 1."""
-    min_n: int = 0
-    """At the deadline, settle for this many (0 = all or nothing)."""
-    labels: dict[str, str] | None = None
-    ttl: float = 0.0
-    """Lease TTL in seconds; 0 = the server's default."""
-    timeout: float = 0.0
-    """Longest wait for sandboxes; 0 = the server's maximum."""
-    call_remaining: float | None = None
-    """Seconds before the caller's deadline, as the client sent it (None = none)."""
-    limits: Limits | None = None
-    """Lowers memory, CPU, pids, output or lifetime for these sandboxes only,
-    within the pool's own limits."""
-    request_id: str = ""
-    """The client's id for this acquire ("" = none): a repeat answers the
-    lease it was granted, and release_request frees it."""
-    image: str = ""
-    """The image of these sandboxes ("" = the pool's own); the pool must
-    serve it (``PoolConfig.images``). Pulled first when absent, within the
-    acquire's deadline."""
 
 
 class Leasing:
@@ -143,15 +117,16 @@ class Leasing:
         now = self._clock.monotonic()
         persisted = await self._store.load_leases()
         lease_of: dict[str, Lease] = {}
-        for lease_id, pool_name, sandbox_ids, ttl, expires_wall, labels in persisted:
+        for lease_id, pool_name, sandbox_ids, ttl, expires_wall, labels, network in persisted:
             if expires_wall <= now_wall or pool_name not in self._registry.pools:
                 continue
             restored = Lease(
                 lease_id, pool_name, [], ttl, now + (expires_wall - now_wall), expires_wall, labels
             )
+            restored.network = tuple(network)
             for sid in sandbox_ids:
                 lease_of[sid] = restored
-        doomed = await self._registry.adopt(lease_of)
+        doomed = await adopt_narrowed(self._backend, self._registry, lease_of)
         adopted = {lease.lease_id: lease for lease in lease_of.values() if lease.sandbox_ids}
         for lease in adopted.values():
             self.table.add(lease, self._memory_of(lease.sandbox_ids))
@@ -217,6 +192,7 @@ class Leasing:
         )
         timeout = v.non_negative("timeout_seconds", req.timeout)
         image = pool.config.image_for(req.image)
+        network = await checked_narrowing(self._backend, pool.config, req.network)
         need = min_n or n
         if need > pool.config.max_size:
             raise FailedPrecondition(
@@ -253,7 +229,10 @@ class Leasing:
             self._quotas.refund(tenant, grant - len(records))
             if effective != pool.config.limits:
                 records = await self._apply_limits(pool, records, effective)
+            if network:  # before the lease exists: its holder never has the pool's wider rules
+                await apply_narrowed(self._backend, pool, records, network)
             lease = self._hand_over(pool, records, labels, ttl, effective.lifetime_seconds, req.request_id)
+            lease.network = network
         finally:
             self._reserve(tenant, -grant, memory_each)
         try:

@@ -98,6 +98,7 @@ class LedgerStateStore:
             lease.ttl,
             lease.expires_wall + self._slack * lease.ttl,
             dict(lease.labels),
+            lease.network,
         )
         if new and self._write_behind:
             task = asyncio.create_task(self._write(written, due, mark, behind=True))
@@ -147,5 +148,6 @@ class LedgerStateStore:
                 grouped[mark.lease_id] = (mark, have[1] if have else [])
             grouped[mark.lease_id][1].append(sandbox_id)
         return [
-            (m.lease_id, m.pool, ids, m.ttl, m.expires_wall, dict(m.labels)) for m, ids in grouped.values()
+            (m.lease_id, m.pool, ids, m.ttl, m.expires_wall, dict(m.labels), list(m.network))
+            for m, ids in grouped.values()
         ]

@@ -62,6 +62,8 @@ class SandboxRecord:
     failure_reason: str = ""
     # Frozen by a pause (sandboxd.core.pausing): nothing runs in it until resumed.
     paused: bool = False
+    # Its lease's network rules, narrower than its pool's; () = the pool's own.
+    network: tuple[str, ...] = ()
     # Wall-clock timestamps per state entered (seconds since the epoch).
     entered: dict[State, float] = field(default_factory=dict)
     # Recycling (sandboxd.core.pools.recycle): the sandbox as it came, the

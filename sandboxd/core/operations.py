@@ -42,6 +42,7 @@ from sandboxd.core.leasing import Leasing
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.model_route import ModelRoute
 from sandboxd.core.registry import SandboxRegistry
+from sandboxd.core.root_setting import writable_root
 from sandboxd.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from sandboxd.settings import Settings
 
@@ -155,11 +156,12 @@ class Operations:
         if not files:
             raise InvalidArgument("files", "must not be empty")
         user = self._user("user", user)
+        anywhere = self._anywhere(rec)
         checked: list[FileData] = []
         seen: set[str] = set()
         for i, f in enumerate(files):
-            path = v.file_path(f"files[{i}].path", f.path)
-            if path in v.FILE_ROOTS:
+            path = v.file_path(f"files[{i}].path", f.path, anywhere)
+            if path in v.file_roots(anywhere):
                 raise InvalidArgument(f"files[{i}].path", f"is the directory {path} itself")
             if path in seen:
                 raise InvalidArgument(f"files[{i}].path", f"{path} appears twice")
@@ -172,7 +174,7 @@ class Operations:
         with self._leasing.using(rec):
             if await self._written_in_place(rec, checked, user):
                 return total
-            for root in v.FILE_ROOTS:  # one tar per file root the files lie in
+            for root in v.file_roots(anywhere):  # one tar per file root the files lie in
                 group = [f for f in checked if v.file_root(f.path) == root]
                 if group:
                     # Large archives are built off the event loop.
@@ -198,6 +200,12 @@ class Operations:
             rec.handle, [(relative(f.path), f.content, f.mode) for f in files]
         )
 
+    def _anywhere(self, rec: SandboxRecord) -> bool:
+        """Whether the file calls reach any path of the sandbox: its pool
+        gave it a writable root (sandboxd.core.root_setting)."""
+        pool = self._registry.pools.get(rec.pool)
+        return pool is not None and writable_root(pool.config)
+
     async def _put_tar(self, handle: str, dest: str, data: bytes, user: str) -> None:
         async def one() -> AsyncIterator[bytes]:
             yield data
@@ -218,10 +226,11 @@ class Operations:
         user = self._user("user", user)
         limit = self._settings.exec.max_read_bytes
         max_bytes = int(v.non_negative("max_bytes", max_bytes, limit)) or min(16 << 20, limit)
+        anywhere = self._anywhere(rec)
         full = []
         for i, p in enumerate(paths):
-            path = v.file_path(f"paths[{i}]", p)
-            if path in v.FILE_ROOTS:
+            path = v.file_path(f"paths[{i}]", p, anywhere)
+            if path in v.file_roots(anywhere):
                 raise InvalidArgument(f"paths[{i}]", f"is the directory {path} itself")
             if path not in full:
                 full.append(path)
@@ -230,7 +239,7 @@ class Operations:
         size = 0
         found: dict[str, FileData] = {}
         with self._leasing.using(rec):
-            for root in v.FILE_ROOTS:  # one tar per file root the paths lie in
+            for root in v.file_roots(anywhere):  # one tar per file root the paths lie in
                 group = [p for p in full if v.file_root(p) == root]
                 if not group:
                     continue
@@ -256,14 +265,15 @@ class Operations:
         if sum(len(f.content) for f in result) > max_bytes:
             raise ResourceExhausted(f"files exceed max_bytes ({max_bytes}); read fewer or raise it")
         return [
-            FileData(p, f.content, f.mode) for p, f in zip(paths_in_order(paths, full), result, strict=True)
+            FileData(p, f.content, f.mode)
+            for p, f in zip(paths_in_order(paths, full, anywhere), result, strict=True)
         ]
 
     async def upload_directory(self, sandbox_id: str, path: str, chunks: AsyncIterator[bytes]) -> int:
         """Extracts an uploaded tar stream at ``path`` once it has been checked
         whole (spooled, so a bad archive leaves nothing behind); returns its size."""
         rec = self._registry.leased(sandbox_id)
-        dest = v.file_path("header.path", path)
+        dest = v.file_path("header.path", path, self._anywhere(rec))
         limit = self._settings.exec.max_upload_bytes
         spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=16 << 20)  # noqa: SIM115
         try:
@@ -292,7 +302,7 @@ class Operations:
     def download_directory(self, sandbox_id: str, path: str) -> AsyncIterator[bytes]:
         """A tar stream of the directory at ``path`` (checked now, read as iterated)."""
         rec = self._registry.leased(sandbox_id)
-        base = v.file_path("path", path)
+        base = v.file_path("path", path, self._anywhere(rec))
         return self._download(rec, base)
 
     async def _download(self, rec: SandboxRecord, base: str) -> AsyncIterator[bytes]:
@@ -301,9 +311,9 @@ class Operations:
                 yield chunk
 
 
-def paths_in_order(requested: list[str], full: list[str]) -> list[str]:
+def paths_in_order(requested: list[str], full: list[str], anywhere: bool = False) -> list[str]:
     """Original spelling of each unique path, in the order read."""
     out: dict[str, str] = {}
     for p in requested:
-        out.setdefault(v.file_path("paths", p), p)
+        out.setdefault(v.file_path("paths", p, anywhere), p)
     return [out[f] for f in full]

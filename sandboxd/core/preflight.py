@@ -15,6 +15,7 @@ from sandboxd.core import capacity
 from sandboxd.core.control import ControlPlane
 from sandboxd.core.lifecycle import State
 from sandboxd.core.pools.config import network_refusal
+from sandboxd.core.root_setting import root_setting, writable_root
 from sandboxd.core.runtimes import fit_limits, runtime_name, runtime_refusal
 from sandboxd.core.tenancy import current_tenant
 from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument, Unavailable
@@ -40,6 +41,7 @@ class ProblemKind(enum.IntEnum):
     RUNTIME_UNAVAILABLE = 8
     IMAGE_TOO_LARGE = 9
     NETWORK_UNAVAILABLE = 10
+    ROOT_UNAVAILABLE = 11
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,10 @@ async def preflight(
     max_size = concurrent
     starts: list[float] = []
     model = False
+    writable = False
     if pool:
         p = control.get_pool(pool, "pool")
+        writable = writable_root(p.config)
         report.network = list(p.config.network)
         model = bool(p.config.model_endpoint)
         image, resolved, runtime = p.config.image, p.config.limits, p.config.runtime
@@ -146,6 +150,11 @@ async def preflight(
         blocked = network_refusal(control.backend, runtime, report.network, model)
         if blocked is not None:
             add(Problem(ProblemKind.NETWORK_UNAVAILABLE, blocked, "spec.network"))
+        if writable:
+            try:
+                await root_setting(p.config, control.backend)
+            except FailedPrecondition as e:
+                add(Problem(ProblemKind.ROOT_UNAVAILABLE, e.message, "spec.root"))
         report.memory_bytes, report.cpus = await control.backend.capacity()
         if isinstance(control.backend, HostCapacity):
             facts = await control.backend.host_facts()

@@ -36,6 +36,7 @@ from sandboxd.core.pools.images import ImageSource
 from sandboxd.core.pools.recycle import check_recycle, check_recycle_live
 from sandboxd.core.quotas import Quotas
 from sandboxd.core.reconciler import Reconciler
+from sandboxd.core.root_setting import check_root, root_setting
 from sandboxd.core.runtimes import check_runtime, fit_limits, runtime_name
 from sandboxd.core.state import StateStore
 from sandboxd.core.tenancy import current_tenant, owns, pool_key, split_pool_key
@@ -247,6 +248,7 @@ class SandboxRegistry:
         check_model_endpoint(config)
         check_pull_secrets(config, self._backend)
         check_recycle(config, self._backend)
+        check_root(config)
         v.labels("spec.labels", config.labels)
         v.env("spec.env", config.env)
         runtime = runtime_name(config.runtime)
@@ -269,6 +271,7 @@ class SandboxRegistry:
         refusal = network_refusal(self._backend, runtime, config.network, bool(config.model_endpoint))
         if refusal is not None:
             raise FailedPrecondition(f"pool {name!r}: {refusal}")
+        config = replace(config, root=await root_setting(config, self._backend))
         config = replace(config, live_snapshots=live_setting(config, self._backend))
         check_recycle_live(config)
         # Checked again: another create of the same name may have finished meanwhile.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,13 +36,23 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pools (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (
   id TEXT PRIMARY KEY, pool TEXT NOT NULL, sandboxes TEXT NOT NULL,
-  ttl REAL NOT NULL, expires_wall REAL NOT NULL, labels TEXT NOT NULL
+  ttl REAL NOT NULL, expires_wall REAL NOT NULL, labels TEXT NOT NULL,
+  network TEXT NOT NULL DEFAULT '[]'
 );
 """
 
 
-PersistedLease = tuple[str, str, list[str], float, float, dict[str, str]]
-"""lease id, pool key, sandbox ids, ttl, expiry (wall-clock seconds), labels."""
+def _add_network_column(db: sqlite3.Connection) -> None:
+    """A file written before leases carried network rules gets the column (none narrowed)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(leases)")}
+    if "network" not in columns:
+        with db:
+            db.execute("ALTER TABLE leases ADD COLUMN network TEXT NOT NULL DEFAULT '[]'")
+
+
+PersistedLease = tuple[str, str, list[str], float, float, dict[str, str], list[str]]
+"""lease id, pool key, sandbox ids, ttl, expiry (wall-clock seconds), labels,
+network rules narrower than the pool's ([] = the pool's)."""
 
 _KEY_COLUMN = {"pools": "name", "leases": "id"}
 LINGER_SECONDS = 0.003
@@ -163,7 +174,7 @@ class SqliteStateStore:
 
     async def open(self) -> None:
         """Opens the database, creating the file and its tables when missing."""
-        await self._sql.open(_SCHEMA)
+        await self._sql.open(_SCHEMA, _add_network_column)
 
     async def close(self) -> None:
         """Waits for the writes still queued to commit, then closes the database."""
@@ -236,6 +247,7 @@ class SqliteStateStore:
                     lease.ttl,
                     lease.expires_wall,
                     json.dumps(lease.labels),
+                    json.dumps(list(lease.network)),
                 ),
             )
         )
@@ -247,6 +259,6 @@ class SqliteStateStore:
     async def load_leases(self) -> list[PersistedLease]:
         """Every stored lease, read on the worker thread."""
         rows = await self._sql.run(
-            self._query, "SELECT id, pool, sandboxes, ttl, expires_wall, labels FROM leases"
+            self._query, "SELECT id, pool, sandboxes, ttl, expires_wall, labels, network FROM leases"
         )
-        return [(r[0], r[1], json.loads(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]
+        return [(r[0], r[1], json.loads(r[2]), r[3], r[4], json.loads(r[5]), json.loads(r[6])) for r in rows]

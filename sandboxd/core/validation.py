@@ -81,6 +81,8 @@ RESERVED_LABELS = frozenset(
         "sandboxd.runtime",
         # Whether a gVisor sandbox runs the keeper (sandboxd.backends.docker.containers.LABEL_KEEPER).
         "sandboxd.keeper",
+        # Whether a Docker sandbox's root is writable (sandboxd.backends.docker.containerspec.LABEL_ROOT).
+        "sandboxd.root",
         "sandboxd.tenant",
         "sandboxd.build",
         # A sandbox's own image (sandboxd.backends.base.LABEL_IMAGE), read back on adoption.
@@ -197,17 +199,24 @@ FILE_ROOTS = (WORKSPACE, TMP)
 sandbox, where frameworks such as slime put scripts and markers)."""
 
 
-def file_path(field: str, path: str) -> str:
+ANY_ROOT = "/"
+"""The file root of every other path in a sandbox with a writable root."""
+
+
+def file_path(field: str, path: str, anywhere: bool = False) -> str:
     """Like workspace_path, with /tmp as a second root: absolute, normalised,
-    inside /workspace (relative paths are taken from it) or /tmp. The check
-    is on the normalised name; the backend then resolves it in the sandbox
-    without following links (a link on the way is refused), so a link
-    planted there cannot lead out of the root."""
+    inside /workspace (relative paths are taken from it) or /tmp; with
+    ``anywhere`` (a sandbox with a writable root) any absolute path. The
+    check is on the normalised name; the backend then resolves it in the
+    sandbox without following links (a link on the way is refused), so a
+    link planted there cannot lead out of the root."""
     if not path:
         raise InvalidArgument(field, "is required")
     if "\x00" in path or len(path) > MAX_PATH:
         raise InvalidArgument(field, "must be at most 4096 bytes with no NUL")
     full = posixpath.normpath(path if path.startswith("/") else f"{WORKSPACE}/{path}")
+    if anywhere:
+        return "/" + full.lstrip("/")  # normpath keeps a leading "//"
     if any(full == root or full.startswith(root + "/") for root in FILE_ROOTS):
         return full
     where = f"files are reachable in {WORKSPACE} and {TMP}"
@@ -215,8 +224,16 @@ def file_path(field: str, path: str) -> str:
 
 
 def file_root(path: str) -> str:
-    """The file root a path from file_path lies in."""
-    return TMP if path == TMP or path.startswith(TMP + "/") else WORKSPACE
+    """The file root a path from file_path lies in (ANY_ROOT: neither)."""
+    for root in FILE_ROOTS:
+        if path == root or path.startswith(root + "/"):
+            return root
+    return ANY_ROOT
+
+
+def file_roots(anywhere: bool) -> tuple[str, ...]:
+    """The file roots of a sandbox (``anywhere``: it has a writable root)."""
+    return (*FILE_ROOTS, ANY_ROOT) if anywhere else FILE_ROOTS
 
 
 def exec_user(field: str, user: str) -> str:

@@ -5,7 +5,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -46,7 +46,7 @@ class Limits(_message.Message):
     def __init__(self, memory_bytes: _Optional[int] = ..., cpu_millis: _Optional[int] = ..., pids: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., max_files: _Optional[int] = ..., output_bytes: _Optional[int] = ..., lifetime_seconds: _Optional[int] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "pool", "image", "state", "lease_id", "labels", "limits", "created_at", "ready_at", "leased_at", "lease_expires_at", "failure_reason", "paused")
+    __slots__ = ("id", "pool", "image", "state", "lease_id", "labels", "limits", "created_at", "ready_at", "leased_at", "lease_expires_at", "failure_reason", "paused", "network")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class Sandbox(_message.Message):
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     id: str
     pool: str
     image: str
@@ -80,4 +81,5 @@ class Sandbox(_message.Message):
     lease_expires_at: _timestamp_pb2.Timestamp
     failure_reason: str
     paused: bool
-    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., lease_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leased_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_reason: _Optional[str] = ..., paused: _Optional[bool] = ...) -> None: ...
+    network: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., lease_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leased_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_reason: _Optional[str] = ..., paused: _Optional[bool] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sandboxd.v1 import common_pb2 as sandboxd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/pools.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\"\x8d\x04\n\x08PoolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x11\n\tmin_ready\x18\x03 \x01(\x05\x12\x10\n\x08max_size\x18\x04 \x01(\x05\x12#\n\x06limits\x18\x05 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12+\n\x03\x65nv\x18\x06 \x03(\x0b\x32\x1e.sandboxd.v1.PoolSpec.EnvEntry\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.sandboxd.v1.PoolSpec.LabelsEntry\x12\x11\n\tmax_ready\x18\x08 \x01(\x05\x12\x14\n\x0cidle_seconds\x18\t \x01(\x01\x12\x0f\n\x07runtime\x18\n \x01(\t\x12\x0e\n\x06images\x18\x0b \x03(\t\x12\x0f\n\x07network\x18\x0c \x03(\t\x12\x16\n\x0elive_snapshots\x18\r \x01(\t\x12\x0f\n\x07recycle\x18\x0e \x01(\t\x12\x15\n\rrecycle_label\x18\x0f \x01(\t\x12\x10\n\x08max_uses\x18\x10 \x01(\x05\x12\x16\n\x0emodel_endpoint\x18\x14 \x01(\t\x12\x1a\n\x12image_pull_secrets\x18\x15 \x03(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xef\x01\n\nPoolStatus\x12\r\n\x05ready\x18\x01 \x01(\x05\x12\x10\n\x08\x63reating\x18\x02 \x01(\x05\x12\x0e\n\x06leased\x18\x03 \x01(\x05\x12\x11\n\treleasing\x18\x04 \x01(\x05\x12\x14\n\x0c\x66\x61iled_total\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x13\n\x0bwarm_target\x18\x08 \x01(\x05\x12\x16\n\x0erecycled_total\x18\t \x01(\x03\x12\x19\n\x11reset_p50_seconds\x18\n \x01(\x01\x12\x1a\n\x12\x63reate_p50_seconds\x18\x0b \x01(\x01\"\x84\x01\n\x04Pool\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.PoolSpec\x12\'\n\x06status\x18\x02 \x01(\x0b\x32\x17.sandboxd.v1.PoolStatus\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"8\n\x11\x43reatePoolRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.PoolSpec\"5\n\x12\x43reatePoolResponse\x12\x1f\n\x04pool\x18\x01 \x01(\x0b\x32\x11.sandboxd.v1.Pool\"\x1e\n\x0eGetPoolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"2\n\x0fGetPoolResponse\x12\x1f\n\x04pool\x18\x01 \x01(\x0b\x32\x11.sandboxd.v1.Pool\"\x12\n\x10ListPoolsRequest\"5\n\x11ListPoolsResponse\x12 \n\x05pools\x18\x01 \x03(\x0b\x32\x11.sandboxd.v1.Pool\"\x91\x01\n\x11UpdatePoolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\tmin_ready\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\x08max_size\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\tmax_ready\x18\x04 \x01(\x05H\x02\x88\x01\x01\x42\x0c\n\n_min_readyB\x0b\n\t_max_sizeB\x0c\n\n_max_ready\"5\n\x12UpdatePoolResponse\x12\x1f\n\x04pool\x18\x01 \x01(\x0b\x32\x11.sandboxd.v1.Pool\"0\n\x11\x44\x65letePoolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\x14\n\x12\x44\x65letePoolResponse2\x8c\x03\n\x0bPoolService\x12M\n\nCreatePool\x12\x1e.sandboxd.v1.CreatePoolRequest\x1a\x1f.sandboxd.v1.CreatePoolResponse\x12\x44\n\x07GetPool\x12\x1b.sandboxd.v1.GetPoolRequest\x1a\x1c.sandboxd.v1.GetPoolResponse\x12J\n\tListPools\x12\x1d.sandboxd.v1.ListPoolsRequest\x1a\x1e.sandboxd.v1.ListPoolsResponse\x12M\n\nUpdatePool\x12\x1e.sandboxd.v1.UpdatePoolRequest\x1a\x1f.sandboxd.v1.UpdatePoolResponse\x12M\n\nDeletePool\x12\x1e.sandboxd.v1.DeletePoolRequest\x1a\x1f.sandboxd.v1.DeletePoolResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sandboxd/v1/pools.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\"\x9b\x04\n\x08PoolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05image\x18\x02 \x01(\t\x12\x11\n\tmin_ready\x18\x03 \x01(\x05\x12\x10\n\x08max_size\x18\x04 \x01(\x05\x12#\n\x06limits\x18\x05 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12+\n\x03\x65nv\x18\x06 \x03(\x0b\x32\x1e.sandboxd.v1.PoolSpec.EnvEntry\x12\x31\n\x06labels\x18\x07 \x03(\x0b\x32!.sandboxd.v1.PoolSpec.LabelsEntry\x12\x11\n\tmax_ready\x18\x08 \x01(\x05\x12\x14\n\x0cidle_seconds\x18\t \x01(\x01\x12\x0f\n\x07runtime\x18\n \x01(\t\x12\x0e\n\x06images\x18\x0b \x03(\t\x12\x0f\n\x07network\x18\x0c \x03(\t\x12\x16\n\x0elive_snapshots\x18\r \x01(\t\x12\x0f\n\x07recycle\x18\x0e \x01(\t\x12\x15\n\rrecycle_label\x18\x0f \x01(\t\x12\x10\n\x08max_uses\x18\x10 \x01(\x05\x12\x16\n\x0emodel_endpoint\x18\x14 \x01(\t\x12\x1a\n\x12image_pull_secrets\x18\x15 \x03(\t\x12\x0c\n\x04root\x18\x16 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xef\x01\n\nPoolStatus\x12\r\n\x05ready\x18\x01 \x01(\x05\x12\x10\n\x08\x63reating\x18\x02 \x01(\x05\x12\x0e\n\x06leased\x18\x03 \x01(\x05\x12\x11\n\treleasing\x18\x04 \x01(\x05\x12\x14\n\x0c\x66\x61iled_total\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12\x13\n\x0bwarm_target\x18\x08 \x01(\x05\x12\x16\n\x0erecycled_total\x18\t \x01(\x03\x12\x19\n\x11reset_p50_seconds\x18\n \x01(\x01\x12\x1a\n\x12\x63reate_p50_seconds\x18\x0b \x01(\x01\"\x84\x01\n\x04Pool\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.PoolSpec\x12\'\n\x06status\x18\x02 \x01(\x0b\x32\x17.sandboxd.v1.PoolStatus\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"8\n\x11\x43reatePoolRequest\x12#\n\x04spec\x18\x01 \x01(\x0b\x32\x15.sandboxd.v1.PoolSpec\"5\n\x12\x43reatePoolResponse\x12\x1f\n\x04pool\x18\x01 \x01(\x0b\x32\x11.sandboxd.v1.Pool\"\x1e\n\x0eGetPoolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"2\n\x0fGetPoolResponse\x12\x1f\n\x04pool\x18\x01 \x01(\x0b\x32\x11.sandboxd.v1.Pool\"\x12\n\x10ListPoolsRequest\"5\n\x11ListPoolsResponse\x12 \n\x05pools\x18\x01 \x03(\x0b\x32\x11.sandboxd.v1.Pool\"\x91\x01\n\x11UpdatePoolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\tmin_ready\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\x08max_size\x18\x03 \x01(\x05H\x01\x88\x01\x01\x12\x16\n\tmax_ready\x18\x04 \x01(\x05H\x02\x88\x01\x01\x42\x0c\n\n_min_readyB\x0b\n\t_max_sizeB\x0c\n\n_max_ready\"5\n\x12UpdatePoolResponse\x12\x1f\n\x04pool\x18\x01 \x01(\x0b\x32\x11.sandboxd.v1.Pool\"0\n\x11\x44\x65letePoolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"\x14\n\x12\x44\x65letePoolResponse2\x8c\x03\n\x0bPoolService\x12M\n\nCreatePool\x12\x1e.sandboxd.v1.CreatePoolRequest\x1a\x1f.sandboxd.v1.CreatePoolResponse\x12\x44\n\x07GetPool\x12\x1b.sandboxd.v1.GetPoolRequest\x1a\x1c.sandboxd.v1.GetPoolResponse\x12J\n\tListPools\x12\x1d.sandboxd.v1.ListPoolsRequest\x1a\x1e.sandboxd.v1.ListPoolsResponse\x12M\n\nUpdatePool\x12\x1e.sandboxd.v1.UpdatePoolRequest\x1a\x1f.sandboxd.v1.UpdatePoolResponse\x12M\n\nDeletePool\x12\x1e.sandboxd.v1.DeletePoolRequest\x1a\x1f.sandboxd.v1.DeletePoolResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,35 +38,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POOLSPEC_LABELSENTRY']._loaded_options = None
   _globals['_POOLSPEC_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_POOLSPEC']._serialized_start=100
-  _globals['_POOLSPEC']._serialized_end=625
-  _globals['_POOLSPEC_ENVENTRY']._serialized_start=536
-  _globals['_POOLSPEC_ENVENTRY']._serialized_end=578
-  _globals['_POOLSPEC_LABELSENTRY']._serialized_start=580
-  _globals['_POOLSPEC_LABELSENTRY']._serialized_end=625
-  _globals['_POOLSTATUS']._serialized_start=628
-  _globals['_POOLSTATUS']._serialized_end=867
-  _globals['_POOL']._serialized_start=870
-  _globals['_POOL']._serialized_end=1002
-  _globals['_CREATEPOOLREQUEST']._serialized_start=1004
-  _globals['_CREATEPOOLREQUEST']._serialized_end=1060
-  _globals['_CREATEPOOLRESPONSE']._serialized_start=1062
-  _globals['_CREATEPOOLRESPONSE']._serialized_end=1115
-  _globals['_GETPOOLREQUEST']._serialized_start=1117
-  _globals['_GETPOOLREQUEST']._serialized_end=1147
-  _globals['_GETPOOLRESPONSE']._serialized_start=1149
-  _globals['_GETPOOLRESPONSE']._serialized_end=1199
-  _globals['_LISTPOOLSREQUEST']._serialized_start=1201
-  _globals['_LISTPOOLSREQUEST']._serialized_end=1219
-  _globals['_LISTPOOLSRESPONSE']._serialized_start=1221
-  _globals['_LISTPOOLSRESPONSE']._serialized_end=1274
-  _globals['_UPDATEPOOLREQUEST']._serialized_start=1277
-  _globals['_UPDATEPOOLREQUEST']._serialized_end=1422
-  _globals['_UPDATEPOOLRESPONSE']._serialized_start=1424
-  _globals['_UPDATEPOOLRESPONSE']._serialized_end=1477
-  _globals['_DELETEPOOLREQUEST']._serialized_start=1479
-  _globals['_DELETEPOOLREQUEST']._serialized_end=1527
-  _globals['_DELETEPOOLRESPONSE']._serialized_start=1529
-  _globals['_DELETEPOOLRESPONSE']._serialized_end=1549
-  _globals['_POOLSERVICE']._serialized_start=1552
-  _globals['_POOLSERVICE']._serialized_end=1948
+  _globals['_POOLSPEC']._serialized_end=639
+  _globals['_POOLSPEC_ENVENTRY']._serialized_start=550
+  _globals['_POOLSPEC_ENVENTRY']._serialized_end=592
+  _globals['_POOLSPEC_LABELSENTRY']._serialized_start=594
+  _globals['_POOLSPEC_LABELSENTRY']._serialized_end=639
+  _globals['_POOLSTATUS']._serialized_start=642
+  _globals['_POOLSTATUS']._serialized_end=881
+  _globals['_POOL']._serialized_start=884
+  _globals['_POOL']._serialized_end=1016
+  _globals['_CREATEPOOLREQUEST']._serialized_start=1018
+  _globals['_CREATEPOOLREQUEST']._serialized_end=1074
+  _globals['_CREATEPOOLRESPONSE']._serialized_start=1076
+  _globals['_CREATEPOOLRESPONSE']._serialized_end=1129
+  _globals['_GETPOOLREQUEST']._serialized_start=1131
+  _globals['_GETPOOLREQUEST']._serialized_end=1161
+  _globals['_GETPOOLRESPONSE']._serialized_start=1163
+  _globals['_GETPOOLRESPONSE']._serialized_end=1213
+  _globals['_LISTPOOLSREQUEST']._serialized_start=1215
+  _globals['_LISTPOOLSREQUEST']._serialized_end=1233
+  _globals['_LISTPOOLSRESPONSE']._serialized_start=1235
+  _globals['_LISTPOOLSRESPONSE']._serialized_end=1288
+  _globals['_UPDATEPOOLREQUEST']._serialized_start=1291
+  _globals['_UPDATEPOOLREQUEST']._serialized_end=1436
+  _globals['_UPDATEPOOLRESPONSE']._serialized_start=1438
+  _globals['_UPDATEPOOLRESPONSE']._serialized_end=1491
+  _globals['_DELETEPOOLREQUEST']._serialized_start=1493
+  _globals['_DELETEPOOLREQUEST']._serialized_end=1541
+  _globals['_DELETEPOOLRESPONSE']._serialized_start=1543
+  _globals['_DELETEPOOLRESPONSE']._serialized_end=1563
+  _globals['_POOLSERVICE']._serialized_start=1566
+  _globals['_POOLSERVICE']._serialized_end=1962
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PoolSpec(_message.Message):
-    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds", "runtime", "images", "network", "live_snapshots", "recycle", "recycle_label", "max_uses", "model_endpoint", "image_pull_secrets")
+    __slots__ = ("name", "image", "min_ready", "max_size", "limits", "env", "labels", "max_ready", "idle_seconds", "runtime", "images", "network", "live_snapshots", "recycle", "recycle_label", "max_uses", "model_endpoint", "image_pull_secrets", "root")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class PoolSpec(_message.Message):
     MAX_USES_FIELD_NUMBER: _ClassVar[int]
     MODEL_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_PULL_SECRETS_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     min_ready: int
@@ -62,7 +63,8 @@ class PoolSpec(_message.Message):
     max_uses: int
     model_endpoint: str
     image_pull_secrets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., runtime: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., network: _Optional[_Iterable[str]] = ..., live_snapshots: _Optional[str] = ..., recycle: _Optional[str] = ..., recycle_label: _Optional[str] = ..., max_uses: _Optional[int] = ..., model_endpoint: _Optional[str] = ..., image_pull_secrets: _Optional[_Iterable[str]] = ...) -> None: ...
+    root: str
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., min_ready: _Optional[int] = ..., max_size: _Optional[int] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., max_ready: _Optional[int] = ..., idle_seconds: _Optional[float] = ..., runtime: _Optional[str] = ..., images: _Optional[_Iterable[str]] = ..., network: _Optional[_Iterable[str]] = ..., live_snapshots: _Optional[str] = ..., recycle: _Optional[str] = ..., recycle_label: _Optional[str] = ..., max_uses: _Optional[int] = ..., model_endpoint: _Optional[str] = ..., image_pull_secrets: _Optional[_Iterable[str]] = ..., root: _Optional[str] = ...) -> None: ...
 
 class PoolStatus(_message.Message):
     __slots__ = ("ready", "creating", "leased", "releasing", "failed_total", "waiting", "last_error", "warm_target", "recycled_total", "reset_p50_seconds", "create_p50_seconds")

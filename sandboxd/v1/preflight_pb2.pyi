@@ -21,6 +21,7 @@ class ProblemKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROBLEM_KIND_RUNTIME_UNAVAILABLE: _ClassVar[ProblemKind]
     PROBLEM_KIND_IMAGE_TOO_LARGE: _ClassVar[ProblemKind]
     PROBLEM_KIND_NETWORK_UNAVAILABLE: _ClassVar[ProblemKind]
+    PROBLEM_KIND_ROOT_UNAVAILABLE: _ClassVar[ProblemKind]
 PROBLEM_KIND_UNSPECIFIED: ProblemKind
 PROBLEM_KIND_IMAGE_MISSING: ProblemKind
 PROBLEM_KIND_LIMITS_INVALID: ProblemKind
@@ -32,6 +33,7 @@ PROBLEM_KIND_LIFETIME_TOO_SHORT: ProblemKind
 PROBLEM_KIND_RUNTIME_UNAVAILABLE: ProblemKind
 PROBLEM_KIND_IMAGE_TOO_LARGE: ProblemKind
 PROBLEM_KIND_NETWORK_UNAVAILABLE: ProblemKind
+PROBLEM_KIND_ROOT_UNAVAILABLE: ProblemKind
 
 class PreflightRequest(_message.Message):
     __slots__ = ("pool", "template", "concurrent", "expected_duration_seconds", "images")

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sandboxd.v1 import common_pb2 as sandboxd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/sandboxes.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\"\x9c\x02\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\x12\r\n\x05min_n\x18\x03 \x01(\x05\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.sandboxd.v1.AcquireRequest.LabelsEntry\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12#\n\x06limits\x18\x07 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\r\n\x05image\x18\t \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"m\n\x05Lease\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"]\n\x0f\x41\x63quireResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\x12\'\n\tsandboxes\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"9\n\x10HeartbeatRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\"6\n\x11HeartbeatResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\"K\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x03(\t\"\'\n\x11GetSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\";\n\x12GetSandboxResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"\xbc\x01\n\x14ListSandboxesRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.sandboxd.v1.SandboxState\x12=\n\x06labels\x18\x03 \x03(\x0b\x32-.sandboxd.v1.ListSandboxesRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x15ListSandboxesResponse\x12\'\n\tsandboxes\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"%\n\x0fGetUsageRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"\xad\x01\n\x05Usage\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x19\n\x11memory_peak_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\x12\x18\n\x10\x64isk_limit_bytes\x18\x05 \x01(\x03\x12\r\n\x05\x66iles\x18\x06 \x01(\x03\x12\x13\n\x0b\x66iles_limit\x18\x07 \x01(\x03\x12\x13\n\x0b\x63pu_seconds\x18\x08 \x01(\x01\"5\n\x10GetUsageResponse\x12!\n\x05usage\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Usage\"\"\n\x0cPauseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"6\n\rPauseResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"#\n\rResumeRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"7\n\x0eResumeResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox2\xdb\x04\n\x0eSandboxService\x12\x44\n\x07\x41\x63quire\x12\x1b.sandboxd.v1.AcquireRequest\x1a\x1c.sandboxd.v1.AcquireResponse\x12J\n\tHeartbeat\x12\x1d.sandboxd.v1.HeartbeatRequest\x1a\x1e.sandboxd.v1.HeartbeatResponse\x12\x44\n\x07Release\x12\x1b.sandboxd.v1.ReleaseRequest\x1a\x1c.sandboxd.v1.ReleaseResponse\x12M\n\nGetSandbox\x12\x1e.sandboxd.v1.GetSandboxRequest\x1a\x1f.sandboxd.v1.GetSandboxResponse\x12V\n\rListSandboxes\x12!.sandboxd.v1.ListSandboxesRequest\x1a\".sandboxd.v1.ListSandboxesResponse\x12G\n\x08GetUsage\x12\x1c.sandboxd.v1.GetUsageRequest\x1a\x1d.sandboxd.v1.GetUsageResponse\x12>\n\x05Pause\x12\x19.sandboxd.v1.PauseRequest\x1a\x1a.sandboxd.v1.PauseResponse\x12\x41\n\x06Resume\x12\x1a.sandboxd.v1.ResumeRequest\x1a\x1b.sandboxd.v1.ResumeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/sandboxes.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\"\xad\x02\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\x12\r\n\x05min_n\x18\x03 \x01(\x05\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.sandboxd.v1.AcquireRequest.LabelsEntry\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12#\n\x06limits\x18\x07 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\r\n\x05image\x18\t \x01(\t\x12\x0f\n\x07network\x18\n \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"~\n\x05Lease\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07network\x18\x05 \x03(\t\"]\n\x0f\x41\x63quireResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\x12\'\n\tsandboxes\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"9\n\x10HeartbeatRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\"6\n\x11HeartbeatResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\"K\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x03(\t\"\'\n\x11GetSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\";\n\x12GetSandboxResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"\xbc\x01\n\x14ListSandboxesRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.sandboxd.v1.SandboxState\x12=\n\x06labels\x18\x03 \x03(\x0b\x32-.sandboxd.v1.ListSandboxesRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x15ListSandboxesResponse\x12\'\n\tsandboxes\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"%\n\x0fGetUsageRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"\xad\x01\n\x05Usage\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x19\n\x11memory_peak_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\x12\x18\n\x10\x64isk_limit_bytes\x18\x05 \x01(\x03\x12\r\n\x05\x66iles\x18\x06 \x01(\x03\x12\x13\n\x0b\x66iles_limit\x18\x07 \x01(\x03\x12\x13\n\x0b\x63pu_seconds\x18\x08 \x01(\x01\"5\n\x10GetUsageResponse\x12!\n\x05usage\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Usage\"\"\n\x0cPauseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"6\n\rPauseResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"#\n\rResumeRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"7\n\x0eResumeResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox2\xdb\x04\n\x0eSandboxService\x12\x44\n\x07\x41\x63quire\x12\x1b.sandboxd.v1.AcquireRequest\x1a\x1c.sandboxd.v1.AcquireResponse\x12J\n\tHeartbeat\x12\x1d.sandboxd.v1.HeartbeatRequest\x1a\x1e.sandboxd.v1.HeartbeatResponse\x12\x44\n\x07Release\x12\x1b.sandboxd.v1.ReleaseRequest\x1a\x1c.sandboxd.v1.ReleaseResponse\x12M\n\nGetSandbox\x12\x1e.sandboxd.v1.GetSandboxRequest\x1a\x1f.sandboxd.v1.GetSandboxResponse\x12V\n\rListSandboxes\x12!.sandboxd.v1.ListSandboxesRequest\x1a\".sandboxd.v1.ListSandboxesResponse\x12G\n\x08GetUsage\x12\x1c.sandboxd.v1.GetUsageRequest\x1a\x1d.sandboxd.v1.GetUsageResponse\x12>\n\x05Pause\x12\x19.sandboxd.v1.PauseRequest\x1a\x1a.sandboxd.v1.PauseResponse\x12\x41\n\x06Resume\x12\x1a.sandboxd.v1.ResumeRequest\x1a\x1b.sandboxd.v1.ResumeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,45 +38,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_ACQUIREREQUEST']._serialized_start=104
-  _globals['_ACQUIREREQUEST']._serialized_end=388
-  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_start=343
-  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_end=388
-  _globals['_LEASE']._serialized_start=390
-  _globals['_LEASE']._serialized_end=499
-  _globals['_ACQUIRERESPONSE']._serialized_start=501
-  _globals['_ACQUIRERESPONSE']._serialized_end=594
-  _globals['_HEARTBEATREQUEST']._serialized_start=596
-  _globals['_HEARTBEATREQUEST']._serialized_end=653
-  _globals['_HEARTBEATRESPONSE']._serialized_start=655
-  _globals['_HEARTBEATRESPONSE']._serialized_end=709
-  _globals['_RELEASEREQUEST']._serialized_start=711
-  _globals['_RELEASEREQUEST']._serialized_end=786
-  _globals['_RELEASERESPONSE']._serialized_start=788
-  _globals['_RELEASERESPONSE']._serialized_end=823
-  _globals['_GETSANDBOXREQUEST']._serialized_start=825
-  _globals['_GETSANDBOXREQUEST']._serialized_end=864
-  _globals['_GETSANDBOXRESPONSE']._serialized_start=866
-  _globals['_GETSANDBOXRESPONSE']._serialized_end=925
-  _globals['_LISTSANDBOXESREQUEST']._serialized_start=928
-  _globals['_LISTSANDBOXESREQUEST']._serialized_end=1116
-  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_start=343
-  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_end=388
-  _globals['_LISTSANDBOXESRESPONSE']._serialized_start=1118
-  _globals['_LISTSANDBOXESRESPONSE']._serialized_end=1182
-  _globals['_GETUSAGEREQUEST']._serialized_start=1184
-  _globals['_GETUSAGEREQUEST']._serialized_end=1221
-  _globals['_USAGE']._serialized_start=1224
-  _globals['_USAGE']._serialized_end=1397
-  _globals['_GETUSAGERESPONSE']._serialized_start=1399
-  _globals['_GETUSAGERESPONSE']._serialized_end=1452
-  _globals['_PAUSEREQUEST']._serialized_start=1454
-  _globals['_PAUSEREQUEST']._serialized_end=1488
-  _globals['_PAUSERESPONSE']._serialized_start=1490
-  _globals['_PAUSERESPONSE']._serialized_end=1544
-  _globals['_RESUMEREQUEST']._serialized_start=1546
-  _globals['_RESUMEREQUEST']._serialized_end=1581
-  _globals['_RESUMERESPONSE']._serialized_start=1583
-  _globals['_RESUMERESPONSE']._serialized_end=1638
-  _globals['_SANDBOXSERVICE']._serialized_start=1641
-  _globals['_SANDBOXSERVICE']._serialized_end=2244
+  _globals['_ACQUIREREQUEST']._serialized_end=405
+  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_start=360
+  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_end=405
+  _globals['_LEASE']._serialized_start=407
+  _globals['_LEASE']._serialized_end=533
+  _globals['_ACQUIRERESPONSE']._serialized_start=535
+  _globals['_ACQUIRERESPONSE']._serialized_end=628
+  _globals['_HEARTBEATREQUEST']._serialized_start=630
+  _globals['_HEARTBEATREQUEST']._serialized_end=687
+  _globals['_HEARTBEATRESPONSE']._serialized_start=689
+  _globals['_HEARTBEATRESPONSE']._serialized_end=743
+  _globals['_RELEASEREQUEST']._serialized_start=745
+  _globals['_RELEASEREQUEST']._serialized_end=820
+  _globals['_RELEASERESPONSE']._serialized_start=822
+  _globals['_RELEASERESPONSE']._serialized_end=857
+  _globals['_GETSANDBOXREQUEST']._serialized_start=859
+  _globals['_GETSANDBOXREQUEST']._serialized_end=898
+  _globals['_GETSANDBOXRESPONSE']._serialized_start=900
+  _globals['_GETSANDBOXRESPONSE']._serialized_end=959
+  _globals['_LISTSANDBOXESREQUEST']._serialized_start=962
+  _globals['_LISTSANDBOXESREQUEST']._serialized_end=1150
+  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_start=360
+  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_end=405
+  _globals['_LISTSANDBOXESRESPONSE']._serialized_start=1152
+  _globals['_LISTSANDBOXESRESPONSE']._serialized_end=1216
+  _globals['_GETUSAGEREQUEST']._serialized_start=1218
+  _globals['_GETUSAGEREQUEST']._serialized_end=1255
+  _globals['_USAGE']._serialized_start=1258
+  _globals['_USAGE']._serialized_end=1431
+  _globals['_GETUSAGERESPONSE']._serialized_start=1433
+  _globals['_GETUSAGERESPONSE']._serialized_end=1486
+  _globals['_PAUSEREQUEST']._serialized_start=1488
+  _globals['_PAUSEREQUEST']._serialized_end=1522
+  _globals['_PAUSERESPONSE']._serialized_start=1524
+  _globals['_PAUSERESPONSE']._serialized_end=1578
+  _globals['_RESUMEREQUEST']._serialized_start=1580
+  _globals['_RESUMEREQUEST']._serialized_end=1615
+  _globals['_RESUMERESPONSE']._serialized_start=1617
+  _globals['_RESUMERESPONSE']._serialized_end=1672
+  _globals['_SANDBOXSERVICE']._serialized_start=1675
+  _globals['_SANDBOXSERVICE']._serialized_end=2278
 # @@protoc_insertion_point(module_scope)

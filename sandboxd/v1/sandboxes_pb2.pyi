@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds", "limits", "request_id", "image")
+    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds", "limits", "request_id", "image", "network")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class AcquireRequest(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     pool: str
     n: int
     min_n: int
@@ -37,19 +38,22 @@ class AcquireRequest(_message.Message):
     limits: _common_pb2.Limits
     request_id: str
     image: str
-    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., request_id: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
+    network: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., request_id: _Optional[str] = ..., image: _Optional[str] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "sandbox_ids", "ttl_seconds", "expires_at")
+    __slots__ = ("id", "sandbox_ids", "ttl_seconds", "expires_at", "network")
     ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_IDS_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     id: str
     sandbox_ids: _containers.RepeatedScalarFieldContainer[str]
     ttl_seconds: float
     expires_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., sandbox_ids: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[float] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    network: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., sandbox_ids: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[float] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("lease", "sandboxes")

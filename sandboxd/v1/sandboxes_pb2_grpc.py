@@ -106,6 +106,9 @@ class SandboxServiceServicer:
         registry has no such image (or refuses access): answered at once.
         UNAVAILABLE: the registry cannot be reached; RetryInfo says when to
         ask again.
+        With network set (rules narrower than the pool's): INVALID_ARGUMENT for
+        a malformed rule or one outside the pool's, FAILED_PRECONDITION on a
+        backend that cannot narrow (Kubernetes); both before anything is taken.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

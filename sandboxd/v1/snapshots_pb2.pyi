@@ -124,7 +124,7 @@ class SnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("snapshot_id", "n", "pool", "labels", "lease_ttl_seconds", "timeout_seconds")
+    __slots__ = ("snapshot_id", "n", "pool", "labels", "lease_ttl_seconds", "timeout_seconds", "network")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -138,13 +138,15 @@ class RestoreRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     n: int
     pool: str
     labels: _containers.ScalarMap[str, str]
     lease_ttl_seconds: float
     timeout_seconds: float
-    def __init__(self, snapshot_id: _Optional[str] = ..., n: _Optional[int] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    network: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, snapshot_id: _Optional[str] = ..., n: _Optional[int] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("lease", "sandboxes", "snapshot")

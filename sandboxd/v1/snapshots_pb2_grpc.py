@@ -107,7 +107,9 @@ class SnapshotServiceServicer:
         checkpoint, so the snapshot's session gets a fresh shell with its cwd and
         environment. Its checkpoint image is verified (digest, members) before
         anything is leased.
-        INVALID_ARGUMENT: n < 1, bad labels, TTL or timeout.
+        INVALID_ARGUMENT: n < 1, bad labels, TTL or timeout, or a network rule
+        malformed or outside the pool's (FAILED_PRECONDITION: a backend that
+        cannot narrow, as Acquire).
         NOT_FOUND: unknown or expired snapshot, or its pool no longer exists.
         FAILED_PRECONDITION: the snapshot does not fit the pool's limits (files,
         bytes), the pool runs another image, n is above max_size, or the

@@ -123,7 +123,7 @@ async def test_a_new_replica_loads_leases_and_pools_without_rewriting() -> None:
     second = LedgerStateStore(ledger)
     assert await second.load_pools() == [config]
     (loaded,) = await second.load_leases()
-    assert loaded == ("ls-1", "p", ["a", "b"], 30.0, 1015.0, {"run": "r"})
+    assert loaded == ("ls-1", "p", ["a", "b"], 30.0, 1015.0, {"run": "r"}, [])
     # Adoption saves the lease back as found: nothing to write.
     await second.save_lease(lease(1015.0), ["pod-a", "pod-b"])
     assert ledger.writes == writes

@@ -73,7 +73,7 @@ async def test_concurrent_writes_commit_together_in_order(tmp_path: Path) -> Non
         assert set(rows) == {lease(i).lease_id for i in range(1, 65)}
         assert rows[lease(1).lease_id][3] == 99.0
         assert rows[lease(2).lease_id][3] == 8.0  # the later of two writes of one lease in a batch wins
-        assert rows[lease(5).lease_id][2:] == (["sb-000000000005"], 60.0, 1_700_000_005.0, {"i": "5"})
+        assert rows[lease(5).lease_id][2:] == (["sb-000000000005"], 60.0, 1_700_000_005.0, {"i": "5"}, [])
     finally:
         await store.close()
 
@@ -177,3 +177,41 @@ async def test_an_acquire_whose_lease_was_not_stored_is_not_answered(
     assert len(h.control.leases) == 0
     await wait_for(lambda: pool.ready == 4 and pool.count(State.RELEASING) == 0, what="refilled")
     assert await stored_ids(store) == set()
+
+
+async def test_a_leases_narrower_network_rules_persist(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    store = SqliteStateStore(path)
+    await store.open()
+    narrowed = Lease("ls-" + "a" * 24, "p", ["sb-1"], 60.0, 0.0, 1_700_000_000.0, network=("pypi.test:443",))
+    await store.save_lease(narrowed)
+    await store.save_lease(lease(1))
+    await store.close()
+    reopened = SqliteStateStore(path)
+    await reopened.open()
+    try:
+        rows = {row[0]: row for row in await reopened.load_leases()}
+        assert rows[narrowed.lease_id][6] == ["pypi.test:443"]
+        assert rows[lease(1).lease_id][6] == []
+    finally:
+        await reopened.close()
+
+
+async def test_a_file_from_before_narrowing_gets_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    old = sqlite3.connect(path)
+    with old:
+        old.execute(
+            "CREATE TABLE leases (id TEXT PRIMARY KEY, pool TEXT NOT NULL, sandboxes TEXT NOT NULL,"
+            " ttl REAL NOT NULL, expires_wall REAL NOT NULL, labels TEXT NOT NULL)"
+        )
+        old.execute("INSERT INTO leases VALUES ('ls-old', 'p', '[\"sb-1\"]', 60.0, 1.0, '{}')")
+    old.close()
+    store = SqliteStateStore(path)
+    await store.open()
+    try:
+        assert await store.load_leases() == [("ls-old", "p", ["sb-1"], 60.0, 1.0, {}, [])]
+        await store.save_lease(lease(2))
+        assert lease(2).lease_id in await stored_ids(store)
+    finally:
+        await store.close()

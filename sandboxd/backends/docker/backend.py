@@ -16,7 +16,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -154,7 +154,9 @@ class DockerBackend(DockerImages, DockerRecycling, DockerModelRoutes, DockerLive
             # Under gVisor the host's view of the container (its cgroup's
             # pids, /proc/<pid>/root) is gVisor's own, not the sandbox's.
             host_view = pid and spec.runtime != GVISOR
-            self._probes[handle] = ContainerProbe.open(pid) if host_view else None
+            self._probes[handle] = probe = ContainerProbe.open(pid) if host_view else None
+            if probe is not None:
+                probe.writable_root = spec.writable_root
             # Linked before any command runs: a sandbox never sees its network half-made.
             await self._egress.attach(spec, handle, pid)
             # The keeper (if any) has started the spare's shell with the sandbox.
@@ -254,6 +256,20 @@ class DockerBackend(DockerImages, DockerRecycling, DockerModelRoutes, DockerLive
     def network_refusal(self, runtime: str) -> str | None:
         return self._egress.refusal(runtime)
 
+    async def root_refusal(self, runtime: str) -> str | None:
+        """The same for every runtime: gVisor's own root overlay lives in the bounded layer too."""
+        return await self._containers.root_refusal()
+
+    async def narrowing_refusal(self, runtime: str) -> str | None:
+        """None: a sandbox's own proxy and resolver take new rules at once (DockerEgress.narrow)."""
+        return None
+
+    async def narrow_egress(self, handle: str, rules: tuple[str, ...]) -> None:
+        await self._egress.narrow(handle, rules)
+
+    def expect_narrowed(self, rules: Mapping[str, tuple[str, ...]]) -> None:
+        self._egress.expect(rules)
+
     async def close(self) -> None:
         await self._egress.close()
         await self._background.close()
@@ -280,7 +296,9 @@ class DockerBackend(DockerImages, DockerRecycling, DockerModelRoutes, DockerLive
             # Adopted after a restart: look the container's pid up once.
             pid = await self._containers.host_pid(handle)
             host_view = pid and await self._runtime(handle) != GVISOR
-            self._probes[handle] = ContainerProbe.open(pid) if host_view else None
+            self._probes[handle] = probe = ContainerProbe.open(pid) if host_view else None
+            if probe is not None:
+                probe.writable_root = handle in self._containers.writable_roots
         return self._probes[handle]
 
     async def write_in_place(self, handle: str, files: builtins.list[tuple[str, bytes, int]]) -> bool:

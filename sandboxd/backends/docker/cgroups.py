@@ -217,6 +217,8 @@ class ContainerProbe:
         """``started``: the init process's start time (/proc/<pid>/stat), to
         tell it from a later process that reuses its pid."""
         self.pid = pid
+        self.writable_root = False
+        """The root is bounded too (rootfs.py): named when it is full."""
         self._paths = paths
         self._counter_files: tuple[bytes, bytes] | None = None
         self._unified = unified
@@ -319,11 +321,11 @@ class ContainerProbe:
             return ExecOutcome.PIDS_EXHAUSTED, "the sandbox's process limit was reached (fork refused)"
         if exit_code == 0 or timed_out:
             return None
-        for path in (WORKSPACE, *SCRATCH):
+        for path in (WORKSPACE, *SCRATCH, *(("/",) if self.writable_root else ())):
             fs = self._statvfs(path)
             if fs is None:
                 continue
-            where = "the workspace" if path == WORKSPACE else path
+            where = {WORKSPACE: "the workspace", "/": "the root filesystem"}.get(path, path)
             if fs.f_files and fs.f_ffree == 0:
                 return ExecOutcome.FILE_LIMIT, f"{where} holds its maximum of {fs.f_files} files"
             if fs.f_blocks and fs.f_bavail == 0:

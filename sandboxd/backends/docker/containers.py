@@ -17,7 +17,9 @@ read-only from the inbox so that tools that look the user up (id, whoami,
 git, ssh) work on the read-only root. A sandbox's
 inbox (see backend) is a host directory made with its container, mounted
 read-only at INBOX and removed with it; every list sweeps the inboxes whose
-container is gone.
+container is gone. A pool's sandboxes may have a writable root instead,
+bounded by a tmpfs of their own under the container's overlay layer
+(sandboxd.backends.docker.rootfs).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ from sandboxd.backends.base import (
     Limits,
     SandboxSpec,
 )
+from sandboxd.backends.docker import rootfs
 from sandboxd.backends.docker.containerspec import (
     INBOX,
     LABEL_KEEPER,
+    LABEL_ROOT,
     LABEL_RUNTIME,
     DockerOptions,
     container_name,
@@ -88,6 +92,10 @@ class Containers:
         self._inboxes: dict[str, Path | None] = {}
         self.users = ContainerUsers(options.uids, options.user, options.instance)
         """Each container's sandbox user, and which sandbox holds which uid."""
+        # The layer directory of each writable root mounted here (rootfs).
+        self._roots: dict[str, Path] = {}
+        self.writable_roots: set[str] = set()
+        """Containers with a writable root, created or listed here."""
 
     @property
     def api(self) -> Any:
@@ -130,10 +138,14 @@ class Containers:
         handle, pid = await self.run(self._create_sync, spec, user)
         self._inboxes[handle] = self.inbox_path(spec.sandbox_id)
         self.users.created(handle, spec.sandbox_id, user)
+        if spec.writable_root:
+            self.writable_roots.add(handle)
         return handle, pid
 
     def _create_sync(self, spec: SandboxSpec, user: tuple[int, int] | None) -> tuple[str, int]:
         inbox = self.inbox_path(spec.sandbox_id)
+        if spec.writable_root and inbox is None:
+            raise PermanentBackendError("a writable root needs the backend's inbox directory")
         kwargs = container_spec(spec, self._options, inbox, user)
         if inbox is not None:
             try:
@@ -141,12 +153,16 @@ class Containers:
                 inbox.chmod(0o755)  # the sandbox user reads it, whatever our umask
                 if user is not None:
                     self.users.prepare(inbox)
+                if spec.writable_root:
+                    kwargs["mounts"] += rootfs.network_files_mounts(inbox, bool(spec.network))
             except OSError as e:
                 raise PermanentBackendError(f"cannot create the sandbox's inbox {inbox}: {e}") from e
         try:
             container = self._client.containers.create(**kwargs)
             if user is not None:
                 self.users.fill(self._client, container, spec.image, inbox, user)
+            if spec.writable_root:
+                self._bound_root(container, spec.limits)
             container.start()
             container.reload()
             return str(container.id), int(container.attrs.get("State", {}).get("Pid") or 0)
@@ -158,6 +174,36 @@ class Containers:
             raise TransientBackendError(f"container create failed: {e.explanation}") from e
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"container create failed: {e}") from e
+
+    def _bound_root(self, container: Any, limits: Limits) -> None:
+        """Mounts the created container's bounded root (sandboxd.backends.docker.rootfs)."""
+        upper = str(((container.attrs.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir") or "")
+        if not upper:
+            raise PermanentBackendError("the engine names no overlay2 upper layer for a writable root")
+        try:
+            layer = rootfs.mount_root(upper, self._options.instance, limits.disk_bytes, limits.max_files)
+        except OSError as e:
+            raise PermanentBackendError(f"cannot bound the sandbox's writable root: {e}") from e
+        self._roots[str(container.id)] = layer
+
+    async def root_room(self, handle: str) -> os.statvfs_result | None:
+        """The bounded writable root's filesystem, read on the host (what a
+        gVisor sandbox's own statfs of / does not tell); None without one."""
+        if handle not in self.writable_roots:
+            return None
+        if handle not in self._roots:
+            try:
+                state = await self.run(self._client.api.inspect_container, handle)
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
+                return None
+            upper = ((state.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+            if not upper:
+                return None
+            self._roots[handle] = Path(upper).parent
+        try:
+            return await self.run(os.statvfs, self._roots[handle])
+        except OSError:
+            return None
 
     async def discard(self, sandbox_id: str) -> None:
         """Removes what a create that failed or was cancelled may have left
@@ -179,6 +225,11 @@ class Containers:
         inbox = self._inboxes.pop(handle, None)
         await self.run(self._remove_sync, handle)
         self.users.removed(handle)
+        self.writable_roots.discard(handle)
+        layer = self._roots.pop(handle, None)
+        if layer is not None:
+            # The engine unmounts it as it removes the layer; made sure of here.
+            await self.run(rootfs.unmount, layer)
         if inbox is not None:
             await self.run(shutil.rmtree, inbox, True)
 
@@ -235,6 +286,8 @@ class Containers:
         for c in containers:
             labels = c.get("Labels") or {}
             self.users.adopt(str(c["Id"]), labels, listed_at=listed_at)
+            if labels.get(LABEL_ROOT) == "writable":
+                self.writable_roots.add(str(c["Id"]))
             out.append(
                 BackendSandbox(
                     sandbox_id=labels.get(LABEL_SANDBOX, ""),
@@ -248,7 +301,18 @@ class Containers:
             )
         if self._options.inbox_dir is not None:
             await self.run(self._sweep_inboxes, {s.sandbox_id for s in out})
+        await self._sweep_roots()
         return out
+
+    async def _sweep_roots(self) -> None:
+        """Unmounts this instance's writable roots whose container is gone
+        (the engine unmounts them as it removes one; a crash may not)."""
+        if not await self.run(rootfs.mounted_roots, self._options.instance):
+            return
+        root_dir = str((await self.engine_info()).get("DockerRootDir") or "")
+        if root_dir:
+            in_use = await self.run(rootfs.layers_in_use, root_dir)
+            await self.run(rootfs.sweep, self._options.instance, in_use)
 
     async def alive(self, handles: builtins.list[str]) -> set[str]:
         """The running ones among ``handles`` (paused ones count: their
@@ -312,6 +376,13 @@ class Containers:
             return dict(await self.run(self._client.info))
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise TransientBackendError(f"cannot read engine info: {e}") from e
+
+    async def root_refusal(self) -> str | None:
+        """Why a sandbox's writable root cannot be bounded here; None when it can (rootfs.refusal)."""
+        address = self._options.base_url or ""
+        local = not address or address.startswith("unix://")
+        info = await self.engine_info()
+        return await self.run(rootfs.refusal, info, local, self._options.inbox_dir is not None)
 
     async def capacity(self) -> tuple[int, int]:
         """The engine's memory in bytes and its CPU count."""

@@ -40,6 +40,9 @@ INBOX = "/.sandboxd/inbox"
 """Where a sandbox sees its inbox (read-only)."""
 LABEL_RUNTIME = "sandboxd.runtime"
 """The sandbox's isolation runtime, for a restarted control plane."""
+LABEL_ROOT = "sandboxd.root"
+"""On a sandbox with a writable root: "writable" (its limits are then named
+for the root too, sandboxd.backends.docker.cgroups)."""
 LABEL_KEEPER = "sandboxd.keeper"
 """On a gVisor sandbox: "true" when it runs the keeper (its shells are kept
 for live snapshots), "false" when its shells run straight on ``runsc exec``."""
@@ -108,6 +111,8 @@ def container_spec(
     }
     if spec.runtime == GVISOR:
         labels[LABEL_KEEPER] = "true" if spec.live_snapshots else "false"
+    if spec.writable_root:
+        labels[LABEL_ROOT] = "writable"
     kwargs: dict[str, Any] = dict(
         image=spec.image,
         command=["sleep", "infinity"],
@@ -118,7 +123,8 @@ def container_spec(
         network_mode="none",
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],
-        read_only=True,
+        # A writable root is bounded by a tmpfs under its layer (rootfs.py).
+        read_only=not spec.writable_root,
         tmpfs={
             WORKSPACE: workspace,
             "/tmp": f"rw,exec,nosuid,nodev,mode=1777,size={_TMP_BYTES},nr_inodes={_SCRATCH_FILES}",

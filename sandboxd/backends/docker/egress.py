@@ -61,6 +61,11 @@ class DockerEgress:
         self._pending: set[str] = set()
         self._busy: set[str] = set()
         self._gone: set[str] = set()
+        # A lease's narrower rules, by handle, whether or not the sandbox's
+        # egress is open now: one linked (again) later is linked under them.
+        self._narrowed: dict[str, tuple[str, ...]] = {}
+        # By sandbox id: what a previous run had narrowed, until a listing links it.
+        self._expected: dict[str, tuple[str, ...]] = {}
 
     def refusal(self, runtime: str) -> str | None:
         """Why sandboxes of ``runtime`` cannot have a network policy here; None when they can."""
@@ -108,10 +113,30 @@ class DockerEgress:
         finally:
             self._pending.discard(spec.sandbox_id)
 
+    def _policy(self, handle: str, rules: Sequence[str]) -> EgressPolicy:
+        narrowed = self._narrowed.get(handle)
+        return EgressPolicy.parse(rules) if narrowed is None else EgressPolicy.parse(narrowed, lease=True)
+
+    async def narrow(self, handle: str, rules: tuple[str, ...]) -> None:
+        """The sandbox's egress under ``rules`` (() = its pool's own) from now on."""
+        if rules:
+            policy = EgressPolicy.parse(rules, lease=True)
+            self._narrowed[handle] = rules
+        else:
+            self._narrowed.pop(handle, None)
+        egress = self._open.get(handle)
+        if egress is not None:
+            egress.set_policy(policy if rules else egress.base)
+        # One whose link is being made applies this itself once made (_open_for).
+
+    def expect(self, rules: Mapping[str, tuple[str, ...]]) -> None:
+        """Sandbox id -> rules a previous run narrowed it to, for the listing that links it again."""
+        self._expected = {sid: tuple(r) for sid, r in rules.items() if r}
+
     async def _open_for(
         self, sandbox_id: str, handle: str, pid: int, rules: Sequence[str], model: bool
     ) -> None:
-        policy = EgressPolicy.parse(rules)
+        policy = self._policy(handle, rules)
         if not pid:
             raise FailedPrecondition(f"sandbox {sandbox_id}: no host pid to link its network to")
         if model and self.model is None:
@@ -127,10 +152,15 @@ class DockerEgress:
             model=self.model if model else None,
             instance=self._instance,
         )
+        egress.base = EgressPolicy.parse(rules)
         if handle in self._gone:
             # Destroyed while its link was being made (a listing relinked it meanwhile).
             await egress.close()
             return
+        now = self._policy(handle, rules)
+        if now != policy:
+            # Narrowed (or widened back) while the link was being made.
+            egress.set_policy(now)
         self._open[handle] = egress
 
     async def relink(
@@ -156,6 +186,9 @@ class DockerEgress:
             ):
                 continue
             self._busy.add(s.handle)
+            expected = self._expected.pop(s.sandbox_id, None)
+            if expected:
+                self._narrowed[s.handle] = expected
             # Kept out of a concurrent listing's sweep while its namespace is made.
             self._pending.add(s.sandbox_id)
             try:
@@ -185,6 +218,7 @@ class DockerEgress:
     async def detach(self, handle: str) -> None:
         """Closes the sandbox's egress; a listing never links it again."""
         self._gone.add(handle)
+        self._narrowed.pop(handle, None)
         egress = self._open.pop(handle, None)
         if egress is not None:
             await egress.close()

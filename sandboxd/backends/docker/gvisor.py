@@ -45,6 +45,9 @@ __all__ = ["GvisorAwareBackend", "parse_statfs"]
 _MOUNTS = (WORKSPACE, *SCRATCH)
 # A filesystem with less than this free is full for a command that failed on it.
 _FULL_BYTES = 64 << 10
+# gVisor's root overlay grows its file on the host in steps: a write it
+# refuses may leave this much of the root's bound unused.
+_FULL_ROOT_BYTES = 4 << 20
 _STATFS_ARGV = ("stat", "-f", "-c", "%n %S %b %a %c %d", *_MOUNTS)
 _PIDS_ARGV = ("sh", "-c", "ls /proc | grep -c '^[0-9]'")
 
@@ -117,6 +120,10 @@ class GvisorAwareBackend(DockerBackend):
             if total and free < _FULL_BYTES:
                 where = "the workspace" if mount == WORKSPACE else mount
                 return _named(result, ExecOutcome.DISK_FULL, f"{where} is full ({total} bytes)")
+        root = await self._containers.root_room(handle)
+        if root is not None and root.f_bavail * root.f_frsize < _FULL_ROOT_BYTES:
+            total = root.f_blocks * root.f_frsize
+            return _named(result, ExecOutcome.DISK_FULL, f"the root filesystem is full ({total} bytes)")
         return result
 
     async def _kill_all(self, handle: str) -> None:

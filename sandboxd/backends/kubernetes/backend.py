@@ -38,7 +38,7 @@ from sandboxd.backends.base import (
     SandboxUsage,
 )
 from sandboxd.backends.gvisor_pids import KILL_ALL, RESCUE_SESSION, STDERR_KEPT, refused_fork
-from sandboxd.backends.kubernetes.cache import PodCache, PodInfo
+from sandboxd.backends.kubernetes.cache import PodCache, PodInfo, disk_eviction
 from sandboxd.backends.kubernetes.client import (
     KubeClient,
     KubeError,
@@ -46,7 +46,7 @@ from sandboxd.backends.kubernetes.client import (
     unavailable,
     unreachable,
 )
-from sandboxd.backends.kubernetes.egress import KubeEgress, egress_pod
+from sandboxd.backends.kubernetes.egress import ACK_PREFIX, KubeEgress, egress_pod
 from sandboxd.backends.kubernetes.execs import PodExec, run_oneshot
 from sandboxd.backends.kubernetes.files import PodFiles
 from sandboxd.backends.kubernetes.ledger import KubeLedger, pools_configmap
@@ -62,6 +62,7 @@ from sandboxd.backends.kubernetes.limits import (
     parse_filesystems,
 )
 from sandboxd.backends.kubernetes.model_gateway import KubeGateway, KubeModelRoutes
+from sandboxd.backends.kubernetes.narrowing import KubeEgressNarrowing, KubeNarrowing
 from sandboxd.backends.kubernetes.pods import KubernetesOptions, Pods
 from sandboxd.backends.kubernetes.podspec import (
     ANNOTATION_LABELS,
@@ -81,7 +82,7 @@ from sandboxd.errors import BackendError, FailedPrecondition, NotFound, SandboxL
 log = logging.getLogger(__name__)
 
 
-class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords):
+class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords, KubeEgressNarrowing):
     """The backend port on one namespace: Pods, files and usage composed with
     the one-shots and sessions that run over the API server's exec stream."""
 
@@ -95,12 +96,13 @@ class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords):
             self._client,
             self._ns,
             selector(options.instance),
-            (ANNOTATION_POOL, ANNOTATION_LABELS, ANNOTATION_RUNTIME),
+            (ANNOTATION_POOL, ANNOTATION_LABELS, ANNOTATION_RUNTIME, ACK_PREFIX),
         )
         self.quotas = TenantQuotaManager(self._client, self._ns)
         self.ledger = KubeLedger(self._client, self._ns, options.instance, selector(options.instance))
         self._pods = Pods(self._client, self.cache, self.quotas, options)
         self._egress = KubeEgress(self._client, options, pools_configmap(options.instance))
+        self._narrowing = KubeNarrowing(self._client, self.cache, self._ns, self._egress)
         self._model_gateway = None
         self._gateway = (
             KubeGateway(self._client, self.cache, options.model_gateway, self._pods.sandbox_of)
@@ -197,6 +199,11 @@ class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords):
     def network_refusal(self, runtime: str) -> str | None:
         return self._egress.refusal(runtime)
 
+    async def root_refusal(self, runtime: str) -> str | None:
+        """None: a writable root is the container's layer on the node, which
+        the Pod's ephemeral-storage limit bounds (podspec.build_pod)."""
+        return None
+
     def sandbox_user(self, handle: str) -> tuple[int, int]:
         """From memory: filled by create and by every listing (adoption)."""
         user = self._pods.known_user(handle)
@@ -292,6 +299,14 @@ class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords):
         detail = "the sandbox's main process hit its memory limit and was killed"
         return replace(result, outcome=ExecOutcome.OOM_KILLED, detail=detail)
 
+    async def _evicted_for_disk(self, handle: str, result: ExecResult) -> ExecResult | None:
+        """DISK_FULL when the kubelet evicted the lost sandbox's Pod for its
+        storage, else None; waits a while for the Pod's end to be seen."""
+        if (pod := self.cache.get(handle)) is not None and not _ended(pod):
+            with contextlib.suppress(TimeoutError):
+                await self.cache.wait(handle, _ended, _ENDED_TIMEOUT)
+        return disk_eviction(self.cache.get(handle), result)
+
     async def _explain_gvisor(self, handle: str, result: ExecResult, stderr: bytes) -> ExecResult:
         """Names the limit a failed command hit in a gVisor Pod. Its cgroup
         counters are gVisor's own view, which counts neither OOM kills nor
@@ -325,7 +340,7 @@ class KubernetesBackend(KubeRecycling, KubeModelRoutes, KubeRecords):
         """Names the limit a failed command hit, if one did (limits.py)."""
         if result.outcome is ExecOutcome.SANDBOX_LOST:
             named = self._oom_killed(handle, result, whole=False)
-            if named is not None:
+            if (named := named or await self._evicted_for_disk(handle, result)) is not None:
                 return named
         if result.sandbox_gone:
             return result

@@ -18,9 +18,10 @@ import logging
 import random
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sandboxd.backends.base import ExecOutcome, ExecResult
 from sandboxd.backends.kubernetes.client import Json, KubeClient, KubeError
 from sandboxd.backends.kubernetes.podspec import parse_quantity
 
@@ -59,6 +60,9 @@ class PodInfo:
     terminated_reason: str = ""
     last_terminated_reason: str = ""
     """Why the container's previous run ended (e.g. OOMKilled), or ''."""
+    evicted_for_disk: str = ""
+    """The kubelet's message when it evicted the Pod for its ephemeral
+    storage (its writable layer, logs and disk-backed volumes), or ''."""
     unschedulable: bool = False
     """The scheduler found no node for it (PodScheduled False, reason Unschedulable)."""
     schedule_message: str = ""
@@ -117,8 +121,25 @@ def _resources(spec: Mapping[str, Any]) -> tuple[int, int, int, int]:
     return int(mem_l), int(mem_r), int(cpu_l * 1000), int(cpu_r * 1000)
 
 
+def disk_eviction(pod: PodInfo | None, result: ExecResult) -> ExecResult | None:
+    """``result`` as DISK_FULL (the sandbox gone) when the kubelet evicted
+    the Pod for its storage (a writable root's or the workspace's writes
+    past their limit); None otherwise."""
+    if pod is None or not pod.evicted_for_disk:
+        return None
+    detail = f"the sandbox's disk writes passed its limit and the kubelet evicted it ({pod.evicted_for_disk})"
+    return replace(result, outcome=ExecOutcome.DISK_FULL, detail=detail, sandbox_gone=True)
+
+
+def _kept(key: str, keep: tuple[str, ...]) -> bool:
+    # A kept name ending in "/" keeps every annotation under that prefix.
+    return key in keep or any(k.endswith("/") and key.startswith(k) for k in keep)
+
+
 def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
-    """A Pod's summary, only ``keep_annotations`` kept; a start problem waiting cannot fix is permanent."""
+    """A Pod's summary, only ``keep_annotations`` kept (one ending in "/":
+    every annotation under that prefix); a start problem waiting cannot fix
+    is permanent."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
@@ -144,6 +165,11 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
         problem = f"Unschedulable: {schedule_message}"
     if status.get("phase") == "Failed" and not problem:
         problem, permanent = f"Pod failed: {status.get('reason') or terminated or 'unknown'}", True
+    evicted_for_disk = ""
+    message = str(status.get("message") or "")
+    # The kubelet's words for a container's, a Pod's or an emptyDir's storage past its limit.
+    if status.get("reason") == "Evicted" and ("ephemeral" in message.lower() or "EmptyDir" in message):
+        evicted_for_disk = message
     annotations = meta.get("annotations") or {}
     spec = pod.get("spec") or {}
     mem_l, mem_r, cpu_l, cpu_r = _resources(spec)
@@ -154,12 +180,13 @@ def summarize(pod: Json, keep_annotations: tuple[str, ...] = ()) -> PodInfo:
         ready=ready,
         deleting=bool(meta.get("deletionTimestamp")),
         labels=dict(meta.get("labels") or {}),
-        annotations={k: annotations[k] for k in keep_annotations if k in annotations},
+        annotations={k: v for k, v in annotations.items() if _kept(k, keep_annotations)},
         node=str(spec.get("nodeName") or ""),
         problem=problem,
         permanent=permanent,
         terminated_reason=terminated,
         last_terminated_reason=last_terminated,
+        evicted_for_disk=evicted_for_disk,
         unschedulable=unschedulable,
         schedule_message=schedule_message,
         created=str(meta.get("creationTimestamp") or ""),
@@ -183,11 +210,16 @@ class PodCache:
         namespace: str,
         label_selector: str,
         keep_annotations: tuple[str, ...] = (),
+        on_change: Callable[[str, PodInfo | None], None] | None = None,
     ) -> None:
+        """``on_change(name, pod or None)`` is called with every change the
+        list or watch brings, in the API server's order, before any waiter
+        of that Pod is woken."""
         self._client = client
         self._path = f"/api/v1/namespaces/{namespace}/pods"
         self._selector = label_selector
         self._keep = keep_annotations
+        self._on_change = on_change
         self.pods: dict[str, PodInfo] = {}
         self._unplaced: dict[str, PodInfo] = {}
         self._at: dict[str, str] = {}
@@ -265,6 +297,8 @@ class PodCache:
             self._unplaced[name] = info
         else:
             self._unplaced.pop(name, None)
+        if self._on_change is not None:
+            self._on_change(name, info)
         for predicate, fut in list(self._waiters.get(name, ())):
             if not fut.done() and predicate(info):
                 fut.set_result(info)

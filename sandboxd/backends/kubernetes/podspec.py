@@ -25,6 +25,11 @@ enforces:
   bytes and files in the kernel. This is the mode to use when ``max_files``
   must hold against a hostile workload.
 
+A writable root (SandboxSpec.writable_root) is the container's own layer on
+the node, bounded only by the Pod's ``ephemeral-storage`` limit, which grows
+by ``disk_bytes`` for it: the kubelet evicts a Pod past it (no ENOSPC, no
+file count), which the backend reports as DISK_FULL (cache.disk_eviction).
+
 ``max_files`` and ``disk_bytes`` are recorded on the Pod as annotations
 either way. With the ``sandboxd`` RuntimeClass (deploy/node: runc behind a
 small wrapper, containerd passing ``sandboxd.io/*`` Pod annotations through),
@@ -175,7 +180,7 @@ def selector(instance: str) -> str:
     return f"{LABEL_MANAGED}=true,{LABEL_INSTANCE}={label_value(instance)}"
 
 
-def _resources(limits: Limits, opts: PodOptions) -> dict[str, dict[str, str]]:
+def _resources(limits: Limits, opts: PodOptions, writable_root: bool = False) -> dict[str, dict[str, str]]:
     requests: dict[str, str] = {}
     lims: dict[str, str] = {}
     if limits.memory_bytes:
@@ -185,8 +190,10 @@ def _resources(limits: Limits, opts: PodOptions) -> dict[str, dict[str, str]]:
         lims["cpu"] = f"{limits.cpu_millis}m"
         requests["cpu"] = f"{max(1, int(limits.cpu_millis * opts.cpu_request_ratio))}m"
     if limits.disk_bytes:
-        # Workspace + /tmp + the container's writable layer and logs.
-        storage = str(limits.disk_bytes + _TMP_BYTES + (64 << 20))
+        # Workspace + /tmp + the container's writable layer and logs; a
+        # writable root's writes (that layer) get disk_bytes of their own.
+        root = limits.disk_bytes if writable_root else 0
+        storage = str(limits.disk_bytes + root + _TMP_BYTES + (64 << 20))
         lims["ephemeral-storage"] = storage
     out: dict[str, dict[str, str]] = {}
     if requests:
@@ -287,14 +294,17 @@ def build_pod(
         "command": list(opts.command or KEEPALIVE),
         "workingDir": WORKSPACE,
         "env": env,
-        "resources": _resources(spec.limits, opts),
+        "resources": _resources(spec.limits, opts, spec.writable_root),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": uid,
             "runAsGroup": gid,
             "allowPrivilegeEscalation": False,
             "privileged": False,
-            "readOnlyRootFilesystem": True,
+            # A writable root's writes go to the container's layer on the
+            # node, bounded by the ephemeral-storage limit (the kubelet
+            # evicts a Pod past it: a typed disk-limit loss, evicted_for_disk).
+            "readOnlyRootFilesystem": not spec.writable_root,
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sandboxd.backends.network import netns
-from sandboxd.backends.network.dns import serve_dns
+from sandboxd.backends.network.dns import DnsResponder, serve_dns
 from sandboxd.backends.network.gateway import Closer, ModelGateway
 from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.backends.network.proxy import EgressLimits, EgressProxy, EgressStats, Resolver, system_resolve
@@ -50,10 +50,26 @@ class SandboxEgress:
     dns: asyncio.DatagramTransport
     model: Closer | None = None
     """Stops the model gateway's listener (None: no model route)."""
+    base: EgressPolicy = field(default_factory=EgressPolicy)
+    """The sandbox's own rules (its pool's), which a lease may narrow for a while."""
 
     @property
     def stats(self) -> EgressStats:
         return self.proxy.stats
+
+    @property
+    def policy(self) -> EgressPolicy:
+        """The rules in force now (a lease's narrower ones, or those it was opened with)."""
+        return self.proxy.policy
+
+    def set_policy(self, policy: EgressPolicy) -> None:
+        """Proxy and resolver serve ``policy`` from now on; connections opened
+        before are cut (sandboxd.backends.network.proxy.EgressProxy.set_policy)."""
+        responder = self.dns.get_protocol()
+        if not isinstance(responder, DnsResponder):
+            raise FailedPrecondition(f"sandbox {self.sandbox_id}: its resolver is not sandboxd's own")
+        responder.policy = policy
+        self.proxy.set_policy(policy)
 
     async def close(self) -> None:
         self.dns.close()
@@ -108,4 +124,4 @@ async def open_egress(
         link.close()
         await asyncio.to_thread(netns.detach, link.netns)
         raise
-    return SandboxEgress(sandbox_id, link, proxy, transport, stop_model)
+    return SandboxEgress(sandbox_id, link, proxy, transport, stop_model, base=policy)

@@ -123,13 +123,15 @@ class EgressPolicy:
     """An allow-list; no rule means no network at all (the default)."""
 
     rules: tuple[Rule, ...] = ()
+    lease: bool = False
+    """A lease's rules, narrower than its pool's (named so in denials)."""
 
     @classmethod
-    def parse(cls, texts: Iterable[str]) -> EgressPolicy:
+    def parse(cls, texts: Iterable[str], *, lease: bool = False) -> EgressPolicy:
         rules = tuple(parse_rule(t) for t in texts)
         if len(rules) > MAX_RULES:
             raise InvalidArgument("network", f"policy has {len(rules)} rules, at most {MAX_RULES}")
-        return cls(rules)
+        return cls(rules, lease)
 
     @property
     def enabled(self) -> bool:

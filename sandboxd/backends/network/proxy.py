@@ -144,6 +144,14 @@ class EgressProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def set_policy(self, policy: EgressPolicy) -> None:
+        """Serves every later connection under ``policy`` and cuts those still
+        open, which were let through under the rules before (a lease's
+        narrower rules hold from this moment, not from the next connection)."""
+        self.policy = policy
+        for task in list(self._tasks):
+            task.cancel()
+
     def deny(self, reason: str) -> None:
         """Count and log one denied attempt (also called by the DNS responder)."""
         self.stats.denied += 1
@@ -261,7 +269,8 @@ class EgressProxy:
     def _allow(self, host: str, port: int) -> None:
         if self.policy.rule_for(host, port) is None:
             allowed = ", ".join(self.policy.describe())
-            raise Denied(f"no network rule allows {host}:{port} (allowed: {allowed})")
+            whose = "; the lease's rules" if self.policy.lease else ""
+            raise Denied(f"no network rule allows {host}:{port} (allowed: {allowed}{whose})")
 
     async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         literal = as_address(host)

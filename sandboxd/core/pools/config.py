@@ -67,6 +67,9 @@ class PoolConfig:
     """LIVE_ON or LIVE_OFF once created (sandboxd.core.live_setting);
     "" in a spec saved before the setting existed, read as its runtime's
     default."""
+    root: str = ""
+    """ROOT_READ_ONLY or ROOT_WRITABLE once created (sandboxd.core.root_setting);
+    "" in a spec saved before the setting existed, read as read-only."""
 
     def serves(self, image: str) -> bool:
         """Whether an acquire may ask this pool for ``image``."""

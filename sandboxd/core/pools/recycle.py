@@ -17,8 +17,8 @@ A sandbox is recycled only if its baseline was taken before it was first
 handed out (sandboxd.sandbox_reset), it has served fewer than ``max_uses``
 leases, nothing of it is in doubt, and no command, transfer, snapshot or
 fork of it is in flight at its release. Then it is reset in place
-(sandboxd.backends.recycling) within ``RESET_TIMEOUT_SECONDS``, its limits
-and labels are put back to the pool's, and it is READY again only if the
+(sandboxd.backends.recycling) within ``RESET_TIMEOUT_SECONDS``, its limits,
+labels and network rules are put back to the pool's, and it is READY again only if the
 verdict finds nothing in doubt. Anything else destroys it.
 """
 
@@ -29,7 +29,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from sandboxd.backends.base import Backend
+from sandboxd.backends.base import Backend, EgressNarrowing
 from sandboxd.backends.recycling import InPlaceReset
 from sandboxd.clock import Clock
 from sandboxd.core import validation as v
@@ -37,7 +37,7 @@ from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import keeps_sessions
 from sandboxd.core.meters import PoolMeters
 from sandboxd.core.pools.config import PoolConfig
-from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument
+from sandboxd.errors import BackendError, FailedPrecondition, InvalidArgument, TransientBackendError
 from sandboxd.sandbox_reset import verdict
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ class Recycler:
 
     async def reset(self, rec: SandboxRecord) -> str:
         """Resets ``rec`` in place and checks it; "" when it passed, else why not.
-        Its limits and labels are the pool's again afterwards."""
+        Its limits, labels and network rules are the pool's again afterwards."""
         assert rec.baseline is not None and isinstance(self._backend, InPlaceReset)
         began = self._clock.monotonic()
         try:
@@ -258,6 +258,13 @@ class Recycler:
                 if not doubt and rec.limits != self._config.limits:
                     await self._backend.update_limits(rec.handle, self._config.limits)
                     rec.limits = self._config.limits
+                if not doubt and rec.network:
+                    # The lease's narrower rules end with it (every process it
+                    # ran is gone by now): the next lease starts from the pool's.
+                    if not isinstance(self._backend, EgressNarrowing):
+                        raise TransientBackendError("the backend cannot put back the pool's network rules")
+                    await self._backend.narrow_egress(rec.handle, ())
+                    rec.network = ()
         except TimeoutError:
             doubt, why = f"the reset ran past {RESET_TIMEOUT_SECONDS:g}s", "timeout"
         except BackendError as e:

@@ -31,6 +31,7 @@ from sandboxd.core.pools.prefetch import PoolImages
 from sandboxd.core.pools.recycle import Recycler, RunReserve
 from sandboxd.core.pools.releasing import PoolReleasing
 from sandboxd.core.pools.starting import Starter, new_sandbox_id
+from sandboxd.core.root_setting import writable_root
 from sandboxd.core.scaling import Plan
 from sandboxd.core.tuning import PoolTuning
 from sandboxd.errors import DeadlineExceeded, FailedPrecondition, PermanentBackendError, ResourceExhausted
@@ -253,6 +254,7 @@ class WarmPool(PoolFigures, PoolReleasing):
             model_gateway=bool(self.config.model_endpoint),
             pull_secrets=tuple(self.config.image_pull_secrets),
             live_snapshots=keeps_sessions(self.config),
+            writable_root=writable_root(self.config),
         )
         own = rec.image == self.config.image
         began = self._clock.monotonic()

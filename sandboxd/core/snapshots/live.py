@@ -38,6 +38,7 @@ from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.live_setting import refuse_keeperless
 from sandboxd.core.pausing import live_backend
+from sandboxd.core.root_setting import refuse_root_change
 from sandboxd.core.snapshots import manifest as mf
 from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.catalog import SnapshotCatalog
@@ -57,7 +58,7 @@ from sandboxd.core.snapshots.taking import (
     within_quota,
 )
 from sandboxd.core.snapshots.workspaces import Workspaces
-from sandboxd.core.tenancy import current_tenant
+from sandboxd.core.tenancy import current_tenant, pool_key
 from sandboxd.errors import (
     BackendError,
     FailedPrecondition,
@@ -200,9 +201,11 @@ class LiveSnapshots:
         ttl: float = 0.0,
         timeout: float = 0.0,
         call_remaining: float | None = None,
+        network: tuple[str, ...] = (),
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
-        """Leases ``n`` sandboxes and starts each from the snapshot's
-        checkpoint; on any failure none stays leased."""
+        """Leases ``n`` sandboxes (under ``network`` rules narrower than the
+        pool's when given) and starts each from the snapshot's checkpoint; on
+        any failure none stays leased."""
         n, labels, target = restore_target(self._control, info, n, pool, labels)
         name = target.config.name
         backend = self._control.backend
@@ -217,6 +220,9 @@ class LiveSnapshots:
             )
         assert isinstance(backend, LiveCheckpoints)
         refuse_keeperless(target.config, f"restore live snapshot {info.id} into pool {name!r}")
+        source = self._control.registry.pools.get(pool_key(info.tenant, info.pool))
+        if source is not None:
+            refuse_root_change(source.config, target.config, f"restore live snapshot {info.id}")
         memory = target.config.limits.memory_bytes
         if memory and (not info.memory_limit_bytes or memory < info.memory_limit_bytes):
             raise FailedPrecondition(
@@ -236,7 +242,14 @@ class LiveSnapshots:
             fetched = time.monotonic()
             with self._control.reconciler.urgent(), self._baselines.restoring(info.id) as restoring:
                 lease, records = await self._control.acquire(
-                    pool or info.pool, n, 0, {**labels, **lineage_labels(info)}, ttl, timeout, call_remaining
+                    pool or info.pool,
+                    n,
+                    0,
+                    {**labels, **lineage_labels(info)},
+                    ttl,
+                    timeout,
+                    call_remaining,
+                    network=network,
                 )
                 restoring.update(r.sandbox_id for r in records)
                 try:

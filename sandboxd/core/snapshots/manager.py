@@ -16,6 +16,7 @@ from sandboxd.clock import Clock
 from sandboxd.core import validation as v
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
+from sandboxd.core.root_setting import refuse_writable_root
 from sandboxd.core.snapshots.baselines import Baselines
 from sandboxd.core.snapshots.capture import Capture
 from sandboxd.core.snapshots.catalog import SnapshotCatalog
@@ -57,6 +58,7 @@ class SnapshotManager:
         and read back, this instance's alone (on the engine's host; None: a
         temporary directory); emptied at start and stop."""
         self._catalog = catalog
+        self._control = control
         self.blobs = PackedBlobs(blobs, catalog)
         self.settings = settings
         self._clock = clock
@@ -139,7 +141,14 @@ class SnapshotManager:
         """Snapshots the current tenant's leased sandbox (workspace, and
         ``session``'s cwd and environment if named); incremental on the
         sandbox's last snapshot or restore. ``live``: checkpoints the running
-        sandbox instead (processes, memory, workspace)."""
+        sandbox instead (processes, memory, workspace, and a writable
+        root's changes). A file snapshot of a sandbox with a writable root is
+        FAILED_PRECONDITION (sandboxd.core.root_setting)."""
+        if not live:
+            rec = self._control.registry.leased(sandbox_id)
+            pool = self._control.registry.pools.get(rec.pool)
+            if pool is not None:
+                refuse_writable_root(pool.config, f"take a file snapshot of sandbox {rec.sandbox_id}")
         if live:
             return await self._live.snapshot(
                 sandbox_id, session=session, labels=labels, policy_version=policy_version, turn=turn, ttl=ttl
@@ -158,13 +167,22 @@ class SnapshotManager:
         ttl: float = 0.0,
         timeout: float = 0.0,
         call_remaining: float | None = None,
+        network: tuple[str, ...] = (),
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
         """Restores a snapshot into ``n`` sandboxes leased under one lease
-        (a fork when n > 1); on any failure every one of them is destroyed."""
+        (a fork when n > 1), under ``network`` rules narrower than the pool's
+        when given; on any failure every one of them is destroyed."""
         info = await self.get(snapshot_id)
         restore = self._live.restore if info.live else self._restore.restore
         return await restore(
-            info, n=n, pool=pool, labels=labels, ttl=ttl, timeout=timeout, call_remaining=call_remaining
+            info,
+            n=n,
+            pool=pool,
+            labels=labels,
+            ttl=ttl,
+            timeout=timeout,
+            call_remaining=call_remaining,
+            network=network,
         )
 
     # -- lookups --------------------------------------------------------------

@@ -114,8 +114,10 @@ class Restore:
         ttl: float = 0.0,
         timeout: float = 0.0,
         call_remaining: float | None = None,
+        network: tuple[str, ...] = (),
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
-        """Leases ``n`` sandboxes of ``pool`` (the snapshot's by default) and
+        """Leases ``n`` sandboxes of ``pool`` (the snapshot's by default),
+        under ``network`` rules narrower than the pool's when given, and
         restores ``info`` into each; on any failure none stays leased."""
         n, labels, target = restore_target(self._control, info, n, pool, labels, by_image=True)
         # A snapshot of a per-task image's sandbox restores into one of that image.
@@ -175,7 +177,15 @@ class Restore:
             # Until they answer, a snapshot of the targets is refused (it would see a workspace half written).
             with self._control.reconciler.urgent(), self._baselines.restoring(info.id) as restoring:
                 lease, records = await self._control.acquire(
-                    pool or info.pool, n, 0, {**labels, **lineage}, ttl, timeout, call_remaining, image=image
+                    pool or info.pool,
+                    n,
+                    0,
+                    {**labels, **lineage},
+                    ttl,
+                    timeout,
+                    call_remaining,
+                    image=image,
+                    network=network,
                 )
                 restoring.update(r.sandbox_id for r in records)
                 try:
