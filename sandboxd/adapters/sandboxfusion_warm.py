@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd import errors
+from sandboxd.adapters.sandboxfusion_leases import HeldLeases
 from sandboxd.adapters.sandboxfusion_probes import LANDLOCK_ABI, baseline_command, clean_command
 from sandboxd.client import AsyncClient, Lease, Sandbox
 
@@ -156,7 +157,7 @@ class WarmSandboxes:
         self._recycling: dict[int, int] = {}
         self._waiters: dict[int, list[asyncio.Future[Slot]]] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._releasing: set[asyncio.Future[None]] = set()
+        self._leases = HeldLeases(pool)
         # (monotonic time, requests in flight) per memory limit, newest last.
         self._demand: dict[int, deque[tuple[float, int]]] = {}
         self._ceiling: int | None = None
@@ -288,10 +289,15 @@ class WarmSandboxes:
         except BaseException:
             self._preparing[memory_bytes] -= 1
             raise
+        self._leases.own(lease)
         self.stats.leased += 1
-        prepared = asyncio.ensure_future(self._prepared(Slot(lease, lease[0], memory_bytes)))
+        slot = Slot(lease, lease[0], memory_bytes)
+        prepared = asyncio.ensure_future(self._prepared(slot))
         self._tasks.add(prepared)
         prepared.add_done_callback(self._tasks.discard)
+        # A callback, not the coroutine's own except: close() may cancel the task
+        # before its first step, and then none of its code runs.
+        prepared.add_done_callback(lambda task: self._after_preparing(slot, task))
         try:
             return await asyncio.shield(prepared)
         except asyncio.CancelledError:
@@ -300,14 +306,13 @@ class WarmSandboxes:
             raise
 
     async def _prepared(self, slot: Slot) -> Slot:
-        try:
-            await self._prepare(slot)
-        except BaseException:
-            self._release_later(slot)
-            raise
-        finally:
-            self._preparing[slot.memory_bytes] -= 1
+        await self._prepare(slot)
         return slot
+
+    def _after_preparing(self, slot: Slot, task: asyncio.Future[Slot]) -> None:
+        self._preparing[slot.memory_bytes] -= 1
+        if task.cancelled() or task.exception() is not None:
+            self._release_later(slot)
 
     def has_tool(self, tool: str, image: str = "") -> bool | None:
         """Whether sandboxes of ``image`` (default: the pool's, as last seen) have
@@ -402,15 +407,9 @@ class WarmSandboxes:
         )
 
     def _release_later(self, slot: Slot) -> None:
-        # Never cancelled: close() waits for these.
-        task = asyncio.ensure_future(self._release(slot))
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
-
-    async def _release(self, slot: Slot) -> None:
-        self.stats.destroyed += 1
-        with contextlib.suppress(errors.SandboxdError):
-            await slot.lease.release()
+        # Once per lease, retried, never cancelled: close() waits for these.
+        if self._leases.release(slot.lease):
+            self.stats.destroyed += 1
 
     async def _fill(self) -> None:
         # Keeps as many sandboxes as target() asks for each memory limit in
@@ -460,14 +459,19 @@ class WarmSandboxes:
                 try:
                     await slot.lease.heartbeat(self.lease_ttl)
                     slot.heartbeat_at = now
-                except errors.SandboxdError:
-                    # Expired or gone: forget it; a held one fails its request on its own.
-                    for group in self._idle.values():
-                        if slot in group:
-                            group.remove(slot)
+                except errors.SandboxdError as e:
+                    # Gone, or not kept alive: an idle one is let go (released, since
+                    # a lease the server could not extend may still be in force); a
+                    # held one fails its request on its own and is released after it.
+                    log.debug("sandbox %s: heartbeat failed: %s", slot.sandbox.id, e)
+                    group = self._idle.get(slot.memory_bytes, [])
+                    if slot in group:
+                        group.remove(slot)
+                        self._release_later(slot)
 
     async def close(self) -> None:
-        """Destroys every kept sandbox and stops the heartbeats and the reserve."""
+        """Stops the heartbeats and the reserve and releases every sandbox leased, kept
+        or not; returns once every release has been answered."""
         self._closed = True
         self._wake.set()
         # Cancelled, the acquires, preparations and clean-ups release what they
@@ -477,8 +481,13 @@ class WarmSandboxes:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        slots = [s for group in self._idle.values() for s in group]
+        for group in self._idle.values():
+            for slot in group:
+                self._release_later(slot)
         self._idle.clear()
-        await asyncio.gather(*(self._release(s) for s in slots))
-        while self._releasing:
-            await asyncio.gather(*list(self._releasing))
+        # An acquire cancelled above as the server granted it is released by the
+        # client, by its request id, in the background.
+        await self.client.wait_background()
+        # Also those of requests still running (past the HTTP server's shutdown
+        # wait) and of tasks cancelled before their first step.
+        self.stats.destroyed += await self._leases.close()

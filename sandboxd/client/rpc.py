@@ -139,11 +139,16 @@ class Connection:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def wait_background(self, timeout: float = _BACKGROUND_GRACE) -> None:
+        """Waits up to ``timeout`` seconds for the clean-up calls running in the
+        background (the release of what a cancelled acquire may have been granted)."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
+
     async def close(self) -> None:
         """Closes the channel; calls in flight are cancelled (clean-ups started
         in the background first get up to ``_BACKGROUND_GRACE`` seconds)."""
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=_BACKGROUND_GRACE)
+        await self.wait_background()
         await self._channel.close()
 
     async def wait_ready(self, timeout: float = 10.0) -> None:

@@ -21,7 +21,8 @@ async def judge_endpoint(
     tmp: Path, engine: docker.DockerClient, pool: str, *, reserve: int = 2, max_size: int = 12
 ) -> AsyncIterator[str]:
     """A started sandboxd, a pool of the code-judge image, and the run-code app on a
-    free port; yields its URL. Everything is removed at the end."""
+    free port; yields its URL. Everything is removed at the end, and a sandbox the
+    app still holds once closed fails the teardown."""
     from sandboxd.images.codejudge import ensure_code_judge_image
 
     judge = await asyncio.to_thread(ensure_code_judge_image, log=lambda _: None)
@@ -36,6 +37,7 @@ async def judge_endpoint(
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
+            # Closed, run-code holds no lease: a delete without force fails,
+            # naming the pool's leased sandboxes, if it left one behind.
             await runner.cleanup()
-            with contextlib.suppress(Exception):
-                await client.delete_pool(pool)
+            await client.delete_pool(pool)

@@ -10,10 +10,13 @@ import pytest
 from aiohttp import web
 from prime_sandboxes import AsyncSandboxClient, CreateSandboxRequest, SandboxNotRunningError
 
+from sandboxd import errors
 from sandboxd.adapters.prime import PRIME_SERVER, PrimeSettings, make_app
+from sandboxd.adapters.prime.registry import PrimeServer
+from sandboxd.adapters.prime.sandbox import PrimeSandbox
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient
-from tests.unit.conftest import MakeApp
+from tests.unit.conftest import MakeApp, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,3 +65,33 @@ async def test_a_sandbox_lost_under_a_command_is_not_running_not_a_failed_comman
         assert box.lease is None, "its lease was released"
     finally:
         await sdk.aclose()
+
+
+async def test_a_release_refused_over_the_tenants_call_rate_is_retried(make_app: MakeApp) -> None:
+    # Ending a sandbox when the tenant is over its call rate: the release answers
+    # RESOURCE_EXHAUSTED with a retry hint, and must be retried, not dropped.
+    app = await make_app(tenants={"t": {"token": "tk", "requests_per_second": 4}})
+    async with AsyncClient(app.address, token="tk") as client:
+        await client.create_pool("p", "img", min_ready=1, max_size=2)
+        server = PrimeServer(client, PrimeSettings(image_pools={"python:3.11-slim": "p"}))
+        box = PrimeSandbox(
+            id="sb1",
+            name="x",
+            image="python:3.11-slim",
+            cpu_cores=1,
+            memory_gb=1,
+            disk_size_gb=1,
+            timeout_minutes=0,
+            idle_timeout_minutes=None,
+            env={},
+            shown_env={},
+            labels=[],
+            token="",
+        )
+        server.add(box)
+        await wait_for(lambda: box.status == "RUNNING", timeout=10, what="the sandbox to run")
+        with pytest.raises(errors.ResourceExhausted):
+            for _ in range(20):
+                await client.list_pools()
+        await server.close()
+        assert box.lease is None and not app.control.leases.all(), app.control.leases.all()

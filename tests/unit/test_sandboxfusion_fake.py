@@ -3,8 +3,9 @@ run-code app, with a backend that answers the run-code steps and runs the
 launched commands in the fake shell. What only the fake can stage quickly: a
 sandbox killed under a program (also as the engine's race tells it, exit
 137 before the container is known to be gone), acquires that cannot be
-served, the toolchain check and memory limits. The launcher itself runs on
-this host (it is plain Python): the output cap."""
+served, the toolchain check, memory limits, a request still running when the
+app closes, and releases refused over a tenant's call rate. The launcher itself
+runs on this host (it is plain Python): the output cap."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from sandboxd import errors
 from sandboxd.adapters.sandboxfusion import (
     CAPTURE_BYTES,
     POOL_MEMORY_MB,
@@ -33,10 +35,12 @@ from sandboxd.adapters.sandboxfusion import (
 )
 from sandboxd.adapters.sandboxfusion_langs import LANGUAGES
 from sandboxd.adapters.sandboxfusion_probes import _LAUNCH, _PYTHON, _STEP, LANDLOCK_ABI, launch
+from sandboxd.adapters.sandboxfusion_warm import WarmSandboxes
 from sandboxd.backends.base import ExecEvent, ExecOutcome, ExecResult, ExecSpec, OutputChunk
 from sandboxd.backends.fake import FakeBackend
 from sandboxd.client import AsyncClient
 from sandboxd.client import ExecResult as ClientResult
+from sandboxd.v1.common_pb2 import SANDBOX_STATE_LEASED
 from tests.unit.conftest import MakeApp, wait_for
 
 pytestmark = pytest.mark.timeout(30)
@@ -295,3 +299,37 @@ def test_output_past_sandboxds_own_bound_is_a_time_limit_not_137() -> None:
     cut = ClientResult(outcome="OUTPUT_TRUNCATED", exit_code=-1, stdout=b"a", stderr=b"", duration=1.0)
     answer = command_result(cut)
     assert answer["status"] == "TimeLimitExceeded" and answer["return_code"] is None, answer
+
+
+async def test_close_releases_the_sandbox_of_a_request_still_running(served: Served) -> None:
+    # The HTTP server waits a while for requests at shutdown, then closes the app
+    # under those still running: their sandboxes must not outlive it, on the server.
+    call = asyncio.ensure_future(served.run({"code": "sleep 3", "language": "bash", "run_timeout": 10}))
+    await asyncio.wait_for(served.backend.user_started.wait(), 10)
+    assert served.app[WARM].in_use()
+    await served.app[WARM].close()
+    leased = await served.client.list_sandboxes("judge", state=SANDBOX_STATE_LEASED)
+    assert not leased, [s.id for s in leased]
+    # The request still gets its answer (the fake backend lets the command finish).
+    status, answer = await asyncio.wait_for(call, 20)
+    assert status == 200 and answer["status"] == "Success", answer
+    assert served.app[WARM].destroyed == 1
+
+
+async def test_close_retries_releases_refused_over_the_tenants_call_rate(make_app: MakeApp) -> None:
+    # A busy tenant's releases at shutdown are refused RESOURCE_EXHAUSTED (with a
+    # retry hint): each must be retried, not left to its lease's TTL.
+    app = await make_app(
+        backend=JudgeBackend(tools={"bash"}), tenants={"t": {"token": "tk", "requests_per_second": 4}}
+    )
+    async with AsyncClient(app.address, token="tk") as client:
+        await client.create_pool("judge", IMAGE, min_ready=2, max_size=4)
+        warm = WarmSandboxes(client, "judge", reserve=2)
+        warm.start()
+        await wait_for(lambda: warm.idle() == 2, timeout=20, what="the reserve to be prepared")
+        with pytest.raises(errors.ResourceExhausted):
+            for _ in range(20):
+                await client.list_pools()
+        await warm.close()
+        assert warm.destroyed == 2
+        assert not app.control.leases.all(), app.control.leases.all()

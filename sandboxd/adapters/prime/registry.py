@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 
 from sandboxd import errors
+from sandboxd.adapters.lease_release import release_lease
 from sandboxd.client import AsyncClient, Lease
 
 from .sandbox import TERMINAL, PrimeSandbox, utc_now
@@ -103,8 +104,7 @@ class PrimeServer:
             task.cancel()
         lease, box.lease = box.lease, None
         if lease is not None:
-            with contextlib.suppress(errors.SandboxdError):
-                await asyncio.shield(self.client.release(lease.id))
+            await asyncio.shield(self._release(lease))
         self._finished.append(box.id)
         while len(self._finished) > self.settings.keep_finished:
             self._boxes.pop(self._finished.popleft(), None)
@@ -207,5 +207,9 @@ class PrimeServer:
             await self.end(box, "ERROR", "PROVISIONING_FAILED", e.message, "error")
         finally:
             if lease is not None:
-                with contextlib.suppress(errors.SandboxdError):
-                    await asyncio.shield(self.client.release(lease.id))
+                await asyncio.shield(self._release(lease))
+
+    async def _release(self, lease: Lease) -> None:
+        # Retried while the server cannot answer: no longer held here, the lease
+        # would otherwise outlive this server, its sandbox with it.
+        await release_lease(lambda: self.client.release(lease.id), lease.id, "prime")
