@@ -27,6 +27,11 @@ def add_parser(sub: Any) -> None:
     ep.add_argument("--bytes-per-second", type=int, default=64 << 20, help="per sandbox, both ways")
     ep.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0 = none)")
     ep.add_argument("--kubeconfig", default=None, help="default: in-cluster")
+    ep.add_argument(
+        "--ack-as",
+        default=os.environ.get("POD_UID", ""),
+        help="this proxy's Pod's uid, under which it acknowledges changes of a Pod's rules ('' = none)",
+    )
 
 
 async def _dns_answer(client: Any, args: argparse.Namespace) -> str:
@@ -49,8 +54,9 @@ async def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     client = KubeClient(load_configuration(args.kubeconfig, None), threads=8)
+    policies = PodPolicies(client, args.namespace, ack_as=args.ack_as)
     egress = SharedEgress(
-        PodPolicies(client, args.namespace),
+        policies,
         dns_answer=await _dns_answer(client, args),
         limits=EgressLimits(max_connections=args.max_connections, bytes_per_second=args.bytes_per_second),
     )
@@ -61,6 +67,8 @@ async def run(args: argparse.Namespace) -> int:
     )
     register_proxy_meters(telemetry.meter, egress)
     try:
+        # Nothing is served before the first list of sandbox Pods is in.
+        await policies.start()
         tcp, udp = await egress.start(args.listen, args.port, args.dns_port)
         await telemetry.start()
         logging.getLogger("sandboxd.egress").info(
@@ -71,5 +79,6 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await telemetry.stop()
         await egress.close()
+        await policies.stop()
         await client.close()
     return 0

@@ -21,6 +21,9 @@ class LeaseMark:
     expires_wall: float
     """Wall-clock seconds; an upper bound of the lease's real expiry."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    network: tuple[str, ...] = ()
+    """The lease's network rules narrower than its pool's (() = the pool's):
+    a replica that adopts the lease puts its sandboxes under them again."""
 
 
 @runtime_checkable

@@ -223,13 +223,17 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 await as_sa.request("GET", f"/apis/node.k8s.io/v1/runtimeclasses/{probe_class}")
             assert missing.value.status == 404, missing.value
             assert await backend.runtimes() == {RUNC}
-            # Nothing more: no Secrets, no Pods outside the sandbox namespace,
-            # no other Lease names.
+            # The egress proxy's Pods are listed (a change of a Pod's rules
+            # waits for each to acknowledge it), not read one by one.
+            await as_sa.request("GET", f"/api/v1/namespaces/{release_ns}/pods")
+            # Nothing more: no Secrets, no other Pods outside the sandbox
+            # namespace, no other Lease names.
             for method, path in [
                 ("GET", f"/api/v1/namespaces/{namespace}/secrets"),
                 ("GET", f"/api/v1/namespaces/{namespace}/configmaps"),
                 ("GET", f"/api/v1/namespaces/{namespace}/configmaps/other"),
-                ("GET", f"/api/v1/namespaces/{release_ns}/pods"),
+                ("GET", f"/api/v1/namespaces/{release_ns}/pods/x"),
+                ("DELETE", f"/api/v1/namespaces/{release_ns}/pods/x"),
                 ("GET", "/api/v1/namespaces/default/pods"),
                 ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{release_ns}/leases/other"),
                 ("PATCH", f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies/x"),
@@ -244,22 +248,26 @@ async def test_the_charts_rbac_is_enough_and_no_more(
                 with pytest.raises(KubeError) as info:
                     await as_sa.request(method, path)
                 assert info.value.status == 403, (method, path, info.value)
-            # The egress proxy's account: sandbox Pods and its own Service, read only.
+            # The egress proxy's account: sandbox Pods (watched, patched only
+            # to acknowledge a change of their rules) and its own Service.
             as_proxy = KubeClient(_as(kube, await _token(kube, release_ns, "sandboxd-egress")), threads=2)
             try:
-                # What PodPolicies asks (it takes a refusal for "no Pod there", so asked here directly).
-                query = {
-                    "fieldSelector": "status.podIP=10.255.255.254",
-                    "labelSelector": "sandboxd.managed=true",
-                }
-                assert not (
-                    await as_proxy.request("GET", f"/api/v1/namespaces/{namespace}/pods", query=query)
-                )["items"]
+                # What PodPolicies asks (its watch takes a refusal for a cut stream, so asked here directly).
+                query = {"labelSelector": "sandboxd.managed=true,sandboxd.io/none=x"}
+                pods_path = f"/api/v1/namespaces/{namespace}/pods"
+                assert not (await as_proxy.request("GET", pods_path, query=query))["items"]
+                async for _ in as_proxy.watch(pods_path, {**query, "timeoutSeconds": "1"}):
+                    pass
+                with pytest.raises(KubeError) as absent:
+                    await as_proxy.request(
+                        "PATCH", f"{pods_path}/x", body={}, content_type="application/merge-patch+json"
+                    )
+                assert absent.value.status == 404, absent.value
                 await as_proxy.request("GET", f"/api/v1/namespaces/{release_ns}/services/sandboxd-egress")
                 for method, path in [
                     ("GET", f"/api/v1/namespaces/{namespace}/secrets"),
                     ("DELETE", f"/api/v1/namespaces/{namespace}/pods/x"),
-                    ("PATCH", f"/api/v1/namespaces/{namespace}/pods/x"),
+                    ("POST", f"/api/v1/namespaces/{namespace}/pods"),
                     ("GET", f"/api/v1/namespaces/{release_ns}/pods"),
                     ("GET", f"/api/v1/namespaces/{release_ns}/services/other"),
                     ("GET", f"/api/v1/namespaces/{namespace}/configmaps"),

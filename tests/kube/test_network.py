@@ -266,7 +266,9 @@ async def _pod_at(kube: KubeClient, namespace: str, address: str, rules: list[st
     )
     body = build_pod(spec, PodOptions(namespace=namespace, instance="egress-test"))
     body["metadata"]["annotations"][ANNOTATION_NETWORK] = json.dumps(rules)
-    body["spec"]["nodeName"] = "no-such-node"
+    # Never scheduled (no scheduler has this name): bound to a missing node,
+    # the controller-manager's Pod garbage collector could delete it mid-test.
+    body["spec"]["schedulerName"] = "sandboxd-test-none"
     name = str(body["metadata"]["name"])
     await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
     await kube.request(
@@ -362,7 +364,7 @@ async def test_the_egress_proxy_serves_each_source_under_its_pods_rules(
         seen = await asyncio.to_thread(_metrics, metrics_port)
         assert seen['sandboxd_egress_denied_total{pool="p",sandbox="sb-egress1"}'] == 2, seen
         assert seen['sandboxd_egress_allowed_total{pool="p",sandbox="sb-egress1"}'] == 1, seen
-        # The Pod gone, its address is no sandbox's: refused (once the proxy's short memory of it lapses).
+        # The Pod gone, its address is no sandbox's: refused (the proxy's watch sees it go).
         await kube.request(
             "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body={"gracePeriodSeconds": 0}
         )

@@ -42,7 +42,11 @@ if TYPE_CHECKING:
     from sandboxd.backends.kubernetes.pods import KubernetesOptions
 
 __all__ = [
+    "ACK_PREFIX",
+    "ANNOTATION_LEASE_NETWORK",
     "ANNOTATION_NETWORK",
+    "ANNOTATION_NETWORK_REV",
+    "ANNOTATION_PROXY_ACKS",
     "EgressProxyRef",
     "KubeEgress",
     "ProxyService",
@@ -56,6 +60,18 @@ log = logging.getLogger(__name__)
 
 ANNOTATION_NETWORK = "sandboxd.io/network"
 """On a Pod of a pool with rules: the rules (JSON), for the egress proxy."""
+ANNOTATION_LEASE_NETWORK = "sandboxd.io/lease-network"
+"""On a Pod whose lease narrowed its pool's rules (AcquireRequest.network):
+the lease's rules (JSON), which the egress proxy serves instead."""
+ANNOTATION_NETWORK_REV = "sandboxd.io/network-rev"
+"""On a Pod whose rules the control plane changed after it was made: a token
+new with each change, which every egress proxy acknowledges (ACK_PREFIX)."""
+ACK_PREFIX = "egress-ack.sandboxd.io/"
+"""On a Pod, + the uid of an egress proxy's Pod: the ANNOTATION_NETWORK_REV
+that proxy serves the Pod under (written by the proxy)."""
+ANNOTATION_PROXY_ACKS = "sandboxd.io/egress-acks"
+"""On the egress proxy's Service ("true", the chart's): its proxies
+acknowledge each change of a Pod's rules, so a lease may narrow them."""
 LABEL_EGRESS = "sandboxd.egress"
 """On each pool's NetworkPolicy ("pool"): what a sweep lists."""
 _POLICIES = "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
@@ -83,6 +99,8 @@ class ProxyService:
     pod_labels: tuple[tuple[str, str], ...]
     pod_port: int
     dns_pod_port: int
+    acks: bool = False
+    """Its proxies acknowledge each change of a Pod's rules (ANNOTATION_PROXY_ACKS)."""
 
     @classmethod
     def of(cls, svc: ServiceShape) -> ProxyService:
@@ -94,6 +112,7 @@ class ProxyService:
             pod_labels=tuple(sorted(svc.selector.items())),
             pod_port=svc.ports["proxy"][1],
             dns_pod_port=svc.ports["dns"][1],
+            acks=svc.annotations.get(ANNOTATION_PROXY_ACKS) == "true",
         )
 
 

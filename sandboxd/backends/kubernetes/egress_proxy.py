@@ -2,105 +2,39 @@
 
 One proxy serves every Pod of pools with network rules: each connection
 (and each DNS query) is matched to its sandbox by its source address, the
-Pod the API server says has that address, and served by that sandbox's own
-EgressProxy (sandboxd.backends.network.proxy: HTTP by Host, HTTPS by CONNECT
-target and SNI, its bounds and counters) under the rules on the Pod
-(egress.ANNOTATION_NETWORK), which only the control plane writes. A source
-that is no sandbox Pod with rules is refused at once (403), and its DNS
-queries answered NXDOMAIN. The pools' NetworkPolicies let sandbox Pods
-reach nothing but this proxy; that a Pod cannot use another's address is
-the CNI's part (as it is for NetworkPolicy itself).
+Pod its watch of the API server says has that address (egress_pods), and
+served by that sandbox's own EgressProxy (sandboxd.backends.network.proxy:
+HTTP by Host, HTTPS by CONNECT target and SNI, its bounds and counters)
+under the rules on the Pod (its pool's, or its lease's narrower ones),
+which only the control plane writes. A change of a Pod's rules is put on
+its EgressProxy as the watch brings it, cutting the connections opened
+under the rules before. A source that is no sandbox Pod with rules is
+refused at once (403), and its DNS queries answered NXDOMAIN. The pools'
+NetworkPolicies let sandbox Pods reach nothing but this proxy; that a Pod
+cannot use another's address is the CNI's part (as it is for
+NetworkPolicy itself).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from opentelemetry.metrics import Meter, Observation
 
-from sandboxd.backends.base import LABEL_MANAGED, LABEL_SANDBOX
-from sandboxd.backends.kubernetes.client import KubeClient, KubeError
-from sandboxd.backends.kubernetes.egress import ANNOTATION_NETWORK
-from sandboxd.backends.kubernetes.podspec import ANNOTATION_POOL
+from sandboxd.backends.kubernetes.egress_pods import NO_RULES, PodPolicies, SandboxOf
 from sandboxd.backends.network.dns import answer
 from sandboxd.backends.network.policy import EgressPolicy
 from sandboxd.backends.network.proxy import EgressLimits, EgressProxy, Resolver, system_resolve
-from sandboxd.errors import InvalidArgument
 
 __all__ = ["PodPolicies", "SandboxOf", "SharedEgress", "register_proxy_meters"]
 
 log = logging.getLogger(__name__)
 
-# How long an address's Pod is trusted before it is looked up again (a Pod
-# deleted and its address reused by another is seen within this).
-_TTL_SECONDS = 5.0
-_NO_RULES = EgressPolicy.parse([])
 _MAX_PROXIES = 4096
-
-
-@dataclass(frozen=True)
-class SandboxOf:
-    """The sandbox Pod behind a source address, with its rules."""
-
-    uid: str
-    sandbox_id: str
-    policy: EgressPolicy
-    pool: str = ""
-
-
-class PodPolicies:
-    """Source address -> its sandbox Pod and rules, from the API server
-    (sandbox Pods of ``namespace`` only), each answer kept _TTL_SECONDS."""
-
-    def __init__(
-        self, client: KubeClient, namespace: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._client = client
-        self._path = f"/api/v1/namespaces/{namespace}/pods"
-        self._clock = clock
-        self._known: dict[str, tuple[float, SandboxOf | None]] = {}
-
-    async def lookup(self, address: str) -> SandboxOf | None:
-        """The running sandbox Pod with rules at ``address``; None when there is none."""
-        now = self._clock()
-        hit = self._known.get(address)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        found = await self._ask(address)
-        self._known[address] = (now + _TTL_SECONDS, found)
-        if len(self._known) > 65536:
-            self._known = {a: v for a, v in self._known.items() if v[0] > now}
-        return found
-
-    async def _ask(self, address: str) -> SandboxOf | None:
-        query = {"fieldSelector": f"status.podIP={address}", "labelSelector": f"{LABEL_MANAGED}=true"}
-        try:
-            listed = await self._client.request("GET", self._path, query=query)
-        except KubeError as e:
-            log.warning("cannot look up the Pod at %s: %s", address, e)
-            return None
-        for pod in listed.get("items") or []:
-            meta = pod.get("metadata") or {}
-            if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") != "Running":
-                continue
-            rules = (meta.get("annotations") or {}).get(ANNOTATION_NETWORK)
-            if not rules:
-                continue
-            try:
-                policy = EgressPolicy.parse(json.loads(rules))
-            except (ValueError, TypeError, InvalidArgument) as e:
-                log.warning("Pod %s has unreadable network rules: %s", meta.get("name"), e)
-                continue
-            sandbox = str((meta.get("labels") or {}).get(LABEL_SANDBOX, meta.get("name", "")))
-            pool = str((meta.get("annotations") or {}).get(ANNOTATION_POOL, ""))
-            return SandboxOf(str(meta.get("uid", "")), sandbox, policy, pool)
-        return None
+# How long a refused source's request is waited for before the answer.
+_REFUSAL_READ_SECONDS = 2.0
 
 
 class SharedEgress:
@@ -127,6 +61,14 @@ class SharedEgress:
         self._server: asyncio.Server | None = None
         self._dns: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        policies.on_rules = self.rules_changed
+
+    def rules_changed(self, uid: str, policy: EgressPolicy) -> None:
+        """The Pod ``uid``'s rules are ``policy`` from now on (NO_RULES: it
+        has none, or is gone): its connections opened before are cut."""
+        proxy = self._proxies.get(uid)
+        if proxy is not None and proxy.policy != policy:
+            proxy.set_policy(policy)
 
     def proxy_of(self, sandbox: SandboxOf) -> EgressProxy:
         """The sandbox's own EgressProxy (its counters and bounds), made on first use."""
@@ -136,11 +78,13 @@ class SharedEgress:
             self._proxies = {uid: p for uid, p in self._proxies.items() if p.stats.active}
             self._pools = {uid: self._pools.get(uid, "") for uid in self._proxies}
         self._pools[sandbox.uid] = sandbox.pool
-        if proxy is None or proxy.policy != sandbox.policy:
+        if proxy is None:
             proxy = EgressProxy(
                 sandbox.sandbox_id, sandbox.policy, resolve=self._resolve, limits=self._limits
             )
             self._proxies[sandbox.uid] = proxy
+        elif proxy.policy != sandbox.policy:
+            proxy.set_policy(sandbox.policy)
         return proxy
 
     def counts(self) -> list[tuple[str, str, int, int]]:
@@ -182,11 +126,17 @@ class SharedEgress:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         address = str(peer[0]) if peer else ""
-        sandbox = await self._policies.lookup(address) if address else None
+        sandbox = self._policies.lookup(address) if address else None
         if sandbox is None:
             self.refused_sources += 1
             log.info("egress denied: %s is no sandbox Pod with a network policy", address)
             body = f"sandboxd egress denied: {address} is no sandbox Pod with a network policy\n".encode()
+            with contextlib.suppress(
+                OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError
+            ):
+                # The request read first: a socket closed on unread bytes is
+                # reset, and the client would see that, not the answer.
+                await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _REFUSAL_READ_SECONDS)
             with contextlib.suppress(OSError):
                 writer.write(
                     b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n"
@@ -205,8 +155,8 @@ class SharedEgress:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer(self, data: bytes, addr: tuple[str, int]) -> None:
-        sandbox = await self._policies.lookup(addr[0])
-        policy = sandbox.policy if sandbox is not None else _NO_RULES
+        sandbox = self._policies.lookup(addr[0])
+        policy = sandbox.policy if sandbox is not None else NO_RULES
         if sandbox is None:
             self.refused_sources += 1
         reply, name = answer(data, policy, self._dns_answer)

@@ -38,26 +38,34 @@ def _data_key(pool_key: str) -> str:
 
 
 def encode_mark(mark: LeaseMark) -> str:
-    """The annotation value of ``mark``: compact JSON, keys sorted, so one lease always reads the same."""
-    return json.dumps(
-        {
-            "id": mark.lease_id,
-            "pool": mark.pool,
-            "ttl": mark.ttl,
-            "expires": round(mark.expires_wall, 3),
-            "labels": dict(mark.labels),
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    """The annotation value of ``mark``: compact JSON, keys sorted, so one
+    lease always reads the same; "network" only for a narrowed lease."""
+    record: dict[str, Any] = {
+        "id": mark.lease_id,
+        "pool": mark.pool,
+        "ttl": mark.ttl,
+        "expires": round(mark.expires_wall, 3),
+        "labels": dict(mark.labels),
+    }
+    if mark.network:
+        record["network"] = list(mark.network)
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
 def decode_mark(text: str) -> LeaseMark | None:
     """The lease an annotation records; None for an unreadable one, so its Pod counts as not leased."""
     try:
         d: dict[str, Any] = json.loads(text)
+        network = d.get("network") or []
+        if not isinstance(network, list):
+            return None
         return LeaseMark(
-            str(d["id"]), str(d["pool"]), float(d["ttl"]), float(d["expires"]), dict(d.get("labels") or {})
+            str(d["id"]),
+            str(d["pool"]),
+            float(d["ttl"]),
+            float(d["expires"]),
+            dict(d.get("labels") or {}),
+            tuple(str(r) for r in network),
         )
     except (ValueError, KeyError, TypeError):
         return None  # unreadable: treated as not leased (the Pod is reclaimed)

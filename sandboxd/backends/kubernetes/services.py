@@ -5,7 +5,7 @@ ports and the Pods' own ports behind them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, idempotent, wrap
@@ -25,6 +25,7 @@ class ServiceShape:
     selector: dict[str, str]
     ports: dict[str, tuple[int, int]]
     """By port name: (the Service's port, its Pods' own port)."""
+    annotations: dict[str, str] = field(default_factory=dict)
 
     def peer(self) -> dict[str, Any]:
         """The NetworkPolicy ``to`` entry of the Service's Pods."""
@@ -72,4 +73,7 @@ async def read_service(
         address=address,
         selector={str(k): str(v) for k, v in selector.items()},
         ports={p: (int(named[p]["port"]), _pods_port(named[p])) for p in ports},
+        annotations={
+            str(k): str(v) for k, v in ((svc.get("metadata") or {}).get("annotations") or {}).items()
+        },
     )
