@@ -291,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.command == "e2b-api":
-        from sandboxd.cli_e2b import standalone_builder
+        from sandboxd.cli_e2b import standalone_builder, standalone_image_builder
 
-        return e2b_api.run_cli(args, standalone_builder(args.config))
+        return e2b_api.run_cli(args, standalone_builder(args.config), standalone_image_builder(args.config))
     if args.command == "prime-api":
         from sandboxd.adapters.prime import run_cli
 

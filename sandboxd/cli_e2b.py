@@ -1,6 +1,7 @@
-"""The E2B API's server-side parts: a templates file's build recipes built
-through the image cache (the same builds as ``sandboxd image build``), and
-the API served inside ``sandboxd serve`` (``--e2b-port``).
+"""The E2B API's server-side parts: a templates file's build recipes and the
+SDK's template builds (``--build-pool``) built through the image cache (the
+same builds as ``sandboxd image build``), and the API served inside
+``sandboxd serve`` (``--e2b-port``).
 
 The E2B front end (sandboxd.e2b) speaks to sandboxd only through the public
 client, as every rollout-side package does; inside ``serve`` it keeps doing
@@ -10,10 +11,12 @@ running it behave the same and it never reaches into the server's state."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandboxd.app import App, make_backend
 from sandboxd.client import AsyncClient
@@ -23,7 +26,17 @@ from sandboxd.e2b.cli import Builder, settings_from
 from sandboxd.e2b.templates import Recipe, Template
 from sandboxd.settings import load_settings
 
-__all__ = ["build_recipes", "cache_builder", "standalone_builder", "start_beside"]
+if TYPE_CHECKING:  # the E2B server's modules load only when it is started
+    from sandboxd.e2b.control import ImageBuilder
+
+__all__ = [
+    "build_recipes",
+    "cache_builder",
+    "cache_image_builder",
+    "standalone_builder",
+    "standalone_image_builder",
+    "start_beside",
+]
 
 
 async def build_recipes(cache: ImageCache, recipes: list[Recipe]) -> dict[str, Template]:
@@ -52,29 +65,55 @@ def cache_builder(cache: ImageCache) -> Builder:
     return build
 
 
+def cache_image_builder(cache: ImageCache) -> ImageBuilder:
+    """The SDK's template builds on a running server's image cache."""
+
+    async def build(context: Path, on_log: Callable[[str], None]) -> str:
+        return await cache.build(context, on_log=on_log)
+
+    return build
+
+
+@contextlib.asynccontextmanager
+async def _standalone_cache(config: Path | None) -> AsyncIterator[ImageCache]:
+    """An image cache of its own on the engine the settings file ``config``
+    names (else DOCKER_HOST, else the local one), for builds only (it evicts
+    nothing, as ``sandboxd image build``'s does not: the server alone knows
+    what is used)."""
+    settings = load_settings(config, None, os.environ)
+    backend = make_backend(settings)
+    cache = ImageCache(
+        backend,
+        SystemClock(),
+        settings.images,
+        ledger_path=settings.state_dir / f"{settings.instance_id}-images.sqlite3",
+        environ=os.environ,
+        evicts=False,
+    )
+    try:
+        await cache.start()
+        yield cache
+    finally:
+        await cache.stop()
+        await backend.close()
+
+
 def standalone_builder(config: Path | None) -> Builder:
-    """A Builder for ``sandboxd e2b-api``: an image cache of its own on the
-    engine the settings file ``config`` names (else DOCKER_HOST, else the
-    local one), for the builds only (it evicts nothing, as ``sandboxd image
-    build``'s does not: the server alone knows what is used)."""
+    """A Builder for ``sandboxd e2b-api``'s templates file."""
 
     async def build(recipes: list[Recipe]) -> dict[str, Template]:
-        settings = load_settings(config, None, os.environ)
-        backend = make_backend(settings)
-        cache = ImageCache(
-            backend,
-            SystemClock(),
-            settings.images,
-            ledger_path=settings.state_dir / f"{settings.instance_id}-images.sqlite3",
-            environ=os.environ,
-            evicts=False,
-        )
-        try:
-            await cache.start()
+        async with _standalone_cache(config) as cache:
             return await build_recipes(cache, recipes)
-        finally:
-            await cache.stop()
-            await backend.close()
+
+    return build
+
+
+def standalone_image_builder(config: Path | None) -> ImageBuilder:
+    """The SDK's template builds for ``sandboxd e2b-api`` (--build-pool)."""
+
+    async def build(context: Path, on_log: Callable[[str], None]) -> str:
+        async with _standalone_cache(config) as cache:
+            return await cache.build(context, on_log=on_log)
 
     return build
 
@@ -89,8 +128,9 @@ async def start_beside(app: App, args: argparse.Namespace) -> Callable[[], Await
             "error: --e2b-port speaks to the server over loopback without TLS; with server TLS on, "
             "run `sandboxd e2b-api --target` against it instead"
         )
-    build = cache_builder(app.control.images) if app.control.images is not None else None
-    settings = await settings_from(args, build)
+    cache = app.control.images
+    build = cache_builder(cache) if cache is not None else None
+    settings = await settings_from(args, build, cache_image_builder(cache) if cache is not None else None)
     client = AsyncClient(app.address, token=args.e2b_token)
     runner, port = await start(client, settings, args.e2b_host, args.e2b_port)
     announce(args.e2b_host, port, app.address)

@@ -11,7 +11,9 @@
 #                      documentation's browser test, the reference loop's
 #                      PyTorch extra, the versitygw S3 gateway the
 #                      snapshot-store tests use and gVisor's runsc
-#                      (registered with dockerd) for the gvisor runtime
+#                      (registered with dockerd) for the gvisor runtime,
+#                      and Harbor in a Python 3.12+ environment of its own
+#                      (.venv-harbor, scripts/harbor-venv.sh)
 #
 # Without an argument it does the full `test` set-up.
 set -euo pipefail
@@ -88,6 +90,9 @@ elif [[ $mode == example ]]; then
 else
     say "installing sandboxd (editable, with dev extras)"
     pip_install -e '.[dev]'
+    # prime-sandboxes caps connectrpc below 0.12 while the e2b SDK needs 0.12
+    # (pyproject.toml); it runs on 0.12, so it goes in without its pins.
+    pip_install --no-deps prime-sandboxes
     # The reference loop's PyTorch policy (~4 GB of wheels with CUDA; ~2 min the
     # first time, cached after). SANDBOXD_SKIP_TORCH=1 skips it: the loop then
     # uses its numpy implementation of the same policy.
@@ -183,5 +188,20 @@ if [[ $mode == test ]]; then
         exit 1
     fi
     say "code-judge image: $judge"
+    # BuildKit's Dockerfile frontend (syntax 1.4: heredocs, COPY --link) as a
+    # local image, compiled from its Go module (about 1 min the first time);
+    # the BuildKit tests build with it.
+    say "ensuring the Dockerfile frontend image"
+    if ! frontend=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -m sandboxd.images.dockerfile_frontend); then
+        echo "[setup] the Dockerfile frontend image did not build (see the log above)" >&2
+        exit 1
+    fi
+    say "Dockerfile frontend image: $frontend"
+    # Harbor (the Harbor test runs its trials through sandboxd's E2B API)
+    # needs Python 3.12 or later: a virtual environment of its own,
+    # .venv-harbor, from one found on the machine (~2 min the first time;
+    # kept while at its pins). Without such a Python the Harbor test skips.
+    say "ensuring Harbor's environment (.venv-harbor)"
+    scripts/harbor-venv.sh
 fi
 say "ready ($mode): $tag"

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from sandboxd.client import AsyncClient
+from sandboxd.e2b import builds, envd, interpreter, lifecycle
 from sandboxd.e2b import control as rest
-from sandboxd.e2b import envd, interpreter
 from sandboxd.e2b.control import Control, E2bSettings, Refused
 from sandboxd.e2b.registry import Registry
 
@@ -46,16 +46,19 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     app[CONTROL] = Control(client, settings, registry)
     r = app.router
     r.add_post("/sandboxes", _route(app, rest.create))
+    r.add_post("/v2/sandboxes", _route(app, rest.create_v2))
     r.add_get("/sandboxes", _route(app, rest.list_boxes))
     r.add_get("/v2/sandboxes", _route(app, rest.list_boxes))
     r.add_get("/sandboxes/{sandbox_id}", _route(app, rest.get_info))
     r.add_delete("/sandboxes/{sandbox_id}", _route(app, rest.kill))
     r.add_post("/sandboxes/{sandbox_id}/timeout", _route(app, rest.set_timeout))
-    r.add_post("/sandboxes/{sandbox_id}/connect", _route(app, rest.connect))
-    r.add_post("/sandboxes/{sandbox_id}/pause", _route(app, rest.pause))
-    r.add_post("/sandboxes/{sandbox_id}/resume", _route(app, rest.resume))
-    r.add_post("/sandboxes/{sandbox_id}/fork", _route(app, rest.fork))
+    r.add_post("/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))
+    r.add_post("/v2/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))
+    r.add_post("/sandboxes/{sandbox_id}/pause", _route(app, lifecycle.pause))
+    r.add_post("/sandboxes/{sandbox_id}/resume", _route(app, lifecycle.resume))
+    r.add_post("/sandboxes/{sandbox_id}/fork", _route(app, lifecycle.fork))
     r.add_get("/templates/aliases/{alias}", _route(app, rest.template_alias))
+    builds.add_routes(app, lambda fn: _route(app, fn))
     envd.add_routes(app)
     interpreter.add_routes(app)
 

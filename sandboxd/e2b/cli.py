@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from sandboxd.e2b.templates import Recipe, Template, TemplatesError, load_templates, parse_template_flags
 
 if TYPE_CHECKING:  # the server's modules load only when it is started
-    from sandboxd.e2b.control import E2bSettings
+    from sandboxd.e2b.control import E2bSettings, ImageBuilder
 
 __all__ = ["Builder", "add_parser", "add_serve_flags", "run_cli", "settings_from"]
 
@@ -55,6 +55,14 @@ def _flags(p: argparse.ArgumentParser, prefix: str) -> None:
         help="the sandboxd tenant token a key's calls carry",
     )
     p.add_argument(f"--{prefix}acquire-timeout", dest="e2b_acquire_timeout", type=float, default=60.0)
+    p.add_argument(
+        f"--{prefix}build-pool",
+        dest="e2b_build_pool",
+        default="",
+        metavar="POOL",
+        help="serve the SDK's template builder: built templates' sandboxes come from this pool "
+        '(one serving any image: images = ["*"])',
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,8 +94,11 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
     return out
 
 
-async def settings_from(args: argparse.Namespace, build: Builder | None) -> E2bSettings:
-    """The E2bSettings the flags say, recipes built by ``build``. Raises
+async def settings_from(
+    args: argparse.Namespace, build: Builder | None, build_image: ImageBuilder | None = None
+) -> E2bSettings:
+    """The E2bSettings the flags say, recipes built by ``build``, the SDK's
+    template builds by ``build_image`` (with --build-pool). Raises
     SystemExit with the reason for flags that cannot be used."""
     from sandboxd.e2b.control import E2bSettings
 
@@ -105,23 +116,30 @@ async def settings_from(args: argparse.Namespace, build: Builder | None) -> E2bS
         templates.update(await build(recipes))
     templates.update(flagged)  # a flag overrides the file
     tenants = _pairs(args.e2b_tenant, "--tenant")
+    build_pool = getattr(args, "e2b_build_pool", "")
+    if build_pool and build_image is None:
+        raise SystemExit("error: --build-pool needs a server that builds images")
     return E2bSettings(
         templates=templates,
         api_keys=frozenset(args.e2b_api_key) | frozenset(tenants),
         tenant_tokens=tenants,
         acquire_timeout=args.e2b_acquire_timeout,
+        build_image=build_image if build_pool else None,
+        build_pool=build_pool,
     )
 
 
-async def _main(args: argparse.Namespace, build: Builder | None) -> None:
+async def _main(args: argparse.Namespace, build: Builder | None, build_image: ImageBuilder | None) -> None:
     from sandboxd.e2b.app import serve
 
-    settings = await settings_from(args, build)
+    settings = await settings_from(args, build, build_image)
     await serve(args.target, settings, args.host, args.port, args.token)
 
 
-def run_cli(args: argparse.Namespace, build: Builder | None = None) -> int:
+def run_cli(
+    args: argparse.Namespace, build: Builder | None = None, build_image: ImageBuilder | None = None
+) -> int:
     """``sandboxd e2b-api``: serves until interrupted."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main(args, build))
+        asyncio.run(_main(args, build, build_image))
     return 0

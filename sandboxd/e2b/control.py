@@ -1,6 +1,9 @@
 """E2B's control API (api.e2b.app's /sandboxes routes) over sandboxd leases:
-create, get, list (with metadata queries), set timeout, kill, connect,
-pause, resume and fork (each fork a restore of a workspace snapshot).
+create (the older ``POST /sandboxes`` and the newer ``/v2/sandboxes``), get,
+list (with metadata queries), set timeout and kill, with the state they
+share; connect, pause, resume and fork (each fork a restore of a workspace
+snapshot) are in sandboxd.e2b.lifecycle, the template builder in
+sandboxd.e2b.builds.
 
 The sandbox timeout is the lease's TTL: the server ends the sandbox when it
 passes, and set_timeout/connect heartbeat the lease. Pause keeps memory
@@ -18,23 +21,33 @@ import contextlib
 import datetime as dt
 import hmac
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from sandboxd import errors
 from sandboxd.client import AsyncClient
-from sandboxd.e2b.registry import PAUSED, RUNNING, Box, Registry, new_id, now
+from sandboxd.client.releasing import release_lease
+from sandboxd.e2b.catalog import Catalog, NotBuilt
+from sandboxd.e2b.registry import PAUSED, RUNNING, Box, Registry, new_id
+from sandboxd.e2b.startcmd import StartFailed, start_command
 from sandboxd.e2b.templates import Template
+from sandboxd.e2b.uploads import Uploads
 
-__all__ = ["Control", "E2bSettings", "Refused"]
+__all__ = ["Control", "E2bSettings", "ImageBuilder", "Refused"]
 
 ENVD_VERSION = "0.5.7"
 """The envd version this server answers as: stdin (0.3.0), default user
 (0.4.0), close stdin (0.5.2) and octet-stream uploads (0.5.7)."""
 
 MAX_TIMEOUT = 24 * 3600
+
+ImageBuilder = Callable[[Path, Callable[[str], None]], Awaitable[str]]
+"""Builds the image of a context directory holding a Dockerfile, streaming
+its log lines; answers its tag (the server's image cache builds)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,12 @@ class E2bSettings:
     tenant_tokens: dict[str, str] = field(default_factory=dict)
     """X-API-Key -> the sandboxd tenant token its calls carry (others: the server's own)."""
     acquire_timeout: float = 60.0
+    build_image: ImageBuilder | None = None
+    """How templates built through the SDK's template builder are built; None = not served."""
+    build_pool: str = ""
+    """The pool built templates' sandboxes come from: one serving any image
+    (``images = ["*"]``), with ``root = "writable"`` where they should write
+    outside the workspace as E2B's do."""
 
 
 class Refused(Exception):
@@ -84,6 +103,8 @@ class Control:
         self.client = client
         self.settings = settings
         self.registry = registry
+        self.catalog = Catalog()
+        self.uploads = Uploads()
         self._tenants: dict[str, AsyncClient] = {}
 
     def key(self, request: web.Request) -> str:
@@ -110,10 +131,26 @@ class Control:
         return box
 
     async def close(self) -> None:
-        for box in self.registry.all():
-            await self.end(box)
+        tasks = self.catalog.all_tasks()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+        async def release(box: Box) -> None:
+            # Each release is retried while the server is busy, and one that still
+            # fails does not keep the other boxes from theirs.
+            self.registry.drop(box)
+            if box.state == RUNNING or box.paused_live:
+                await release_lease(lambda: box.client.release(box.lease_id), box.lease_id, f"e2b {box.id}")
+            if box.snapshot_id:
+                # A paused box's snapshot holds no sandbox: the server's snapshot TTL ends it.
+                with contextlib.suppress(errors.SandboxdError):
+                    await box.client.delete_snapshot(box.snapshot_id)
+
+        await asyncio.gather(*(release(box) for box in self.registry.all()))
         for c in self._tenants.values():
             await c.close()
+        await self.uploads.close()
 
     async def end(self, box: Box) -> None:
         self.registry.drop(box)
@@ -202,26 +239,86 @@ async def resolve_template(control: Control, client: AsyncClient, template: str)
     """The template's pool and image, the pool checked to exist; an unknown
     template is 404 "template 'x' not found", E2B's answer (the SDK raises
     ``SandboxException`` from create, ``alias_exists`` answers False)."""
-    target = control.settings.templates.get(template, Template(template))
+    mapped = control.settings.templates.get(template)
+    target = mapped or Template(template)
     try:
         await client.get_pool(target.pool)
     except errors.NotFound as e:
         raise Refused(404, f"template '{template}' not found (no sandboxd pool {target.pool!r})") from e
+    except errors.InvalidArgument as e:
+        if mapped is not None:
+            raise refused(e) from e
+        # An unmapped name is taken for a pool's; one no pool can have is no template.
+        why = f"not in the templates, nor a pool's name: {e}"
+        raise Refused(404, f"template '{template}' not found ({why})") from e
     except errors.SandboxdError as e:
         raise refused(e) from e
     return target
 
 
-async def create(control: Control, request: web.Request) -> web.Response:
-    key = control.key(request)
+# What the newer create (POST /v2/sandboxes) may ask that sandboxd cannot
+# give: a sandbox has no volumes, MCP gateway or workload identity, and its
+# lease ends it at the timeout rather than pausing it.
+_UNSERVED = {
+    "volumeMounts": "volumes are not served: copy files in with sandbox.files",
+    "mcp": "the MCP gateway is not served",
+    "iam": "workload identity tokens are not served",
+}
+
+
+def check_lifecycle(given: dict[str, Any]) -> None:
+    """Refuses, naming it, what a create asks that sandboxd does not do.
+    ``allowInternetAccess`` is taken as given: a sandbox's network is its
+    pool's egress policy, which a create does not change."""
+    for name, why in _UNSERVED.items():
+        if given.get(name) not in (None, [], {}):
+            raise Refused(400, f"{name}: {why}")
+    auto_resume = given.get("autoResume")
+    if isinstance(auto_resume, dict) and auto_resume.get("enabled"):
+        raise Refused(400, "autoResume is not served: a sandbox ends at its timeout")
+    if given.get("autoPause") is True:
+        raise Refused(
+            400, "autoPause (lifecycle on_timeout='pause') is not served: a sandbox ends at its timeout"
+        )
+    network = given.get("network")
+    if network not in (None, {}) and (
+        not isinstance(network, dict) or any(v not in (None, [], {}) for v in network.values())
+    ):
+        raise Refused(
+            400,
+            "network: per-sandbox egress rules are not served; a sandbox's network is its "
+            "sandboxd pool's egress policy",
+        )
+
+
+async def create_v2(control: Control, request: web.Request) -> web.Response:
+    """The newer SDKs' create (e2b 2.36 on): the same sandbox, with lifecycle,
+    network and volume options that are checked, not ignored."""
     given = await body(request)
+    check_lifecycle(given)
+    return await _create(control, request, given)
+
+
+async def create(control: Control, request: web.Request) -> web.Response:
+    return await _create(control, request, await body(request))
+
+
+async def _create(control: Control, request: web.Request, given: dict[str, Any]) -> web.Response:
+    key = control.key(request)
     template = given.get("templateID")
     if not isinstance(template, str) or not template:
         raise Refused(400, "templateID is required")
     timeout = timeout_of(given, 300)
     metadata, envs = strings(given, "metadata"), strings(given, "envVars")
     client = control.client_for(key)
-    target = await resolve_template(control, client, template)
+    try:
+        built = control.catalog.resolve(key, template)
+    except NotBuilt as e:
+        raise Refused(404, str(e)) from e
+    if built is not None:
+        target = Template(control.settings.build_pool, built.image)
+    else:
+        target = await resolve_template(control, client, template)
     try:
         lease = await client.lease(
             target.pool,
@@ -247,6 +344,12 @@ async def create(control: Control, request: web.Request) -> web.Response:
     )
     box.extend(timeout)
     control.registry.add(box)
+    if built is not None and built.start_cmd:
+        try:
+            await start_command(box, built, control.settings.acquire_timeout)
+        except StartFailed as e:
+            await control.end(box)
+            raise Refused(502, f"template '{template}': {e}") from e
     return web.json_response(created(box), status=201)
 
 
@@ -287,11 +390,11 @@ async def kill(control: Control, request: web.Request) -> web.Response:
 async def set_timeout(control: Control, request: web.Request) -> web.Response:
     box = control.box(request)
     timeout = timeout_of(await body(request), int(box.timeout))
-    await _extend(control, box, timeout)
+    await extend_box(control, box, timeout)
     return web.Response(status=204)
 
 
-async def _extend(control: Control, box: Box, timeout: int) -> None:
+async def extend_box(control: Control, box: Box, timeout: int) -> None:
     if box.state == RUNNING:
         try:
             await box.client.heartbeat(box.lease_id, ttl=max(timeout, 1))
@@ -303,140 +406,15 @@ async def _extend(control: Control, box: Box, timeout: int) -> None:
     box.extend(timeout)
 
 
-async def pause(control: Control, request: web.Request) -> web.Response:
-    box = control.box(request)
-    if box.state == PAUSED:
-        raise Refused(409, f"sandbox {box.id} is already paused")
-    memory = (await body(request)).get("memory", True)
-    if not isinstance(memory, bool):
-        raise Refused(400, "memory must be a boolean")
-    try:
-        box.paused_live = False
-        if memory:
-            # Only gVisor sandboxes freeze; others keep their filesystem below.
-            with contextlib.suppress(errors.FailedPrecondition):
-                await box.client.pause(box.sandbox_id)
-                box.paused_live = True
-        if box.paused_live:
-            # A paused E2B sandbox has no timeout: its lease is stretched to
-            # the longest the server grants (at worst it keeps its own).
-            with contextlib.suppress(errors.SandboxdError):
-                await box.client.heartbeat(box.lease_id, ttl=MAX_TIMEOUT)
-        if not box.paused_live:
-            snap = await box.client.snapshot(box.sandbox_id)
-            box.snapshot_id = snap.id
-            await box.client.release(box.lease_id)
-    except errors.SandboxdError as e:
-        raise refused(e) from e
-    box.state = PAUSED
-    if not box.paused_live:
-        # The fresh sandbox of a resume runs none of these.
-        for proc in list(box.processes.values()):
-            proc.cancel()
-        for kernel in box.kernels.values():
-            kernel.close()
-        box.kernels.clear()
-    return web.Response(status=204, headers={"X-Sandboxd-Pause": "live" if box.paused_live else "filesystem"})
-
-
-async def _resume(control: Control, box: Box, timeout: int) -> None:
-    try:
-        if box.paused_live:
-            await box.client.resume(box.sandbox_id)
-            await box.client.heartbeat(box.lease_id, ttl=max(timeout, 1))
-        else:
-            lease = await box.client.restore(
-                box.snapshot_id,
-                pool=box.pool,
-                lease_ttl=max(timeout, 1),
-                timeout=control.settings.acquire_timeout,
-            )
-            box.sandbox_id, box.lease_id = lease.sandboxes[0].id, lease.id
-            await box.client.delete_snapshot(box.snapshot_id)
-            box.snapshot_id = ""
-    except errors.SandboxdError as e:
-        raise refused(e) from e
-    box.state, box.paused_live = RUNNING, False
-    box.extend(timeout)
-
-
-async def resume(control: Control, request: web.Request) -> web.Response:
-    box = control.box(request)
-    if box.state != PAUSED:
-        raise Refused(409, f"sandbox {box.id} is not paused")
-    await _resume(control, box, timeout_of(await body(request), 300))
-    return web.json_response(created(box), status=201)
-
-
-async def connect(control: Control, request: web.Request) -> web.Response:
-    box = control.box(request)
-    timeout = timeout_of(await body(request), 300)
-    if box.state == PAUSED:
-        await _resume(control, box, timeout)
-        return web.json_response(created(box), status=201)
-    # A running sandbox's timeout only grows on connect.
-    if now() + dt.timedelta(seconds=timeout) > box.end_at:
-        await _extend(control, box, timeout)
-    return web.json_response(created(box), status=200)
-
-
-MAX_FORKS = 64
-
-
-async def _fork_one(control: Control, box: Box, snapshot_id: str, timeout: int) -> dict[str, Any]:
-    try:
-        lease = await box.client.restore(
-            snapshot_id, pool=box.pool, lease_ttl=max(timeout, 1), timeout=control.settings.acquire_timeout
-        )
-    except errors.SandboxdError as e:
-        failed = refused(e)
-        return {"error": {"code": failed.status, "message": failed.message}}
-    child = Box(
-        id=new_id(),
-        key=box.key,
-        client=box.client,
-        template=box.template,
-        pool=box.pool,
-        image=box.image,
-        metadata=dict(box.metadata),
-        envs=dict(box.envs),
-        timeout=timeout,
-        sandbox_id=lease.sandboxes[0].id,
-        lease_id=lease.id,
-    )
-    child.extend(timeout)
-    control.registry.add(child)
-    return {"sandbox": created(child)}
-
-
-async def fork(control: Control, request: web.Request) -> web.Response:
-    """N sandboxes from this one's workspace, each under a lease of its own."""
-    box = control.box(request)
-    given = await body(request)
-    timeout = timeout_of(given, 300)
-    count = given.get("count", 1)
-    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_FORKS:
-        raise Refused(400, f"count must be an integer from 1 to {MAX_FORKS}")
-    if box.state != RUNNING:
-        raise Refused(409, f"sandbox {box.id} is paused; resume it to fork it")
-    try:
-        snap = await box.client.snapshot(box.sandbox_id)
-    except errors.SandboxdError as e:
-        raise refused(e) from e
-    try:
-        results = await asyncio.gather(*(_fork_one(control, box, snap.id, timeout) for _ in range(count)))
-    finally:
-        with contextlib.suppress(errors.SandboxdError):
-            await box.client.delete_snapshot(snap.id)
-    return web.json_response(list(results), status=201)
-
-
 async def template_alias(control: Control, request: web.Request) -> web.Response:
     """Whether a template exists (``Template.alias_exists``): a template is a
     pool, so one exists where its pool does. Builds are not served, so code
     that builds only when the alias is missing (Harbor's E2B environment)
     runs on pools made beforehand."""
-    client = control.client_for(control.key(request))
+    key = control.key(request)
     alias = request.match_info["alias"]
-    await resolve_template(control, client, alias)
+    built = control.catalog.find(key, alias)
+    if built is not None:
+        return web.json_response({"public": False, "templateID": built.id, "aliases": [built.name]})
+    await resolve_template(control, control.client_for(key), alias)
     return web.json_response({"public": False, "templateID": alias, "aliases": [alias]})

@@ -273,9 +273,10 @@ def part_path(disposition: str) -> str:
 
 
 def _files_error(e: ConnectError) -> web.Response:
-    status = {"not_found": 404, "invalid_argument": 400, "permission_denied": 401, "aborted": 502}.get(
-        e.code, 500
-    )
+    # As envd answers: a file the filesystem refuses (permission, read-only)
+    # is 500, which the SDK raises as SandboxException; envd's 401 means a
+    # wrong access token (AuthenticationException), never the file's mode.
+    status = {"not_found": 404, "invalid_argument": 400, "aborted": 502}.get(e.code, 500)
     return web.json_response({"code": status, "message": e.message}, status=status)
 
 

@@ -4,7 +4,15 @@ and Remove, each one short command in the sandbox as the caller's user.
 
 Exec rather than sandboxd's file calls because E2B paths are anywhere the
 user may write (its home, absolute paths), while sandboxd's file calls keep
-to the workspace and /tmp. Entries are described by GNU find's -printf."""
+to the workspace and /tmp. Entries are described by GNU find's -printf.
+
+Writes and MakeDir do as envd does where sandboxd can: envd runs as root,
+so it creates files and directories anywhere the filesystem allows, for any
+user (a Harbor task writes /solution, /tests and /logs as E2B's default
+"user"). One the caller's user may not make is made by root instead, and is
+then root's: sandboxd's root has no capabilities, so it cannot hand the
+file to the user as envd does, nor write where the modes refuse root as well
+(a directory only its owner, the user, may write)."""
 
 from __future__ import annotations
 
@@ -65,6 +73,16 @@ async def _run(box: Box, user: str, argv: list[str], stdin: bytes = b"", what: s
             raise ConnectError("invalid_argument", f"{what}: {message}")
         raise ConnectError("unknown", f"{what}: {message or f'exit {result.exit_code}'}")
     return result
+
+
+async def _run_or_as_root(box: Box, user: str, argv: list[str], stdin: bytes, what: str) -> ExecResult:
+    """Runs as ``user``; where its permissions refuse, runs again as root."""
+    try:
+        return await _run(box, user, argv, stdin, what)
+    except ConnectError as e:
+        if e.code != "permission_denied" or exec_user(user) == "root":
+            raise
+    return await _run(box, "root", argv, stdin, what)
 
 
 def _types(kind: str) -> str:
@@ -134,8 +152,8 @@ async def list_dir(box: Box, user: str, message: dict[str, Any]) -> dict[str, An
 
 async def make_dir(box: Box, user: str, message: dict[str, Any]) -> dict[str, Any]:
     path = _path(message)
-    script = f'[ -e "$1" ] && exit {_EXISTS}; mkdir -p -- "$1" && ' + _STAT
-    result = await _run(box, user, _shell(script, path, _FORMAT), what=f"make dir {path}")
+    script = f'[ -e "$1" ] && exit {_EXISTS}; mkdir -p -- "$1" || exit 1; ' + _STAT
+    result = await _run_or_as_root(box, user, _shell(script, path, _FORMAT), b"", f"make dir {path}")
     return {"entry": entry_from_line(result.stdout.rstrip(b"\n"))}
 
 
@@ -166,6 +184,6 @@ async def write_file(box: Box, user: str, path: str, data: bytes) -> dict[str, A
     """Writes ``data`` to ``path`` (its directories made), answering the
     written entry as /files does."""
     script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && realpath -s -- "$1"'
-    result = await _run(box, user, _shell(script, path), stdin=data, what=f"write {path}")
+    result = await _run_or_as_root(box, user, _shell(script, path), data, f"write {path}")
     full = result.stdout.decode(errors="replace").strip() or path
     return {"name": posixpath.basename(full), "type": "file", "path": full}

@@ -27,7 +27,6 @@ from sandboxd.e2b.cli import settings_from
 from tests.integration.conftest import instance_containers, poll
 
 e2b = pytest.importorskip("e2b")
-e2b_connect = pytest.importorskip("e2b_connect")
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -201,10 +200,9 @@ async def test_pty_sessions_sync_and_async(templated: str) -> None:
         assert term.pid in [p.pid for p in await sbx.commands.list()]
         assert await sbx.pty.kill(term.pid) is True
         assert await sbx.pty.kill(term.pid) is False
-        # The SDK's resize hands on the Connect error as it is (it wraps no error there).
-        with pytest.raises(e2b_connect.ConnectException) as unknown:
+        # envd's not_found for an unknown process, which the SDK raises as NotFoundException.
+        with pytest.raises(e2b.NotFoundException):
             await sbx.pty.resize(999999, PtySize(rows=1, cols=1))
-        assert unknown.value.status == e2b_connect.Code.not_found
     finally:
         await sbx.kill()
 
@@ -327,3 +325,36 @@ async def test_code_interpreter_run_code_sync_and_async(templated: str) -> None:
             await sbx.run_code("1", language="javascript")
     finally:
         await sbx.kill()
+
+
+async def test_files_the_user_may_not_make_are_made_as_envd_makes_them(
+    templated: str, client: AsyncClient, image: str
+) -> None:
+    from e2b import AsyncSandbox, AuthenticationException, SandboxException
+
+    # An unmapped template is the pool of its name.
+    await client.create_pool("rw", image, min_ready=0, max_size=2, root="writable")
+    sbx = await AsyncSandbox.create(template="rw", timeout=120)
+    try:
+        # As E2B's default user, in a root-owned / (envd writes as root): made by root.
+        await sbx.files.write("/solution/solve.sh", "echo solved\n")
+        assert await sbx.files.make_dir("/logs/verifier") is True
+        owners = await sbx.commands.run("stat -c %U /solution /solution/solve.sh /logs/verifier")
+        assert owners.stdout.split() == ["root", "root", "root"]
+        # Where the user may write, it stays the user's own.
+        await sbx.files.write("/workspace/mine.txt", "x")
+        assert (await sbx.commands.run("stat -c %u /workspace/mine.txt")).stdout.strip() != "0"
+        assert await sbx.files.read("/solution/solve.sh") == "echo solved\n"
+    finally:
+        await sbx.kill()
+
+    ro = await AsyncSandbox.create(template="own", timeout=120)
+    try:
+        # A read-only root refuses root too: envd's 500 (SandboxException), not a key error.
+        with pytest.raises(SandboxException) as refused:
+            await ro.files.write("/solution/solve.sh", "x")
+        assert not isinstance(refused.value, AuthenticationException)
+        assert str(refused.value).startswith("500") and "Read-only file system" in str(refused.value)
+    finally:
+        await ro.kill()
+    await client.delete_pool("rw", force=True)

@@ -4,7 +4,8 @@ codes, before any call reaches sandboxd (the client here points nowhere)."""
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -52,6 +53,87 @@ async def test_control_api_refusals(http: TestClient[web.Request, web.Applicatio
     assert r.status == 400
     r = await http.get("/v2/sandboxes", headers=auth)
     assert (r.status, await r.json()) == (200, [])
+    # Without a build pool the SDK's template builds are refused, saying what to do instead.
+    for path in ("/v3/templates", "/v2/templates"):
+        r = await http.post(path, json={"name": "task__0a1b"}, headers=auth)
+        message = (await r.json())["message"]
+        assert r.status == 501 and "--build-pool" in message and "templates file" in message, path
+    r = await http.post("/v3/templates", json={"name": "t"})
+    assert r.status == 401
+    # The newer create (/v2/sandboxes) refuses what sandboxd does not do, naming it.
+    for body, says in [
+        ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, "volumeMounts"),
+        ({"templateID": "base", "autoPause": True}, "autoPause"),
+        ({"templateID": "base", "autoResume": {"enabled": True}}, "autoResume"),
+        ({"templateID": "base", "mcp": {"x": {}}}, "mcp"),
+        ({"templateID": "base", "network": {"allowOut": ["example.com"]}}, "network"),
+    ]:
+        r = await http.post("/v2/sandboxes", json=body, headers=auth)
+        assert r.status == 400 and says in (await r.json())["message"], body
+    r = await http.post("/v2/sandboxes/inone/connect", json={"timeout": 10}, headers=auth)
+    assert r.status == 404
+
+
+async def _never(context: Path, on_log: Callable[[str], None]) -> str:
+    raise AssertionError("a refused build must not reach the image builder")
+
+
+async def test_template_builder_refusals() -> None:
+    client = AsyncClient("127.0.0.1:1")
+    settings = E2bSettings(api_keys=frozenset({KEY}), build_image=_never, build_pool="any")
+    auth = {"X-API-Key": KEY}
+    async with TestClient(TestServer(make_app(client, settings))) as http:
+        for body, says in [
+            ({}, "name is required"),
+            ({"name": "bad name"}, "template name"),
+            ({"name": "ok", "tags": ["no/slash"]}, "tag"),
+        ]:
+            r = await http.post("/v3/templates", json=body, headers=auth)
+            assert r.status == 400 and says in (await r.json())["message"], body
+        r = await http.post("/v3/templates", json={"name": "tpl:v1"}, headers=auth)
+        assert r.status == 202
+        made = await r.json()
+        assert made["tags"] == ["v1"] and made["names"] == ["tpl"]
+        tid, bid = made["templateID"], made["buildID"]
+        r = await http.get(f"/templates/{tid}/files/{'0' * 64}", headers={"X-API-Key": "e2b_other"})
+        assert r.status == 401
+        r = await http.get(f"/templates/{tid}/files/{'0' * 64}", headers=auth)
+        assert r.status == 201 and (await r.json())["present"] is False
+        for steps, says in [
+            ({"steps": [{"type": "RUN", "args": ["true"]}]}, "step base: a base image"),
+            ({"fromImage": "x", "steps": [{"type": "HEALTHCHECK", "args": []}]}, "step 1: unknown step type"),
+            (
+                {
+                    "fromImage": "x",
+                    "steps": [{"type": "COPY", "args": ["../up", "/x"], "filesHash": "0" * 64}],
+                },
+                "step 1",
+            ),
+            (
+                {"fromImage": "x", "steps": [{"type": "COPY", "args": ["a", "/x"], "filesHash": "0" * 64}]},
+                "not uploaded",
+            ),
+            ({"fromImage": "x", "fromImageRegistry": {"type": "aws"}}, "registry credentials"),
+        ]:
+            r = await http.post("/v3/templates", json={"name": "tpl"}, headers=auth)
+            bid = (await r.json())["buildID"]
+            r = await http.post(f"/v2/templates/{tid}/builds/{bid}", json=steps, headers=auth)
+            assert r.status == 400 and says in (await r.json())["message"], steps
+            r = await http.get(f"/templates/{tid}/builds/{bid}/status", headers=auth)
+            status = await r.json()
+            assert status["status"] == "error" and says in status["reason"]["message"], steps
+        r = await http.get(f"/templates/{tid}/builds/nope/status", headers=auth)
+        assert r.status == 404
+        r = await http.get("/templates/nope/tags", headers=auth)
+        assert r.status == 404
+        r = await http.put("/e2b-uploads/not-a-token", data=b"x")
+        assert r.status == 404
+        r = await http.post("/sandboxes", json={"templateID": "tpl"}, headers=auth)
+        assert (
+            r.status == 404
+            and "tag 'default' does not exist for template 'tpl'" in (await r.json())["message"]
+        )
+    await client.close()
 
 
 async def test_envd_refusals(http: TestClient[web.Request, web.Application]) -> None:

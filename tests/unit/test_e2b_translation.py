@@ -5,6 +5,7 @@ validation, entries, metadata filters and multipart paths."""
 
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
@@ -17,16 +18,26 @@ from sandboxd.e2b.envd import part_path
 from sandboxd.e2b.filesystem import entry_from_line
 from sandboxd.e2b.processes import end_event, exec_user, input_bytes, process_config, selected_pid
 
-e2b_connect = pytest.importorskip("e2b_connect.client")
-process_pb2 = pytest.importorskip("e2b.envd.process.process_pb2")
-filesystem_pb2 = pytest.importorskip("e2b.envd.filesystem.filesystem_pb2")
+# The SDK (e2b 2.63) reads envd's streams with connectrpc's Connect envelope
+# reader and protobuf-py messages: the same reader and messages decode here.
+connect_protocol = pytest.importorskip("connectrpc._protocol_connect")
+connect_errors = pytest.importorskip("connectrpc.errors")
+from connectrpc._compression import IdentityCompression  # noqa: E402
+from connectrpc.code import Code  # noqa: E402
+from connectrpc.codec import proto_json_codec  # noqa: E402
+
+process_pb = pytest.importorskip("e2b.envd.process.process_pb")
+filesystem_pb = pytest.importorskip("e2b.envd.filesystem.filesystem_pb")
+
+
+def _reader() -> object:
+    return connect_protocol.ConnectEnvelopeReader(
+        process_pb.StartResponse, proto_json_codec(), IdentityCompression(), None
+    )
 
 
 def _parse(data: bytes) -> list[object]:
-    parser = e2b_connect.ServerStreamParser(
-        decode=e2b_connect.JSONCodec.decode, response_type=process_pb2.StartResponse
-    )
-    return list(parser.parse(data))
+    return list(_reader().feed(data))  # type: ignore[attr-defined]
 
 
 def _result(outcome: str, exit_code: int = 0, detail: str = "") -> ExecResult:
@@ -43,22 +54,20 @@ def test_stream_frames_decode_in_the_sdk_even_split_anywhere() -> None:
         + end_frame()
     )
     whole = _parse(data)
-    parser = e2b_connect.ServerStreamParser(
-        decode=e2b_connect.JSONCodec.decode, response_type=process_pb2.StartResponse
-    )
-    split = [m for i in range(len(data)) for m in parser.parse(data[i : i + 1])]
-    assert [str(m) for m in split] == [str(m) for m in whole]
-    start, out, end = whole
-    assert start.event.start.pid == 7  # type: ignore[attr-defined]
-    assert out.event.data.stdout == b"hi\n"  # type: ignore[attr-defined]
-    assert (end.event.end.exit_code, end.event.end.exited) == (3, True)  # type: ignore[attr-defined]
+    reader = _reader()
+    split = [m for i in range(len(data)) for m in reader.feed(data[i : i + 1])]  # type: ignore[attr-defined]
+    assert split == whole
+    start, out, end = (m.event.event for m in whole)  # type: ignore[attr-defined]
+    assert (start.field, start.value.pid) == ("start", 7)
+    assert (out.field, out.value.output.field, out.value.output.value) == ("data", "stdout", b"hi\n")
+    assert (end.field, end.value.exit_code, end.value.exited) == ("end", 3, True)
 
 
 def test_an_error_end_frame_is_the_sdks_connect_exception() -> None:
     data = frame({"event": {"start": {"pid": 1}}}) + end_frame(ConnectError("deadline_exceeded", "late"))
-    with pytest.raises(e2b_connect.ConnectException) as exc:
+    with pytest.raises(connect_errors.ConnectError) as exc:
         _parse(data)
-    assert exc.value.status == e2b_connect.Code.deadline_exceeded and exc.value.message == "late"
+    assert exc.value.code == Code.DEADLINE_EXCEEDED and exc.value.message == "late"
 
 
 @pytest.mark.parametrize(
@@ -114,15 +123,13 @@ def test_selectors_input_and_users() -> None:
 
 
 def test_entries_parse_into_the_sdks_entry_info() -> None:
-    from google.protobuf import json_format
-
     line = b"\0".join(
         [b"/tmp/d/b.txt", b"f", b"2", b"644", b"-rw-r--r--", b"root", b"root", b"1700000000.5", b""]
     )
     entry = entry_from_line(line)
-    msg = json_format.ParseDict(entry, filesystem_pb2.EntryInfo())
+    msg = filesystem_pb.EntryInfo.from_json(json.dumps(entry))
     assert (msg.name, msg.path, msg.size, msg.mode, msg.owner) == ("b.txt", "/tmp/d/b.txt", 2, 0o644, "root")
-    assert msg.type == filesystem_pb2.FileType.FILE_TYPE_FILE
+    assert msg.type == filesystem_pb.FileType.FILE
     assert msg.modified_time.seconds == 1700000000
     directory = b"\0".join([b"/tmp/d", b"d", b"4096", b"755", b"drwxr-xr-x", b"u", b"g", b"1.0", b""])
     assert entry_from_line(directory)["type"] == "FILE_TYPE_DIRECTORY"

@@ -53,11 +53,14 @@ def _text_start(pid: int, program: str) -> int:
 
 
 def _wait_mapped(pid: int, program: str, seconds: float = 10.0) -> None:
-    """Until the child has exec'd ``program`` (its maps name it)."""
+    """Until the child has exec'd ``program`` (its maps name it) and sleeps:
+    before that its loader may still be mapping libraries, which changes the
+    executable mappings the fingerprint covers."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
-            if program in Path(f"/proc/{pid}/maps").read_text():
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            if program in Path(f"/proc/{pid}/maps").read_text() and state == "S":
                 return
     raise AssertionError(f"{program} did not start in {seconds:g}s")
 
