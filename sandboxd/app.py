@@ -17,6 +17,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sandboxd.api.abandoning import Abandoned
 from sandboxd.api.auth import Authenticator, AuthInterceptor
 from sandboxd.api.demand import DemandServicer
 from sandboxd.api.errors import ErrorInterceptor
@@ -241,6 +242,8 @@ class App:
     rollouts: RolloutManager | None = None
     leader: LeaderGate | None = None
     """Set when several replicas share a backend: pools run only while it leads."""
+    abandoned: Abandoned | None = None
+    """Releases leases granted to calls that were cancelled; stop waits for them."""
     _step_down: asyncio.Task[None] | None = None
     _health_updates: set[asyncio.Future[None]] = field(default_factory=set)
 
@@ -276,6 +279,9 @@ class App:
         the pools (leased sandboxes stay for the next start to adopt)."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.server.grace_seconds if grace is None else grace)
+        if self.abandoned is not None:
+            # Calls cut off by the stop are among them: released before the pools stop.
+            await self.abandoned.drain()
         if self.snapshots is not None:
             await self.snapshots.stop()
         if self.rollouts is not None:
@@ -419,12 +425,13 @@ def build_app(
         ],
     )
     pools_pb2_grpc.add_PoolServiceServicer_to_server(PoolServicer(control), server)
-    sandboxes_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(control), server)
+    abandoned = Abandoned(control)
+    sandboxes_pb2_grpc.add_SandboxServiceServicer_to_server(SandboxServicer(control, abandoned), server)
     exec_pb2_grpc.add_ExecServiceServicer_to_server(ExecServicer(control), server)
     files_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(control), server)
     preflight_pb2_grpc.add_PreflightServiceServicer_to_server(PreflightServicer(control), server)
     snapshots = make_snapshot_manager(settings, control, control.clock, persist=persist)
-    snapshots_pb2_grpc.add_SnapshotServiceServicer_to_server(SnapshotServicer(snapshots), server)
+    snapshots_pb2_grpc.add_SnapshotServiceServicer_to_server(SnapshotServicer(snapshots, abandoned), server)
     demand_pb2_grpc.add_DemandServiceServicer_to_server(DemandServicer(control), server)
     rollout_store = RolloutStore(
         settings.state_dir / f"{settings.instance_id}-rollouts.sqlite3" if persist else None
@@ -462,6 +469,7 @@ def build_app(
         snapshots=snapshots,
         telemetry=telemetry,
         rollouts=rollouts,
+        abandoned=abandoned,
     )
     cfg = settings.backend
     if isinstance(cfg, KubernetesBackendSettings) and cfg.leader_election:

@@ -178,12 +178,14 @@ class SandboxdEnvironment:
         }
 
     def cleanup(self) -> None:
-        """Releases the sandbox (idempotent)."""
+        """Releases the sandbox (idempotent); a release the server cannot answer
+        at once is retried (sandboxd.client.releasing), not left to the lease's TTL."""
         held, self._held = getattr(self, "_held", None), None
-        if held is not None:
-            with contextlib.suppress(errors.SandboxdError):
+        try:
+            if held is not None:
                 held.__exit__(None, None, None)
-        self._close_client()
+        finally:
+            self._close_client()
 
     def _close_client(self) -> None:
         if self._own_client:

@@ -16,7 +16,6 @@ Warm sandboxes come from the pool, so rLLM's own warm queue is not needed.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import tarfile
@@ -162,12 +161,15 @@ class SandboxdSandbox:
         )
 
     def close(self) -> None:
-        """Releases (destroys) the sandbox; idempotent, never raises for a gone one."""
+        """Releases (destroys) the sandbox; idempotent, never raises for a gone one.
+        A release the server cannot answer at once is retried (sandboxd.client.releasing),
+        not left to the lease's TTL."""
         held, self._held = self._held, None
-        if held is not None:
-            with contextlib.suppress(errors.SandboxdError):
+        try:
+            if held is not None:
                 held.__exit__(None, None, None)
-        self._close_client()
+        finally:
+            self._close_client()
 
     def _close_client(self) -> None:
         if self._own_client:

@@ -12,7 +12,7 @@ outlived close would outlive the server's shutdown too, which keeps leased
 sandboxes for the next start to adopt.
 
 A release is retried while the server cannot answer it
-(sandboxd.adapters.lease_release), and nobody who asks for one can cut it short
+(sandboxd.client.releasing), and nobody who asks for one can cut it short
 by being cancelled.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sandboxd.adapters.lease_release import release_lease
 from sandboxd.client import Lease
+from sandboxd.client.releasing import release_lease
 
 __all__ = ["HeldLeases"]
 

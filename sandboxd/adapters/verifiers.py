@@ -10,10 +10,13 @@ the SDK itself can point it at ``sandboxd prime-api`` instead
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxd import errors
 from sandboxd.client import AsyncClient, Lease
+from sandboxd.client.releasing import release_lease
 
 __all__ = ["CommandResult", "CommandTimeoutError", "FileContent", "SandboxdRuntime"]
 
@@ -113,12 +116,23 @@ class SandboxdRuntime:
         await self._client.heartbeat(self._leases[sandbox_id].id)
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
-        """Releases the sandbox's lease; a no-op for an id already deleted or never created here."""
-        lease = self._leases.pop(sandbox_id, None)
-        if lease is not None:
+        """Releases the sandbox's lease; a no-op for an id already deleted or never created here.
+        The lease stays this runtime's until the server confirms its release
+        (a failed release raises, and close() tries it again)."""
+        lease = self._leases.get(sandbox_id)
+        if lease is None:
+            return
+        with contextlib.suppress(errors.NotFound):
             await self._client.release(lease.id)
+        self._leases.pop(sandbox_id, None)
 
     async def close(self) -> None:
-        """Releases every sandbox this runtime still holds (the client stays open)."""
-        for sandbox_id in list(self._leases):
-            await self.delete_sandbox(sandbox_id)
+        """Releases every sandbox this runtime still holds (the client stays open),
+        each release retried while the server cannot answer it; one that still
+        fails is logged and does not stop the others."""
+
+        async def release(sandbox_id: str, lease: Lease) -> None:
+            if await release_lease(lease.release, lease.id, "verifiers runtime"):
+                self._leases.pop(sandbox_id, None)
+
+        await asyncio.gather(*(release(sid, lease) for sid, lease in list(self._leases.items())))

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-from functools import partial
 from typing import Any
 
+from sandboxd.api.abandoning import Abandoned
 from sandboxd.api.convert import lease_to, limits_from, sandbox_to
 from sandboxd.core import validation as v
 from sandboxd.core.control import AcquireRequest, ControlPlane
@@ -16,12 +15,13 @@ from sandboxd.v1 import sandboxes_pb2, sandboxes_pb2_grpc
 
 
 class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
-    """SandboxService on the control plane; the caller's deadline goes to the core as it came."""
+    """SandboxService on the control plane; the caller's deadline goes to the core as it came.
+    ``abandoned`` releases what a cancelled Acquire was granted (shared with Restore)."""
 
-    def __init__(self, control: ControlPlane) -> None:
+    def __init__(self, control: ControlPlane, abandoned: Abandoned) -> None:
         self._control = control
         self._pausing = Pausing(control)
-        self._abandoning: set[asyncio.Task[None]] = set()
+        self._abandoned = abandoned
 
     async def Acquire(
         self, request: sandboxes_pb2.AcquireRequest, context: Any
@@ -42,17 +42,11 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
                 network=tuple(request.network),
             )
         )
-        # A client that cancels the call from here on never learns of the lease.
-        context.add_done_callback(partial(self._abandon_if_cancelled, lease.lease_id))
+        # A call ended CANCELLED from here on never delivers the lease (see api.abandoning).
+        self._abandoned.watch(context, lease.lease_id)
         return sandboxes_pb2.AcquireResponse(
             lease=lease_to(lease), sandboxes=[sandbox_to(r, lease) for r in records]
         )
-
-    def _abandon_if_cancelled(self, lease_id: str, context: Any) -> None:
-        if context.cancelled():
-            task = asyncio.get_running_loop().create_task(self._control.abandon(lease_id))
-            self._abandoning.add(task)
-            task.add_done_callback(self._abandoning.discard)
 
     async def Heartbeat(
         self, request: sandboxes_pb2.HeartbeatRequest, context: Any

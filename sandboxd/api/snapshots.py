@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandboxd.api.abandoning import Abandoned
 from sandboxd.api.convert import lease_to, sandbox_to, ts
 from sandboxd.core import validation as v
 from sandboxd.core.snapshots import SnapshotInfo, SnapshotManager
@@ -54,10 +55,12 @@ def snapshot_to(info: SnapshotInfo) -> snapshots_pb2.Snapshot:
 
 
 class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
-    """SnapshotService over the snapshot manager; a call only ever sees the caller's tenant's snapshots."""
+    """SnapshotService over the snapshot manager; a call only ever sees the caller's tenant's snapshots.
+    ``abandoned`` releases what a cancelled Restore was granted (shared with Acquire)."""
 
-    def __init__(self, snapshots: SnapshotManager) -> None:
+    def __init__(self, snapshots: SnapshotManager, abandoned: Abandoned) -> None:
         self._snapshots = snapshots
+        self._abandoned = abandoned
 
     async def Snapshot(
         self, request: snapshots_pb2.SnapshotRequest, context: Any
@@ -90,7 +93,10 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
             timeout=request.timeout_seconds,
             call_remaining=context.time_remaining(),
             network=tuple(request.network),
+            request_id=request.request_id,
         )
+        # A call ended CANCELLED from here on never delivers the lease (see api.abandoning).
+        self._abandoned.watch(context, lease.lease_id)
         return snapshots_pb2.RestoreResponse(
             lease=lease_to(lease),
             sandboxes=[sandbox_to(r, lease) for r in records],

@@ -3,7 +3,8 @@
 
 Owns the calls of every service (``pools``, ``execs``, ``files``,
 ``snapshots``, composed in ``aio``), the status-to-exception translation
-(``rpc``), the blocking proxy (``sync``) and the rollout queue's client
+(``rpc``), the release retried while the server cannot answer it
+(``releasing``), the blocking proxy (``sync``) and the rollout queue's client
 (``rollouts``).
 
 May import: the generated ``sandboxd.v1``, ``sandboxd.errors`` and the

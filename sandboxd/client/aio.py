@@ -28,6 +28,7 @@ from sandboxd import errors
 from sandboxd.client.execs import ExecCalls, ExecResult
 from sandboxd.client.files import FileCalls
 from sandboxd.client.pools import PoolCalls
+from sandboxd.client.releasing import release_lease
 from sandboxd.client.rpc import rpc_errors, translate
 from sandboxd.client.snapshots import SnapshotCalls
 from sandboxd.v1 import common_pb2, sandboxes_pb2, snapshots_pb2
@@ -38,6 +39,13 @@ __all__ = ["AsyncClient", "ExecResult", "HeldLease", "Lease", "Sandbox"]
 _OUTCOME_UNKNOWN = frozenset(
     {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
 )
+# Seconds one try of a background release may take.
+_RELEASE_DEADLINE = 10.0
+
+
+def _request_id() -> str:
+    """A fresh id for one Acquire or Restore."""
+    return "rq-" + secrets.token_hex(12)
 
 
 class Sandbox:
@@ -171,8 +179,8 @@ class HeldLease:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._beat
         if self._lease is not None:
-            with contextlib.suppress(errors.NotFound):
-                await asyncio.shield(self._lease.release())
+            lease = self._lease
+            await asyncio.shield(release_lease(lease.release, lease.id, "held lease"))
 
 
 class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
@@ -202,7 +210,7 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
             timeout_seconds=timeout or 0.0,
             # An id per request, so that a lease granted as the caller gave
             # up can still be found and freed (see _give_up).
-            request_id="rq-" + secrets.token_hex(12),
+            request_id=_request_id(),
         )
         if limits:
             request.limits.CopyFrom(common_pb2.Limits(**limits))
@@ -279,16 +287,21 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
 
     def _give_up(self, request_id: str) -> None:
         """Frees, in the background, whatever the server granted an Acquire
-        whose answer this client will not read: the server may have granted it
+        or a Restore whose answer this client will not read: the server may have granted it
         before it heard of the cancellation, and then only this client knows."""
         self.in_background(self._release_request(request_id))
 
     async def _release_request(self, request_id: str) -> None:
-        # Best effort: where the server cannot be reached, the lease's TTL ends it.
-        with contextlib.suppress(errors.SandboxdError), rpc_errors():
-            await self.sandboxes.Release(
-                sandboxes_pb2.ReleaseRequest(request_id=request_id), metadata=self.metadata, timeout=10.0
-            )
+        async def release() -> None:
+            with rpc_errors():
+                await self.sandboxes.Release(
+                    sandboxes_pb2.ReleaseRequest(request_id=request_id),
+                    metadata=self.metadata,
+                    timeout=_RELEASE_DEADLINE,
+                )
+
+        # Retried while the server cannot answer: only the TTL would end it otherwise.
+        await release_lease(release, f"of request {request_id}", "call given up")
 
     async def heartbeat(self, lease_id: str, ttl: float = 0.0) -> sandboxes_pb2.Lease:
         """Extends a lease: ``ttl`` seconds from now (0 = its own TTL)."""
@@ -385,10 +398,19 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
             labels=labels or {},
             lease_ttl_seconds=lease_ttl,
             timeout_seconds=timeout or 0.0,
+            # As an Acquire's: what a Restore given up on was granted can be freed.
+            request_id=_request_id(),
         )
         deadline = None if timeout is None else timeout + 60.0
-        with rpc_errors():
+        try:
             response: snapshots_pb2.RestoreResponse = await self.snapshots.Restore(
                 request, timeout=deadline, metadata=self.metadata
             )
+        except asyncio.CancelledError:
+            self._give_up(request.request_id)
+            raise
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _OUTCOME_UNKNOWN:
+                self._give_up(request.request_id)
+            raise translate(e) from e
         return Lease(self, sandboxes_pb2.AcquireResponse(lease=response.lease, sandboxes=response.sandboxes))

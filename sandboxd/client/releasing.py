@@ -1,11 +1,13 @@
 """A lease release that a busy server does not lose.
 
-An adapter that lets go of a sandbox must not leave its lease to the TTL: the
-sandbox would outlive the adapter, and sandboxd keeps leased sandboxes across
-its own restarts for their clients to come back to. So a release the server
-could not answer (unavailable, busy, past a deadline) is retried, with a pause
-that doubles and honours the server's retry hint. NOT_FOUND means the lease is
-already gone (expired, reaped, its pool deleted), which is what a release wants.
+Whoever lets go of a sandbox (a held lease's exit, the release of what a
+cancelled acquire may have been granted, an adapter's close) must not leave
+its lease to the TTL: the sandbox would outlive its user, and sandboxd keeps
+leased sandboxes across its own restarts for their clients to come back to.
+So a release the server could not answer (unavailable, busy, past a deadline)
+is retried, with a pause that doubles and honours the server's retry hint.
+NOT_FOUND means the lease is already gone (expired, reaped, its pool
+deleted), which is what a release wants.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ from sandboxd.v1 import (
     snapshots_pb2_grpc,
 )
 
-# Seconds close() waits for clean-up calls started in the background.
-_BACKGROUND_GRACE = 5.0
+# Seconds close() waits for clean-up calls started in the background: room for
+# a release retried past a busy server (client.releasing).
+_BACKGROUND_GRACE = 15.0
 
 _ERROR_OF: dict[grpc.StatusCode, type[errors.SandboxdError]] = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,

@@ -162,6 +162,7 @@ class ControlPlane:
         limits: Limits | None = None,
         image: str = "",
         network: tuple[str, ...] = (),
+        request_id: str = "",
     ) -> tuple[Lease, list[SandboxRecord]]: ...
 
     async def acquire(
@@ -176,12 +177,23 @@ class ControlPlane:
         limits: Limits | None = None,
         image: str = "",
         network: tuple[str, ...] = (),
+        request_id: str = "",
     ) -> tuple[Lease, list[SandboxRecord]]:
         """``Leasing.acquire``. The positional form (pool name first) is kept
         for callers written before ``AcquireRequest``."""
         if isinstance(request, str):
             request = AcquireRequest(
-                request, n, min_n, labels, ttl, timeout, call_remaining, limits, image=image, network=network
+                request,
+                n,
+                min_n,
+                labels,
+                ttl,
+                timeout,
+                call_remaining,
+                limits,
+                image=image,
+                network=network,
+                request_id=request_id,
             )
         # What a rollout's lifecycle reads of this acquire: when it was asked
         # for (a sandbox ready before then came warm) and whether it waited

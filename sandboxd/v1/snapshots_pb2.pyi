@@ -124,7 +124,7 @@ class SnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("snapshot_id", "n", "pool", "labels", "lease_ttl_seconds", "timeout_seconds", "network")
+    __slots__ = ("snapshot_id", "n", "pool", "labels", "lease_ttl_seconds", "timeout_seconds", "network", "request_id")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class RestoreRequest(_message.Message):
     LEASE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     n: int
     pool: str
@@ -146,7 +147,8 @@ class RestoreRequest(_message.Message):
     lease_ttl_seconds: float
     timeout_seconds: float
     network: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, snapshot_id: _Optional[str] = ..., n: _Optional[int] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., n: _Optional[int] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., network: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("lease", "sandboxes", "snapshot")

@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Callable
 
 from sandboxd import errors
-from sandboxd.adapters.lease_release import release_lease
 from sandboxd.client import AsyncClient, Lease
+from sandboxd.client.releasing import release_lease
 
 from .sandbox import TERMINAL, PrimeSandbox, utc_now
 from .settings import PrimeSettings

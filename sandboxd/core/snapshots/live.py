@@ -202,6 +202,7 @@ class LiveSnapshots:
         timeout: float = 0.0,
         call_remaining: float | None = None,
         network: tuple[str, ...] = (),
+        request_id: str = "",
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
         """Leases ``n`` sandboxes (under ``network`` rules narrower than the
         pool's when given) and starts each from the snapshot's checkpoint; on
@@ -249,6 +250,7 @@ class LiveSnapshots:
                     ttl,
                     timeout,
                     call_remaining,
+                    request_id=request_id,
                     network=network,
                 )
                 restoring.update(r.sandbox_id for r in records)

@@ -31,7 +31,7 @@ from sandboxd.core.snapshots.restore import Restore
 from sandboxd.core.snapshots.tars import Tars
 from sandboxd.core.snapshots.workspaces import Workspaces
 from sandboxd.core.tenancy import current_tenant
-from sandboxd.errors import FailedPrecondition, NotFound
+from sandboxd.errors import AlreadyExists, FailedPrecondition, NotFound
 from sandboxd.settings import SnapshotSettings
 from sandboxd.stores.base import BlobStore
 
@@ -168,10 +168,23 @@ class SnapshotManager:
         timeout: float = 0.0,
         call_remaining: float | None = None,
         network: tuple[str, ...] = (),
+        request_id: str = "",
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
         """Restores a snapshot into ``n`` sandboxes leased under one lease
         (a fork when n > 1), under ``network`` rules narrower than the pool's
-        when given; on any failure every one of them is destroyed."""
+        when given; on any failure every one of them is destroyed. The lease
+        is found by ``request_id`` (when given) as an Acquire's is, so that a
+        client that gave up on the call can release it."""
+        if request_id:
+            granted = self._control.leases.find_request(
+                current_tenant(), v.request_id("request_id", request_id)
+            )
+            if granted is not None:
+                # Answering it again would restore over what its holder did since.
+                raise AlreadyExists(
+                    f"request_id {request_id!r} was granted lease {granted.lease_id}, still in force; "
+                    "give each Restore its own id"
+                )
         info = await self.get(snapshot_id)
         restore = self._live.restore if info.live else self._restore.restore
         return await restore(
@@ -183,6 +196,7 @@ class SnapshotManager:
             timeout=timeout,
             call_remaining=call_remaining,
             network=network,
+            request_id=request_id,
         )
 
     # -- lookups --------------------------------------------------------------

@@ -115,6 +115,7 @@ class Restore:
         timeout: float = 0.0,
         call_remaining: float | None = None,
         network: tuple[str, ...] = (),
+        request_id: str = "",
     ) -> tuple[Lease, list[SandboxRecord], SnapshotInfo]:
         """Leases ``n`` sandboxes of ``pool`` (the snapshot's by default),
         under ``network`` rules narrower than the pool's when given, and
@@ -184,6 +185,7 @@ class Restore:
                     ttl,
                     timeout,
                     call_remaining,
+                    request_id=request_id,
                     image=image,
                     network=network,
                 )
