@@ -154,13 +154,12 @@ class Control:
 
     async def end(self, box: Box) -> None:
         self.registry.drop(box)
-        try:
-            if box.state == RUNNING or box.paused_live:
-                await box.client.release(box.lease_id)
-            if box.snapshot_id:
+        if box.state == RUNNING or box.paused_live:
+            # Retried while the server is busy: a killed box must not hold its sandbox until the TTL.
+            await release_lease(lambda: box.client.release(box.lease_id), box.lease_id, f"e2b {box.id}")
+        if box.snapshot_id:
+            with contextlib.suppress(errors.NotFound):  # the server's snapshot TTL ended it already
                 await box.client.delete_snapshot(box.snapshot_id)
-        except errors.NotFound:
-            pass  # its lease had already ended
 
 
 async def body(request: web.Request) -> dict[str, Any]:
