@@ -11,16 +11,15 @@ running it behave the same and it never reaches into the server's state."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandboxd.app import App, make_backend
+from sandboxd.app import App
+from sandboxd.cli_images import standalone_cache
 from sandboxd.client import AsyncClient
-from sandboxd.clock import SystemClock
 from sandboxd.core.images import ImageCache
 from sandboxd.e2b.cli import Builder, settings_from
 from sandboxd.e2b.templates import Recipe, Template
@@ -74,35 +73,13 @@ def cache_image_builder(cache: ImageCache) -> ImageBuilder:
     return build
 
 
-@contextlib.asynccontextmanager
-async def _standalone_cache(config: Path | None) -> AsyncIterator[ImageCache]:
-    """An image cache of its own on the engine the settings file ``config``
-    names (else DOCKER_HOST, else the local one), for builds only (it evicts
-    nothing, as ``sandboxd image build``'s does not: the server alone knows
-    what is used)."""
-    settings = load_settings(config, None, os.environ)
-    backend = make_backend(settings)
-    cache = ImageCache(
-        backend,
-        SystemClock(),
-        settings.images,
-        ledger_path=settings.state_dir / f"{settings.instance_id}-images.sqlite3",
-        environ=os.environ,
-        evicts=False,
-    )
-    try:
-        await cache.start()
-        yield cache
-    finally:
-        await cache.stop()
-        await backend.close()
-
-
 def standalone_builder(config: Path | None) -> Builder:
-    """A Builder for ``sandboxd e2b-api``'s templates file."""
+    """A Builder for ``sandboxd e2b-api``'s templates file, on an image cache
+    of its own on the engine the settings file ``config`` names (else
+    DOCKER_HOST, else the local one), as ``sandboxd image build``'s."""
 
     async def build(recipes: list[Recipe]) -> dict[str, Template]:
-        async with _standalone_cache(config) as cache:
+        async with standalone_cache(load_settings(config, None, os.environ)) as cache:
             return await build_recipes(cache, recipes)
 
     return build
@@ -112,7 +89,7 @@ def standalone_image_builder(config: Path | None) -> ImageBuilder:
     """The SDK's template builds for ``sandboxd e2b-api`` (--build-pool)."""
 
     async def build(context: Path, on_log: Callable[[str], None]) -> str:
-        async with _standalone_cache(config) as cache:
+        async with standalone_cache(load_settings(config, None, os.environ)) as cache:
             return await cache.build(context, on_log=on_log)
 
     return build

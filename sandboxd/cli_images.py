@@ -5,12 +5,18 @@ image cache's build), its log on stderr and its tag on stdout."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandboxd.errors import InvalidArgument, SandboxdError
 from sandboxd.settings import Settings
+
+if TYPE_CHECKING:
+    from sandboxd.core.images import ImageCache
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,20 +38,16 @@ def _build_args(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-async def build_recipe(args: argparse.Namespace, settings: Settings) -> int:
-    """Builds ``args.context``; prints the tag (0), or what failed, naming the step (1)."""
+@contextlib.asynccontextmanager
+async def standalone_cache(settings: Settings) -> AsyncIterator[ImageCache]:
+    """An image cache of its own on the engine ``settings`` name, for builds
+    only: it evicts nothing, as only the server knows what is used."""
     # Imported here: the other commands need none of the server's parts.
     from sandboxd.app import make_backend
     from sandboxd.clock import SystemClock
     from sandboxd.core.images import ImageCache
-    from sandboxd.core.images.builds import DEFAULT_REPOSITORY
 
-    try:
-        build_args = _build_args(args.build_arg)
-        backend = make_backend(settings)
-    except SandboxdError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 1
+    backend = make_backend(settings)
     cache = ImageCache(
         backend,
         SystemClock(),
@@ -56,18 +58,28 @@ async def build_recipe(args: argparse.Namespace, settings: Settings) -> int:
     )
     try:
         await cache.start()
-        tag = await cache.build(
-            args.context,
-            dockerfile=args.dockerfile,
-            build_args=build_args,
-            repository=args.repository or DEFAULT_REPOSITORY,
-            on_log=lambda line: print(line, file=sys.stderr),
-        )
-    except SandboxdError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 1
+        yield cache
     finally:
         await cache.stop()
         await backend.close()
+
+
+async def build_recipe(args: argparse.Namespace, settings: Settings) -> int:
+    """Builds ``args.context``; prints the tag (0), or what failed, naming the step (1)."""
+    from sandboxd.core.images.builds import DEFAULT_REPOSITORY
+
+    try:
+        build_args = _build_args(args.build_arg)
+        async with standalone_cache(settings) as cache:
+            tag = await cache.build(
+                args.context,
+                dockerfile=args.dockerfile,
+                build_args=build_args,
+                repository=args.repository or DEFAULT_REPOSITORY,
+                on_log=lambda line: print(line, file=sys.stderr),
+            )
+    except SandboxdError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 1
     print(tag)
     return 0

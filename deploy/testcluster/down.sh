@@ -6,9 +6,8 @@
 # node's containerd).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=versions.sh
-source "$here/versions.sh"
-STATE=${KUBE_STATE:-$KUBE_CACHE/cluster}
+# shellcheck source=cluster.sh
+source "$here/cluster.sh"
 SOCK=$STATE/containerd/containerd.sock
 say() { echo "[kube-down] $*" >&2; }
 

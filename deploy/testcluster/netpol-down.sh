@@ -7,9 +7,8 @@
 # the host. Called by down.sh; idempotent.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=versions.sh
-source "$here/versions.sh"
-STATE=${KUBE_STATE:-$KUBE_CACHE/cluster}
+# shellcheck source=cluster.sh
+source "$here/cluster.sh"
 say() { echo "[netpol-down] $*" >&2; }
 
 pidfile=$STATE/pids/kube-router

@@ -12,11 +12,8 @@
 # netpol-down.sh (called by down.sh) stops it and removes its rules.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=versions.sh
-source "$here/versions.sh"
-STATE=${KUBE_STATE:-$KUBE_CACHE/cluster}
-BIN=$KUBE_CACHE/bin
-NODE=${KUBE_REAL_NODE:-real-node-0}
+# shellcheck source=cluster.sh
+source "$here/cluster.sh"
 # Loopback only. kube-router v2.1.0 binds its health port on every address,
 # so that one is off (0); whether it works is read from the filter table.
 METRICS_PORT=${KUBE_ROUTER_METRICS_PORT:-16482}
@@ -24,7 +21,6 @@ METRICS_PORT=${KUBE_ROUTER_METRICS_PORT:-16482}
 SERVICE_RANGE=10.96.0.0/16
 say() { printf '[netpol-up] %s\n' "$*" >&2; }
 die() { say "NetworkPolicy not enforced on $NODE: $*"; exit 1; }
-alive() { [[ -f "$STATE/pids/$1" ]] && kill -0 "$(cat "$STATE/pids/$1")" 2>/dev/null; }
 programmed() { iptables -w 5 -S INPUT 2>/dev/null | grep -q -- '-j KUBE-ROUTER-INPUT'; }
 
 [[ -f $STATE/admin.kubeconfig ]] || die "no test cluster in $STATE (run up.sh and node-up.sh first)"

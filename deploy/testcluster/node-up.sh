@@ -12,11 +12,8 @@
 # containerd alone (Pods keep running). Prints the node name.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=versions.sh
-source "$here/versions.sh"
-STATE=${KUBE_STATE:-$KUBE_CACHE/cluster}
-BIN=$KUBE_CACHE/bin
-NODE=${KUBE_REAL_NODE:-real-node-0}
+# shellcheck source=cluster.sh
+source "$here/cluster.sh"
 KUBELET_PORT=${KUBELET_PORT:-16250}
 CTRD=$STATE/containerd
 SOCK=$CTRD/containerd.sock
@@ -25,7 +22,6 @@ PAUSE=registry.k8s.io/pause:3.10
 # interface (the API server reaches the kubelet there; nothing leaves the host).
 NODE_IP=${KUBE_NODE_IP:-$(ip -4 -o addr show scope global | awk '{split($4, a, "/"); print a[1]; exit}')}
 say() { printf '[node-up] %s\n' "$*" >&2; }
-alive() { [[ -f "$STATE/pids/$1" ]] && kill -0 "$(cat "$STATE/pids/$1")" 2>/dev/null; }
 start() {
     local name=$1; shift
     alive "$name" && return

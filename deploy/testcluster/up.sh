@@ -11,10 +11,8 @@
 # logs, pids) lives in $KUBE_STATE (default $KUBE_CACHE/cluster).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=versions.sh
-source "$here/versions.sh"
-STATE=${KUBE_STATE:-$KUBE_CACHE/cluster}
-BIN=$KUBE_CACHE/bin
+# shellcheck source=cluster.sh
+source "$here/cluster.sh"
 KWOK_NODES=${KWOK_NODES:-4}
 # Ports (loopback only); override when they clash with something else.
 API_PORT=${KUBE_API_PORT:-16443}
@@ -35,8 +33,6 @@ chmod 700 "$STATE"
 PKI=$STATE/pki
 KCFG=$STATE/admin.kubeconfig
 kubectl() { "$BIN/kubectl-$KUBE_VERSION" --kubeconfig "$KCFG" "$@"; }
-
-alive() { [[ -f "$STATE/pids/$1" ]] && kill -0 "$(cat "$STATE/pids/$1")" 2>/dev/null; }
 
 readyz() {
     curl -fsS --max-time 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \

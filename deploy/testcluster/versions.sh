@@ -1,4 +1,4 @@
-# Versions of the test cluster's components; sourced by build.sh and up.sh.
+# Versions of the test cluster's components; sourced by the scripts that build or run it.
 # Binaries are cached under $KUBE_CACHE/bin/<name>-<version>.
 KUBE_VERSION=v1.33.13          # kube-apiserver, controller-manager, scheduler, kubectl
 ETCD_VERSION=v3.5.24

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import docker
-from aiohttp import web
 
 from sandboxd.adapters.sandboxfusion import ensure_pool, make_app
 from sandboxd.client import AsyncClient
 from tests.integration.conftest import make_settings, running_app
+from tests.served import served
 
 
 @contextlib.asynccontextmanager
@@ -29,15 +29,10 @@ async def judge_endpoint(
     async with running_app(make_settings(tmp), engine) as app, AsyncClient(app.address) as client:
         await ensure_pool(client, pool, judge, min_ready=reserve, max_size=max_size)
         wapp = make_app(client, pool, acquire_timeout=60.0, reserve=reserve)
-        runner = web.AppRunner(wapp)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
-            yield f"http://127.0.0.1:{port}"
+            async with served(wapp) as url:
+                yield url
         finally:
             # Closed, run-code holds no lease: a delete without force fails,
             # naming the pool's leased sandboxes, if it left one behind.
-            await runner.cleanup()
             await client.delete_pool(pool)

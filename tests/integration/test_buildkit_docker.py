@@ -28,7 +28,7 @@ from sandboxd.backends.docker.containers import DockerOptions
 from sandboxd.clock import SystemClock
 from sandboxd.core.images import ImageCache
 from sandboxd.errors import BuildFailed
-from sandboxd.settings import ImageSettings
+from tests.image_settings import image_settings
 from tests.registry import Registry, run_registry
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
@@ -63,13 +63,7 @@ async def backend() -> AsyncIterator[DockerBackend]:
 
 @contextlib.asynccontextmanager
 async def image_cache(backend: DockerBackend, **kw: object) -> AsyncIterator[ImageCache]:
-    base: dict[str, object] = {
-        "evict_interval_seconds": 0.0,
-        "docker_config": "/nonexistent",
-        "cache_bytes": 1 << 40,
-    }
-    base.update(kw)
-    cache = ImageCache(backend, SystemClock(), ImageSettings(**base))  # type: ignore[arg-type]
+    cache = ImageCache(backend, SystemClock(), image_settings(**kw))
     await cache.start()
     try:
         yield cache

@@ -13,12 +13,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from sandboxd.app import App
 from sandboxd.cli_e2b import cache_image_builder
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import E2bSettings, make_app
+from tests.integration.e2b_server import point_sdk
+from tests.served import served
 
 e2b = pytest.importorskip("e2b")
 
@@ -40,19 +41,9 @@ async def builder_url(
         build_image=cache_image_builder(app.control.images),
         build_pool=BUILD_POOL,
     )
-    runner = web.AppRunner(make_app(client, settings), handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("E2B_API_URL", url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", url)
-    monkeypatch.setenv("E2B_API_KEY", KEY)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    yield url
-    await runner.cleanup()
+    async with served(make_app(client, settings), handler_cancellation=True) as url:
+        point_sdk(monkeypatch, url, KEY)
+        yield url
 
 
 def _context(tmp_path: Path) -> Path:

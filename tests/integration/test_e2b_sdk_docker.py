@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 
 import docker
 import pytest
-from aiohttp import web
 
 from sandboxd.backends.base import GVISOR, LABEL_SANDBOX
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import E2bSettings, make_app
 from sandboxd.e2b.templates import Template
 from tests.integration.conftest import NO_GVISOR, gvisor_registered, poll
+from tests.integration.e2b_server import point_sdk
+from tests.served import served
 
 e2b = pytest.importorskip("e2b")
 
@@ -29,19 +30,9 @@ KEY = "e2b_" + "5d" * 20
 @pytest.fixture
 async def e2b_url(client: AsyncClient, pool: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
     app = make_app(client, E2bSettings(templates={"base": Template(pool)}, api_keys=frozenset({KEY})))
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("E2B_API_URL", url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", url)
-    monkeypatch.setenv("E2B_API_KEY", KEY)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    yield url
-    await runner.cleanup()
+    async with served(app, handler_cancellation=True) as url:
+        point_sdk(monkeypatch, url, KEY)
+        yield url
 
 
 def _sync_session() -> dict[str, object]:

@@ -7,38 +7,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
-import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import docker
 import pytest
-from aiohttp import web
 
 from sandboxd.app import App
 from sandboxd.cli_e2b import cache_builder
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import make_app
 from sandboxd.e2b.cli import settings_from
-from tests.integration.conftest import instance_containers, poll
+from tests.integration.conftest import poll
+from tests.integration.e2b_server import point_sdk, serve_process
+from tests.served import served
 
 e2b = pytest.importorskip("e2b")
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 KEY = "e2b_" + "7c" * 20
-
-
-def _point_sdk(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
-    monkeypatch.setenv("E2B_API_URL", url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", url)
-    monkeypatch.setenv("E2B_API_KEY", KEY)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
 
 
 def _templates_file(tmp_path: Path, image: str) -> Path:
@@ -74,14 +63,9 @@ async def templated(
         e2b_acquire_timeout=120.0,
     )
     settings = await settings_from(args, cache_builder(app.control.images))
-    runner = web.AppRunner(make_app(client, settings), handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    _point_sdk(monkeypatch, f"http://127.0.0.1:{port}")
-    yield settings.templates["built"].image
-    await runner.cleanup()
+    async with served(make_app(client, settings), handler_cancellation=True) as url:
+        point_sdk(monkeypatch, url, KEY)
+        yield settings.templates["built"].image
 
 
 def _sync_templates() -> dict[str, object]:
@@ -207,12 +191,6 @@ async def test_pty_sessions_sync_and_async(templated: str) -> None:
         await sbx.kill()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _serve_session(pool: str) -> tuple[str, str]:
     from e2b import Sandbox
 
@@ -227,56 +205,15 @@ def _serve_session(pool: str) -> tuple[str, str]:
 async def test_serve_e2b_port_serves_the_sdk(
     image: str, engine: docker.DockerClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    grpc_port, e2b_port = _free_port(), _free_port()
     instance = "it-e2b-" + secrets.token_hex(3)
-    log = (tmp_path / "serve.log").open("wb")
-    cmd = [
-        sys.executable,
-        "-m",
-        "sandboxd.cli",
-        "serve",
-        "--port",
-        str(grpc_port),
-        "--instance",
-        instance,
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--e2b-port",
-        str(e2b_port),
-        "--e2b-template",
-        "base=srv",
-        "--e2b-api-key",
-        KEY,
-    ]
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ)
-    )
-    try:
-        async with AsyncClient(f"127.0.0.1:{grpc_port}") as client:
-
-            async def up() -> bool:
-                try:
-                    await client.list_pools()
-                except Exception:
-                    return proc.returncode is not None
-                return True
-
-            await poll(up, 60, "the server to answer")
-            assert proc.returncode is None, (tmp_path / "serve.log").read_text()
-            await client.create_pool("srv", image, min_ready=1, max_size=2)
-            _point_sdk(monkeypatch, f"http://127.0.0.1:{e2b_port}")
-            out, _ = await asyncio.to_thread(_serve_session, "srv")
-            assert out == "served in serve\n"
-            await client.delete_pool("srv", force=True)
-    finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 60)
-        left = await asyncio.to_thread(instance_containers, engine, instance)
-        for c in left:
-            await asyncio.to_thread(c.remove, force=True)
-    assert proc.returncode == 0, (tmp_path / "serve.log").read_text()
+    args = ["--e2b-template", "base=srv", "--e2b-api-key", KEY]
+    async with serve_process(engine, tmp_path, instance, args) as (client, url):
+        await client.create_pool("srv", image, min_ready=1, max_size=2)
+        point_sdk(monkeypatch, url, KEY)
+        out, _ = await asyncio.to_thread(_serve_session, "srv")
+        assert out == "served in serve\n"
+        await client.delete_pool("srv", force=True)
     assert "E2B API on http://127.0.0.1:" in (tmp_path / "serve.log").read_text()
-    assert not left
 
 
 async def test_code_interpreter_run_code_sync_and_async(templated: str) -> None:

@@ -18,17 +18,14 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
 
-from sandboxd.client import AsyncClient
-from tests.integration.conftest import instance_containers, poll
+from tests.integration.e2b_server import sdk_env, serve_process
 
 e2b = pytest.importorskip("e2b")
 
@@ -59,12 +56,6 @@ def _harbor_venv() -> Path:
     if not (VENV / "bin" / "harbor").exists():
         pytest.fail(f"{VENV.name} has no harbor: run scripts/setup.sh test (or scripts/harbor-venv.sh)")
     return python
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _task(tmp_path: Path, name: str, image: str, solution: str = "", run: str = "") -> Path:
@@ -129,72 +120,31 @@ async def test_harbor_trials_through_e2b_environment(
         _task, tmp_path, "hello-wrong", image, "echo goodbye > /app/hello.txt"
     )
     broken_task = await asyncio.to_thread(_task, tmp_path, "hello-broken", image, run="echo no >&2; exit 7")
-    grpc_port, e2b_port = _free_port(), _free_port()
     instance = "it-harbor-" + secrets.token_hex(3)
-    serve_log = tmp_path / "serve.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "sandboxd.cli",
-        "serve",
-        "--port",
-        str(grpc_port),
-        "--instance",
-        instance,
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--e2b-port",
-        str(e2b_port),
-        "--e2b-build-pool",
-        POOL,
-        "--e2b-api-key",
-        KEY,
-    ]
-    url = f"http://127.0.0.1:{e2b_port}"
-    # Only the SDK's own settings point Harbor's E2B environment here.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
-    env.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=KEY, HOME=str(tmp_path / "home"))
     trials = tmp_path / "trials"
     trials.mkdir()
-    with serve_log.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        async with AsyncClient(f"127.0.0.1:{grpc_port}") as client:
+    build_args = ["--e2b-build-pool", POOL, "--e2b-api-key", KEY]
+    async with serve_process(engine, tmp_path, instance, build_args, up_timeout=300) as (client, url):
+        # Only the SDK's own settings point Harbor's E2B environment here.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+        env.update(sdk_env(url, KEY), HOME=str(tmp_path / "home"))
+        await client.create_pool(POOL, image, min_ready=0, max_size=4, images=["*"], root="writable")
 
-            async def up() -> bool:
-                try:
-                    await client.list_pools()
-                except Exception:
-                    return proc.returncode is not None
-                return True
+        harbor = python.parent / "harbor"
+        right = await _trial(harbor, right_task, trials, "hello-right", env)
+        assert right["verifier_result"]["rewards"] == {"reward": 1}, right
+        assert right["task_name"] == "hello"
+        # The verifier really ran: a wrong solution is scored 0.
+        failed = await _trial(harbor, wrong_task, trials, "hello-wrong", env)
+        assert failed["verifier_result"]["rewards"] == {"reward": 0}, failed
+        # A Dockerfile that fails: Harbor's build error, naming the step and its exit code.
+        broken = await _trial(harbor, broken_task, trials, "hello-broken", env, ok=False)
+        exception = broken["exception_info"]
+        assert exception is not None and "exit code: 7" in exception["exception_message"], exception
 
-            await poll(up, 300, "the server to answer")
-            assert proc.returncode is None, serve_log.read_text()
-            await client.create_pool(POOL, image, min_ready=0, max_size=4, images=["*"], root="writable")
-
-            harbor = python.parent / "harbor"
-            right = await _trial(harbor, right_task, trials, "hello-right", env)
-            assert right["verifier_result"]["rewards"] == {"reward": 1}, right
-            assert right["task_name"] == "hello"
-            # The verifier really ran: a wrong solution is scored 0.
-            failed = await _trial(harbor, wrong_task, trials, "hello-wrong", env)
-            assert failed["verifier_result"]["rewards"] == {"reward": 0}, failed
-            # A Dockerfile that fails: Harbor's build error, naming the step and its exit code.
-            broken = await _trial(harbor, broken_task, trials, "hello-broken", env, ok=False)
-            exception = broken["exception_info"]
-            assert exception is not None and "exit code: 7" in exception["exception_message"], exception
-
-            # Harbor killed its sandboxes: no E2B sandbox and no leased sandbox are left.
-            listed = await e2b.AsyncSandbox.list(api_key=KEY, api_url=url).next_items()
-            assert listed == []
-            boxes = await client.list_sandboxes(POOL)
-            assert not [b for b in boxes if b.lease_id], boxes
-            await client.delete_pool(POOL, force=True)
-    finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 60)
-        left = await asyncio.to_thread(instance_containers, engine, instance)
-        for c in left:
-            await asyncio.to_thread(c.remove, force=True)
-    assert proc.returncode == 0, serve_log.read_text()
-    assert not left, [c.name for c in left]
+        # Harbor killed its sandboxes: no E2B sandbox and no leased sandbox are left.
+        listed = await e2b.AsyncSandbox.list(api_key=KEY, api_url=url).next_items()
+        assert listed == []
+        boxes = await client.list_sandboxes(POOL)
+        assert not [b for b in boxes if b.lease_id], boxes
+        await client.delete_pool(POOL, force=True)

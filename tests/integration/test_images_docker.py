@@ -27,7 +27,7 @@ from sandboxd.backends.docker.containers import DockerOptions
 from sandboxd.clock import FakeClock, SystemClock
 from sandboxd.core.images import ImageCache
 from sandboxd.errors import DeadlineExceeded, FailedPrecondition, Unavailable
-from sandboxd.settings import ImageSettings
+from tests.image_settings import image_settings
 from tests.registry import Registry, closed_port, run_registry
 
 pytestmark = pytest.mark.docker
@@ -108,19 +108,9 @@ async def backend() -> AsyncIterator[CountingBackend]:
     await b.close()
 
 
-def settings(**kw: object) -> ImageSettings:
-    base: dict[str, object] = {
-        "evict_interval_seconds": 0.0,
-        "docker_config": "/nonexistent",
-        "cache_bytes": 1 << 40,
-    }
-    base.update(kw)
-    return ImageSettings(**base)  # type: ignore[arg-type]
-
-
 @pytest.fixture
 async def cache(backend: CountingBackend) -> AsyncIterator[ImageCache]:
-    c = ImageCache(backend, SystemClock(), settings())
+    c = ImageCache(backend, SystemClock(), image_settings())
     await c.start()
     yield c
     await c.stop()
@@ -203,7 +193,7 @@ async def test_basic_auth_from_a_docker_config_file(
     tmp_path: Path,
 ) -> None:
     tag, _ = publish(engine, auth_registry, "task-private:v1", MB, published)
-    anonymous = ImageCache(backend, SystemClock(), settings())
+    anonymous = ImageCache(backend, SystemClock(), image_settings())
     await anonymous.start()
     try:
         with pytest.raises(FailedPrecondition):
@@ -212,7 +202,7 @@ async def test_basic_auth_from_a_docker_config_file(
         await anonymous.stop()
     token = base64.b64encode(f"{auth_registry.username}:{auth_registry.password}".encode()).decode()
     (tmp_path / "config.json").write_text(json.dumps({"auths": {auth_registry.address: {"auth": token}}}))
-    cache = ImageCache(backend, SystemClock(), settings(docker_config=str(tmp_path)))
+    cache = ImageCache(backend, SystemClock(), image_settings(docker_config=str(tmp_path)))
     await cache.start()
     try:
         await cache.ensure(tag)
@@ -232,7 +222,7 @@ async def test_eviction_under_a_small_budget_spares_used_wanted_and_foreign_imag
     foreign, _ = publish(engine, registry, "someone-elses:v1", 3 * MB, published)
     engine.images.pull(*foreign.rsplit(":", 1))  # pulled by someone else, not the cache
     clock = FakeClock()
-    cache = ImageCache(backend, clock, settings(cache_bytes=7 * MB))
+    cache = ImageCache(backend, clock, image_settings(cache_bytes=7 * MB))
     await cache.start()
     try:
         await cache.ensure(old)
@@ -280,7 +270,7 @@ async def test_builds_offline_cached_by_hash_with_the_failing_step_named(
         f"FROM {base} AS files\nFROM {image}\n"
         "COPY --from=files /payload /base-payload\nCOPY task.txt /task.txt\n"
     )
-    cache = ImageCache(backend, SystemClock(), settings())
+    cache = ImageCache(backend, SystemClock(), image_settings())
     await cache.start()
     try:
         lines: list[str] = []
@@ -336,7 +326,7 @@ async def test_sizes_from_the_registry_without_a_pull(
         await cache.size_of(private)
     token = base64.b64encode(f"{auth_registry.username}:{auth_registry.password}".encode()).decode()
     (tmp_path / "config.json").write_text(json.dumps({"auths": {auth_registry.address: {"auth": token}}}))
-    with_auth = ImageCache(backend, SystemClock(), settings(docker_config=str(tmp_path)))
+    with_auth = ImageCache(backend, SystemClock(), image_settings(docker_config=str(tmp_path)))
     await with_auth.start()
     try:
         assert (await with_auth.size_of(private))[0] >= MB

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import docker
 import pytest
 
-from sandboxd.app import build_app
+from sandboxd.app import App, build_app
 from sandboxd.backends.network import netns
 from sandboxd.client import AsyncClient
 from sandboxd.errors import InvalidArgument
@@ -62,6 +63,17 @@ def _settings(tmp_path: Path, up: Upstream) -> Settings:
     return make_settings(tmp_path, **{"backend.egress_hosts": hosts})
 
 
+@pytest.fixture
+async def served(
+    upstream: Upstream,  # noqa: F811
+    engine: docker.DockerClient,
+    tmp_path: Path,
+) -> AsyncIterator[tuple[App, AsyncClient]]:
+    """A started sandboxd whose sandboxes' egress reaches the upstream namespace's hosts; its client."""
+    async with running_app(_settings(tmp_path, upstream), engine) as app, AsyncClient(app.address) as client:
+        yield app, client
+
+
 async def _probe(client: AsyncClient, sandbox_id: str) -> dict[str, object]:
     result = await client.exec(sandbox_id, ["python3", "-c", PROBE], timeout=60)
     assert result.exit_code == 0, result.text
@@ -84,61 +96,55 @@ def _wide(seen: dict[str, object]) -> None:
 
 
 async def test_a_narrowed_lease_reaches_only_its_rules_and_its_pools_other_leases_both(
-    upstream: Upstream,  # noqa: F811
-    image: str,
-    engine: docker.DockerClient,
-    tmp_path: Path,
+    served: tuple[App, AsyncClient], image: str
 ) -> None:
+    app, client = served
     before = set(netns.leftover())
-    async with running_app(_settings(tmp_path, upstream), engine) as app, AsyncClient(app.address) as client:
-        await client.create_pool("net", image, min_ready=2, max_size=3, network=POOL)
-        await client.create_pool("closed", image, max_size=1)
-        with pytest.raises(InvalidArgument, match=r"rule 'evil.test' lies outside .*pypi.test, secure"):
-            await client.lease("net", network=["pypi.test", "evil.test"], timeout=30)
-        with pytest.raises(InvalidArgument, match="ports the pool does not allow"):
-            await client.lease("net", network=["secure.test:80"], timeout=30)
-        with pytest.raises(InvalidArgument, match="the pool has no network at all"):
-            await client.lease("closed", network=NARROW, timeout=30)
-        warm = app.control.pools["net"]
-        await poll(lambda: warm.ready == 2, timeout=90, what="two warm sandboxes, pool rules")
-        async with (
-            client.acquire("net", network=NARROW, timeout=60) as narrow,
-            client.acquire("net", timeout=60) as wide,
-        ):
-            _narrowed(await _probe(client, narrow.id))
-            _wide(await _probe(client, wide.id))
-            assert list((await client.get_sandbox(narrow.id)).network) == NARROW
-            assert list((await client.get_sandbox(wide.id)).network) == []
-            counts = app.control.backend.egress_counts()  # type: ignore[attr-defined]
-            # Counted per sandbox: the refused CONNECT and lookup on the narrowed one; the
-            # wide one's tunnel, which the probe left without a TLS hello, counts once.
-            assert counts[narrow.id][1] == 2 and counts[wide.id][1] == 1, counts
-        await client.delete_pool("net", force=True)
-        await client.delete_pool("closed", force=True)
-        await poll(lambda: not set(netns.leftover()) - before, what="the egress namespaces to go")
+    await client.create_pool("net", image, min_ready=2, max_size=3, network=POOL)
+    await client.create_pool("closed", image, max_size=1)
+    with pytest.raises(InvalidArgument, match=r"rule 'evil.test' lies outside .*pypi.test, secure"):
+        await client.lease("net", network=["pypi.test", "evil.test"], timeout=30)
+    with pytest.raises(InvalidArgument, match="ports the pool does not allow"):
+        await client.lease("net", network=["secure.test:80"], timeout=30)
+    with pytest.raises(InvalidArgument, match="the pool has no network at all"):
+        await client.lease("closed", network=NARROW, timeout=30)
+    warm = app.control.pools["net"]
+    await poll(lambda: warm.ready == 2, timeout=90, what="two warm sandboxes, pool rules")
+    async with (
+        client.acquire("net", network=NARROW, timeout=60) as narrow,
+        client.acquire("net", timeout=60) as wide,
+    ):
+        _narrowed(await _probe(client, narrow.id))
+        _wide(await _probe(client, wide.id))
+        assert list((await client.get_sandbox(narrow.id)).network) == NARROW
+        assert list((await client.get_sandbox(wide.id)).network) == []
+        counts = app.control.backend.egress_counts()  # type: ignore[attr-defined]
+        # Counted per sandbox: the refused CONNECT and lookup on the narrowed one; the
+        # wide one's tunnel, which the probe left without a TLS hello, counts once.
+        assert counts[narrow.id][1] == 2 and counts[wide.id][1] == 1, counts
+    await client.delete_pool("net", force=True)
+    await client.delete_pool("closed", force=True)
+    await poll(lambda: not set(netns.leftover()) - before, what="the egress namespaces to go")
 
 
 async def test_a_recycled_sandboxs_next_lease_starts_from_the_pools_rules(
-    upstream: Upstream,  # noqa: F811
-    image: str,
-    engine: docker.DockerClient,
-    tmp_path: Path,
+    served: tuple[App, AsyncClient], image: str
 ) -> None:
-    async with running_app(_settings(tmp_path, upstream), engine) as app, AsyncClient(app.address) as client:
-        await client.create_pool("rc", image, min_ready=1, max_size=1, network=POOL, recycle="same-tenant")
-        warm = app.control.pools["rc"]
-        async with client.acquire("rc", network=NARROW, timeout=60) as sb:
-            first = sb.id
-            _narrowed(await _probe(client, sb.id))
-        await poll(lambda: warm.recycled_total == 1 and warm.ready == 1, timeout=60, what="the reset sandbox")
-        async with client.acquire("rc", timeout=60) as sb:
-            assert sb.id == first, "the pool holds one sandbox: the same one, reset"
-            _wide(await _probe(client, sb.id))
-        await poll(lambda: warm.recycled_total == 2 and warm.ready == 1, timeout=60, what="reset again")
-        async with client.acquire("rc", network=NARROW, timeout=60) as sb:
-            assert sb.id == first
-            _narrowed(await _probe(client, sb.id))
-        await client.delete_pool("rc", force=True)
+    app, client = served
+    await client.create_pool("rc", image, min_ready=1, max_size=1, network=POOL, recycle="same-tenant")
+    warm = app.control.pools["rc"]
+    async with client.acquire("rc", network=NARROW, timeout=60) as sb:
+        first = sb.id
+        _narrowed(await _probe(client, sb.id))
+    await poll(lambda: warm.recycled_total == 1 and warm.ready == 1, timeout=60, what="the reset sandbox")
+    async with client.acquire("rc", timeout=60) as sb:
+        assert sb.id == first, "the pool holds one sandbox: the same one, reset"
+        _wide(await _probe(client, sb.id))
+    await poll(lambda: warm.recycled_total == 2 and warm.ready == 1, timeout=60, what="reset again")
+    async with client.acquire("rc", network=NARROW, timeout=60) as sb:
+        assert sb.id == first
+        _narrowed(await _probe(client, sb.id))
+    await client.delete_pool("rc", force=True)
 
 
 async def test_a_restarted_control_plane_narrows_its_adopted_leases_again(
@@ -173,29 +179,26 @@ async def test_a_restarted_control_plane_narrows_its_adopted_leases_again(
 
 
 async def test_a_fork_into_a_narrowed_lease_keeps_its_rules(
-    upstream: Upstream,  # noqa: F811
-    image: str,
-    engine: docker.DockerClient,
-    tmp_path: Path,
+    served: tuple[App, AsyncClient], image: str
 ) -> None:
-    async with running_app(_settings(tmp_path, upstream), engine) as app, AsyncClient(app.address) as client:
-        await client.create_pool("net", image, max_size=4, network=POOL)
-        async with client.acquire("net", network=NARROW, timeout=60) as sb:
-            assert (await sb.exec("echo kept > /workspace/note")).ok
-            snap = await sb.snapshot()
-        forked = await client.restore(snap.id, 2, lease_ttl=600, timeout=60, network=NARROW)
-        try:
-            assert forked.network == NARROW
-            for child in forked:
-                assert (await client.exec(child.id, "cat /workspace/note")).text == "kept\n"
-                _narrowed(await _probe(client, child.id))
-        finally:
-            await forked.release()
-        with pytest.raises(InvalidArgument, match="'evil.test' lies outside"):
-            await client.restore(snap.id, 1, timeout=60, network=["evil.test"])
-        plain = await client.restore(snap.id, 1, lease_ttl=600, timeout=60)
-        try:
-            _wide(await _probe(client, plain[0].id))
-        finally:
-            await plain.release()
-        await client.delete_pool("net", force=True)
+    _, client = served
+    await client.create_pool("net", image, max_size=4, network=POOL)
+    async with client.acquire("net", network=NARROW, timeout=60) as sb:
+        assert (await sb.exec("echo kept > /workspace/note")).ok
+        snap = await sb.snapshot()
+    forked = await client.restore(snap.id, 2, lease_ttl=600, timeout=60, network=NARROW)
+    try:
+        assert forked.network == NARROW
+        for child in forked:
+            assert (await client.exec(child.id, "cat /workspace/note")).text == "kept\n"
+            _narrowed(await _probe(client, child.id))
+    finally:
+        await forked.release()
+    with pytest.raises(InvalidArgument, match="'evil.test' lies outside"):
+        await client.restore(snap.id, 1, timeout=60, network=["evil.test"])
+    plain = await client.restore(snap.id, 1, lease_ttl=600, timeout=60)
+    try:
+        _wide(await _probe(client, plain[0].id))
+    finally:
+        await plain.release()
+    await client.delete_pool("net", force=True)

@@ -127,6 +127,31 @@ async def pods(kube: KubeClient, namespace: str, selector: str) -> list[dict[str
     return list(body.get("items") or [])
 
 
+async def create_service(
+    kube: KubeClient,
+    namespace: str,
+    name: str,
+    selector: dict[str, str],
+    ports: list[dict[str, Any]],
+    annotations: dict[str, str] | None = None,
+) -> str:
+    """A Service as a chart would make it, made by hand; its cluster IP."""
+    metadata: dict[str, Any] = {"name": name}
+    if annotations:
+        metadata["annotations"] = annotations
+    svc = await kube.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/services",
+        body={
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": {"selector": selector, "ports": ports},
+        },
+    )
+    return str(svc["spec"]["clusterIP"])
+
+
 REAL_NODE = os.environ.get("SANDBOXD_KUBE_REAL_NODE") == "1"
 REAL_NODE_NAME = os.environ.get("KUBE_REAL_NODE", "real-node-0")
 # Backend settings that put sandboxes on the real kubelet node of
@@ -191,7 +216,16 @@ async def real_node_app(
     skipped without one); stopped at the end."""
     require_real_node()
     backend = {**REAL_NODE_BACKEND, **overrides.pop("backend", {})}
-    app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=backend, **overrides))
+    async with started_app(
+        kube_settings(tmp_path, kubeconfig, namespace, backend=backend, **overrides)
+    ) as app:
+        yield app
+
+
+@contextlib.asynccontextmanager
+async def started_app(settings: Settings) -> AsyncIterator[App]:
+    """A server of ``settings``, started; stopped at the end."""
+    app = build_app(settings)
     await app.start()
     try:
         yield app

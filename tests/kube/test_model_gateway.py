@@ -29,8 +29,9 @@ from sandboxd.client.rollouts import RolloutClient, trajectory
 from sandboxd.images.build import default_image_tag
 from tests.fake_model import PROMPT_IDS, REPLY_IDS, REPLY_LOGPROBS, fake_model
 from tests.integration.test_model_gateway_docker import CHAT, URLLIB_CALL
-from tests.kube.conftest import IMAGE, kube_settings, real_node_app
-from tests.kube.test_network import _bridge_address, _policies
+from tests.kube.conftest import IMAGE, create_service, kube_settings, real_node_app
+from tests.kube.egress_proxy import bridge_address
+from tests.kube.test_network import _policies
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(240)]
 
@@ -52,7 +53,7 @@ def _call_from_host(url: str, key: str) -> tuple[int, str]:
 async def test_commands_in_pods_reach_the_model_only_through_the_metered_gateway(
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
 ) -> None:
-    bridge = await asyncio.to_thread(_bridge_address)
+    bridge = await asyncio.to_thread(bridge_address)
     async with (
         fake_model("127.0.0.1") as model,
         real_node_app(
@@ -168,22 +169,11 @@ async def test_the_gateway_answers_at_the_services_address_and_policies_name_its
     """With the chart's Service: Pods are given its cluster IP and port, and
     the pool's NetworkPolicy allows the Service's Pods on its target port."""
     selector = {"app.kubernetes.io/name": "sandboxd", "app.kubernetes.io/component": "control-plane"}
-    svc = await kube.request(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/services",
-        body={
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "sandboxd-cp"},
-            "spec": {
-                "selector": selector,
-                "ports": [
-                    {"name": "grpc", "port": 50051, "targetPort": 50051},
-                    {"name": "model-gateway", "port": 80, "targetPort": 8091},
-                ],
-            },
-        },
-    )
+    ports = [
+        {"name": "grpc", "port": 50051, "targetPort": 50051},
+        {"name": "model-gateway", "port": 80, "targetPort": 8091},
+    ]
+    cluster_ip = await create_service(kube, namespace, "sandboxd-cp", selector, ports)
     backend = {"model_gateway_listen": "127.0.0.1:0", "model_gateway_service": "sandboxd-cp"}
     app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=backend))
     await app.start()
@@ -196,7 +186,7 @@ async def test_the_gateway_answers_at_the_services_address_and_policies_name_its
                 # kwok Pods run nothing: the environment a command gets is what the core sets.
                 rec = app.control._index[sb.id]
                 env = app.control.operations._model_env(rec)
-            assert env["OPENAI_BASE_URL"] == f"http://{svc['spec']['clusterIP']}:80/v1", env
+            assert env["OPENAI_BASE_URL"] == f"http://{cluster_ip}:80/v1", env
             policy = (await _policies(kube, namespace))[pool_policy_name(app.settings.instance_id, "m")]
             assert policy["spec"]["egress"] == [
                 {

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import os
 import subprocess
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,18 +27,20 @@ from sandboxd.backends.kubernetes.podspec import NETWORK_POLICY_NAME
 from sandboxd.client import AsyncClient, Sandbox
 from sandboxd.images.build import default_image_tag
 from tests.kube.conftest import REAL_NODE_BACKEND, kube_settings, pods, poll, require_netpol
-from tests.kube.proxy_pod import proxy_stand_in
-from tests.kube.test_network import (
+from tests.kube.egress_proxy import (
     FETCH,
     PROXY,
     PROXY_LABELS,
-    _bridge_address,
-    _egress_proxy,
-    _proxy_service,
-    _Upstream,
+    bridge_address,
+    host_proxy,
+    proxy_service,
+    upstream,
 )
+from tests.kube.proxy_pod import proxy_stand_in
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
+
+__all__ = ["upstream"]  # the fixture
 
 # kube-router lets Pods reach the node's own addresses on the NodePort range
 # whatever the policies (--service-node-port-range, 30000-32767 by default).
@@ -63,18 +63,6 @@ try:
 except OSError as e:
     print("failed", type(e).__name__, e)
 """
-
-
-@pytest.fixture
-def upstream() -> Iterator[int]:
-    """An HTTP server on this host's loopback: what a network pool's rules allow."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass
@@ -155,19 +143,19 @@ async def test_policies_drop_what_they_do_not_allow_and_the_same_pods_get_throug
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient, upstream: int
 ) -> None:
     require_netpol()
-    gateway = await asyncio.to_thread(_bridge_address)
+    gateway = await asyncio.to_thread(bridge_address)
     backend = {**REAL_NODE_BACKEND, "egress_proxy_service": PROXY}
     app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=backend))
     instance = app.settings.instance_id
     await app.start()
     try:
         async with (
-            _egress_proxy(kubeconfig, namespace, listen=gateway) as (port, dns),
+            host_proxy(kubeconfig, namespace, listen=gateway) as (port, dns),
             proxy_stand_in(kube, namespace, PROXY_LABELS, gateway),
             _listeners(gateway) as heard,
             AsyncClient(app.address) as client,
         ):
-            await _proxy_service(kube, namespace, port, dns)
+            await proxy_service(kube, namespace, port, dns)
             image = os.environ.get("SANDBOXD_KUBE_IMAGE", "") or default_image_tag()
             await client.create_pool("net", image, min_ready=0, max_size=1, network=[f"127.0.0.1:{upstream}"])
             await client.create_pool("closed", image, min_ready=0, max_size=1)

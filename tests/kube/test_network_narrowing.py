@@ -16,120 +16,46 @@ import contextlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandboxd import errors
 from sandboxd.app import build_app
-from sandboxd.backends.base import LABEL_SANDBOX, Limits, SandboxSpec
+from sandboxd.backends.base import LABEL_SANDBOX
 from sandboxd.backends.kubernetes import KubernetesBackend, KubernetesOptions
 from sandboxd.backends.kubernetes.client import KubeClient, KubeError, load_configuration
 from sandboxd.backends.kubernetes.egress import (
     ACK_PREFIX,
     ANNOTATION_LEASE_NETWORK,
-    ANNOTATION_NETWORK,
     ANNOTATION_NETWORK_REV,
     ANNOTATION_PROXY_ACKS,
     EgressProxyRef,
 )
-from sandboxd.backends.kubernetes.podspec import PodOptions, build_pod
 from sandboxd.client import AsyncClient
 from sandboxd.images.build import default_image_tag
 from tests.kube.conftest import IMAGE, REAL_NODE_BACKEND, kube_settings, pods, poll, require_real_node
-from tests.kube.proxy_pod import proxy_stand_in
-from tests.kube.test_network import (
+from tests.kube.egress_proxy import (
     FETCH,
     PROXY,
     PROXY_LABELS,
     RULES,
-    _bridge_address,
-    _dns,
-    _free_port,
-    _get,
+    bridge_address,
+    free_port,
+    host_proxy,
+    proxy_get,
+    proxy_resolve,
+    proxy_service,
     upstream,
 )
+from tests.kube.proxy_pod import PODS_INSTANCE, proxy_stand_in, sandbox_pod_at
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(180)]
 
-__all__ = ["upstream"]  # the fixture, shared with test_network.py
-
-
-async def _acking_service(kube: KubeClient, namespace: str, port: int, dns_port: int, acks: bool) -> str:
-    """The chart's egress-proxy Service, its annotation saying (or not) that
-    its proxies acknowledge changes of a Pod's rules; its cluster IP."""
-    annotations = {ANNOTATION_PROXY_ACKS: "true"} if acks else {}
-    svc = await kube.request(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/services",
-        body={
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": PROXY, "annotations": annotations},
-            "spec": {
-                "selector": PROXY_LABELS,
-                "ports": [
-                    {"name": "proxy", "port": 3128, "targetPort": port, "protocol": "TCP"},
-                    {"name": "dns", "port": 53, "targetPort": dns_port, "protocol": "UDP"},
-                ],
-            },
-        },
-    )
-    return str(svc["spec"]["clusterIP"])
-
-
-async def _unplaced_pod(kube: KubeClient, namespace: str, address: str, rules: list[str]) -> str:
-    """A sandbox Pod of instance "egress-test" that no scheduler places (so
-    no node and no Pod garbage collector touches it), its status said by
-    hand: Running at ``address``."""
-    spec = SandboxSpec(
-        "sb-narrow1", "p", IMAGE, Limits(memory_bytes=64 << 20, cpu_millis=100), network=tuple(rules)
-    )
-    body = build_pod(spec, PodOptions(namespace=namespace, instance="egress-test"))
-    body["metadata"]["annotations"][ANNOTATION_NETWORK] = json.dumps(rules)
-    body["spec"]["schedulerName"] = "sandboxd-test-none"
-    name = str(body["metadata"]["name"])
-    await kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
-    await kube.request(
-        "PATCH",
-        f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-        body={"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}]}},
-        content_type="application/merge-patch+json",
-    )
-    return name
-
-
-@contextlib.asynccontextmanager
-async def _acking_proxy(
-    kubeconfig: str, namespace: str, ack_as: str, port: int, dns: int, listen: str = "127.0.0.1"
-) -> AsyncIterator[None]:
-    """``sandboxd egress-proxy`` as the chart runs it, acknowledging as the Pod of uid ``ack_as``."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sandboxd.cli", "egress-proxy", f"--namespace={namespace}",
-        f"--listen={listen}", f"--port={port}", f"--dns-port={dns}", "--dns-answer=10.96.0.53",
-        f"--kubeconfig={kubeconfig}", f"--ack-as={ack_as}",
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-
-    async def listening() -> bool:
-        with contextlib.suppress(OSError):
-            _, w = await asyncio.open_connection(listen, port)
-            w.close()
-            return True
-        if proc.returncode is not None:
-            raise AssertionError(await proc.stderr.read() if proc.stderr else b"the proxy exited")
-        return False
-
-    try:
-        await poll(listening, timeout=60, what="the egress proxy to listen")
-        yield
-    finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 10)
+__all__ = ["upstream"]  # the fixture
 
 
 @pytest.fixture
@@ -159,7 +85,7 @@ def held() -> Iterator[tuple[int, list[socket.socket]]]:
 
 def _backend(kubeconfig: str, namespace: str) -> KubernetesBackend:
     opts = KubernetesOptions(
-        instance="egress-test",
+        instance=PODS_INSTANCE,
         namespace=namespace,
         kubeconfig=kubeconfig,
         threads=4,
@@ -174,17 +100,14 @@ async def test_the_proxys_next_decision_after_a_change_of_rules_is_the_new_one(
 ) -> None:
     hold_port, taken = held
     wider, holding = f"127.0.0.1:{upstream}", f"127.0.0.1:{hold_port}"
-    name = await _unplaced_pod(kube, namespace, "127.0.0.1", [wider, holding, "pypi.internal"])
-    port, dns = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
-    await _acking_service(kube, namespace, port, dns, acks=True)
+    name = await sandbox_pod_at(kube, namespace, "sb-narrow1", "127.0.0.1", [wider, holding, "pypi.internal"])
+    port, dns = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_DGRAM)
+    await proxy_service(kube, namespace, port, dns, acks=True)
     backend = _backend(kubeconfig, namespace)
     await backend.ping()
     try:
-        async with proxy_stand_in(kube, namespace, PROXY_LABELS, "127.0.0.1") as stand_in:
-            uid = (await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{stand_in}"))["metadata"][
-                "uid"
-            ]
-            async with _acking_proxy(kubeconfig, namespace, uid, port, dns):
+        async with proxy_stand_in(kube, namespace, PROXY_LABELS, "127.0.0.1") as uid:
+            async with host_proxy(kubeconfig, namespace, port=port, dns_port=dns, ack_as=uid):
                 assert await backend.narrowing_refusal("runc") is None
                 # A connection opened under the pool's rules, held open upstream.
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -197,15 +120,15 @@ async def test_the_proxys_next_decision_after_a_change_of_rules_is_the_new_one(
                     await backend.narrow_egress(name, (holding,))
                     timings.append(time.monotonic() - began)
                     # The very next decisions, no waiting: by the lease's rules.
-                    denied = await _get(port, wider)
+                    denied = await proxy_get(port, wider)
                     assert denied.startswith(b"HTTP/1.1 403") and b"the lease's rules" in denied, denied[:300]
-                    no = await _dns(port=dns, name="pypi.internal")
+                    no = await proxy_resolve(port=dns, name="pypi.internal")
                     assert no[3] & 0x0F == 3, "NXDOMAIN for a name only the pool's rules name"
                     # And at once by the pool's again (a recycled sandbox's reset).
                     await backend.narrow_egress(name, ())
-                    ok = await _get(port, wider)
+                    ok = await proxy_get(port, wider)
                     assert ok.endswith(b"upstream ok\n"), ok[:300]
-                    yes = await _dns(port=dns, name="pypi.internal")
+                    yes = await proxy_resolve(port=dns, name="pypi.internal")
                     assert yes[3] & 0x0F == 0
                 print(f"narrow_egress with the proxy's acknowledgement: max {max(timings) * 1000:.0f} ms")
                 # The connection opened under the pool's rules was cut by the first narrowing.
@@ -224,7 +147,7 @@ async def test_the_proxys_next_decision_after_a_change_of_rules_is_the_new_one(
 async def test_a_chart_whose_proxy_cannot_acknowledge_is_refused_narrowing(
     kubeconfig: str, namespace: str, kube: KubeClient
 ) -> None:
-    await _acking_service(kube, namespace, 3128, 5353, acks=False)
+    await proxy_service(kube, namespace)
     backend = _backend(kubeconfig, namespace)
     await backend.ping()
     try:
@@ -239,99 +162,91 @@ async def test_a_chart_whose_proxy_cannot_acknowledge_is_refused_narrowing(
 async def test_a_restarted_control_plane_puts_an_adopted_lease_under_its_narrower_rules_again(
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
 ) -> None:
-    port, dns = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
     settings = kube_settings(tmp_path, kubeconfig, namespace, backend={"egress_proxy_service": PROXY})
-    async with proxy_stand_in(kube, namespace, PROXY_LABELS, "127.0.0.1") as stand_in:
-        uid = (await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{stand_in}"))["metadata"][
-            "uid"
-        ]
-        async with _acking_proxy(kubeconfig, namespace, uid, port, dns):
-            await _acking_service(kube, namespace, port, dns, acks=True)
-            app = build_app(settings)
-            await app.start()
-            try:
-                async with AsyncClient(app.address) as client:
-                    await client.create_pool("net", IMAGE, min_ready=0, max_size=1, network=RULES)
-                    lease = await client.lease("net", timeout=60, lease_ttl=120, network=["pypi.internal"])
-                    (sandbox_id,) = [sb.id for sb in lease]
-                    assert lease.network == ["pypi.internal"]
-            finally:
-                await app.stop(grace=1)
-            (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={sandbox_id}")
-            before = pod["metadata"]["annotations"]
-            assert json.loads(before[ANNOTATION_LEASE_NETWORK]) == ["pypi.internal"]
-            assert before[ACK_PREFIX + uid] == before[ANNOTATION_NETWORK_REV]
-            app = build_app(settings)
-            await app.start()
-            try:
-                async with AsyncClient(app.address) as client:
-                    again = await client.heartbeat(lease.id)
-                    assert list(again.network) == ["pypi.internal"] and list(again.sandbox_ids) == [
-                        sandbox_id
-                    ]
-                    (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={sandbox_id}")
-                    after = pod["metadata"]["annotations"]
-                    # Written again by the adoption, and acknowledged before it went on.
-                    assert after[ANNOTATION_NETWORK_REV] != before[ANNOTATION_NETWORK_REV]
-                    assert after[ACK_PREFIX + uid] == after[ANNOTATION_NETWORK_REV]
-                    assert json.loads(after[ANNOTATION_LEASE_NETWORK]) == ["pypi.internal"]
-                    await client.release(lease.id)
-                    await client.delete_pool("net", force=True)
-            finally:
-                await app.stop(grace=1)
+    async with (
+        proxy_stand_in(kube, namespace, PROXY_LABELS, "127.0.0.1") as uid,
+        host_proxy(kubeconfig, namespace, ack_as=uid) as (port, dns),
+    ):
+        await proxy_service(kube, namespace, port, dns, acks=True)
+        app = build_app(settings)
+        await app.start()
+        try:
+            async with AsyncClient(app.address) as client:
+                await client.create_pool("net", IMAGE, min_ready=0, max_size=1, network=RULES)
+                lease = await client.lease("net", timeout=60, lease_ttl=120, network=["pypi.internal"])
+                (sandbox_id,) = [sb.id for sb in lease]
+                assert lease.network == ["pypi.internal"]
+        finally:
+            await app.stop(grace=1)
+        (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={sandbox_id}")
+        before = pod["metadata"]["annotations"]
+        assert json.loads(before[ANNOTATION_LEASE_NETWORK]) == ["pypi.internal"]
+        assert before[ACK_PREFIX + uid] == before[ANNOTATION_NETWORK_REV]
+        app = build_app(settings)
+        await app.start()
+        try:
+            async with AsyncClient(app.address) as client:
+                again = await client.heartbeat(lease.id)
+                assert list(again.network) == ["pypi.internal"] and list(again.sandbox_ids) == [sandbox_id]
+                (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={sandbox_id}")
+                after = pod["metadata"]["annotations"]
+                # Written again by the adoption, and acknowledged before it went on.
+                assert after[ANNOTATION_NETWORK_REV] != before[ANNOTATION_NETWORK_REV]
+                assert after[ACK_PREFIX + uid] == after[ANNOTATION_NETWORK_REV]
+                assert json.loads(after[ANNOTATION_LEASE_NETWORK]) == ["pypi.internal"]
+                await client.release(lease.id)
+                await client.delete_pool("net", force=True)
+        finally:
+            await app.stop(grace=1)
 
 
 async def test_a_narrowed_lease_is_refused_what_its_pool_allows_and_an_other_lease_reaches_it(
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient, upstream: int
 ) -> None:
     require_real_node()
-    gateway = await asyncio.to_thread(_bridge_address)
-    port, dns = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
+    gateway = await asyncio.to_thread(bridge_address)
     backend = {**REAL_NODE_BACKEND, "egress_proxy_service": PROXY}
     app = build_app(kube_settings(tmp_path, kubeconfig, namespace, backend=backend))
     await app.start()
-    other = _free_port(socket.SOCK_STREAM)
+    other = free_port(socket.SOCK_STREAM)
     try:
-        async with proxy_stand_in(kube, namespace, PROXY_LABELS, gateway) as stand_in:
-            uid = (await kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{stand_in}"))["metadata"][
-                "uid"
-            ]
+        async with (
+            proxy_stand_in(kube, namespace, PROXY_LABELS, gateway) as uid,
+            host_proxy(kubeconfig, namespace, listen=gateway, ack_as=uid) as (port, dns),
+            AsyncClient(app.address) as client,
+        ):
+            await proxy_service(kube, namespace, port, dns, acks=True)
+            image = os.environ.get("SANDBOXD_KUBE_IMAGE", "") or default_image_tag()
+            target = f"127.0.0.1:{upstream}"
+            await client.create_pool(
+                "net",
+                image,
+                min_ready=2,  # kept warm: the recycled sandboxes are the ones leased next
+                max_size=2,
+                network=[target, f"127.0.0.1:{other}"],
+                recycle="same-tenant",
+                max_uses=3,
+            )
+            via = f"http://{gateway}:{port}"
+            fetch = ["python3", "-c", FETCH, via, f"http://{target}/"]
             async with (
-                _acking_proxy(kubeconfig, namespace, uid, port, dns, listen=gateway),
-                AsyncClient(app.address) as client,
+                client.acquire("net", timeout=120, network=[f"127.0.0.1:{other}"]) as narrowed,
+                client.acquire("net", timeout=120) as plain,
             ):
-                await _acking_service(kube, namespace, port, dns, acks=True)
-                image = os.environ.get("SANDBOXD_KUBE_IMAGE", "") or default_image_tag()
-                target = f"127.0.0.1:{upstream}"
-                await client.create_pool(
-                    "net",
-                    image,
-                    min_ready=2,  # kept warm: the recycled sandboxes are the ones leased next
-                    max_size=2,
-                    network=[target, f"127.0.0.1:{other}"],
-                    recycle="same-tenant",
-                    max_uses=3,
-                )
-                via = f"http://{gateway}:{port}"
-                fetch = ["python3", "-c", FETCH, via, f"http://{target}/"]
-                async with (
-                    client.acquire("net", timeout=120, network=[f"127.0.0.1:{other}"]) as narrowed,
-                    client.acquire("net", timeout=120) as plain,
-                ):
-                    refused = await narrowed.exec(fetch, timeout=30)
-                    assert refused.stdout.startswith(b"403 sandboxd egress denied"), refused
-                    assert b"the lease's rules" in refused.stdout, refused
-                    reached = await plain.exec(fetch, timeout=30)
-                    assert reached.ok and reached.stdout == b"upstream ok\n", reached
-                # Recycled, the narrowed sandbox is its pool's again for its next lease.
-                pool = app.control.pools["net"]
-                await poll(lambda: pool.recycled_total == 2, timeout=120, what="both resets")
-                async with client.acquire_group("net", 2, timeout=120) as group:
-                    assert narrowed.id in [sb.id for sb in group]
-                    for sb in group:
-                        again = await sb.exec(fetch, timeout=30)
-                        assert again.ok and again.stdout == b"upstream ok\n", (sb.id, again)
-                await client.delete_pool("net", force=True)
+                refused = await narrowed.exec(fetch, timeout=30)
+                assert refused.stdout.startswith(b"403 sandboxd egress denied"), refused
+                assert b"the lease's rules" in refused.stdout, refused
+                reached = await plain.exec(fetch, timeout=30)
+                assert reached.ok and reached.stdout == b"upstream ok\n", reached
+            # Recycled, the narrowed sandbox is its pool's again for its next lease.
+            pool = app.control.pools["net"]
+            await poll(lambda: pool.recycled_total == 2, timeout=120, what="both resets")
+            async with client.acquire_group("net", 2, timeout=120) as group:
+                assert narrowed.id in [sb.id for sb in group]
+                for sb in group:
+                    again = await sb.exec(fetch, timeout=30)
+                    assert again.ok and again.stdout == b"upstream ok\n", (sb.id, again)
+            await client.delete_pool("net", force=True)
     finally:
         await app.stop(grace=1)
         with contextlib.suppress(KubeError):

@@ -13,14 +13,12 @@ from typing import Any
 
 import pytest
 
-from sandboxd.app import App, build_app
 from sandboxd.backends.base import ExecOutcome, ExecResult, Limits, SandboxSpec
 from sandboxd.backends.kubernetes.cache import disk_eviction, summarize
 from sandboxd.backends.kubernetes.client import KubeClient
 from sandboxd.backends.kubernetes.podspec import PodOptions, build_pod
 from sandboxd.client import AsyncClient
-from sandboxd.settings import Settings
-from tests.kube.conftest import IMAGE, kube_settings, pods, poll, real_node_app
+from tests.kube.conftest import IMAGE, kube_settings, pods, poll, real_node_app, started_app
 from tests.kube.test_exec import _real_image
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(240)]
@@ -76,7 +74,7 @@ async def test_the_api_server_takes_the_writable_root_pod(
     tmp_path: Path, kubeconfig: str, namespace: str, kube: KubeClient
 ) -> None:
     settings = kube_settings(tmp_path, kubeconfig, namespace)
-    async with _started(settings) as app, AsyncClient(app.address) as client:
+    async with started_app(settings) as app, AsyncClient(app.address) as client:
         pool = await client.create_pool("wr", IMAGE, min_ready=1, max_size=2, root="writable")
         assert pool.spec.root == "writable"
 
@@ -91,14 +89,22 @@ async def test_the_api_server_takes_the_writable_root_pod(
         await client.delete_pool("wr", force=True)
 
 
-@pytest.mark.kube_node
-async def test_a_pod_writes_its_root_and_another_does_not_see_it(
-    tmp_path: Path, kubeconfig: str, namespace: str
-) -> None:
+@contextlib.asynccontextmanager
+async def _real_node_client(tmp_path: Path, kubeconfig: str, namespace: str) -> AsyncIterator[AsyncClient]:
+    """A client of a started server whose Pods run on the real kubelet node,
+    256 MiB of memory each."""
     async with (
         real_node_app(tmp_path, kubeconfig, namespace, **{"limits.memory_bytes": 256 << 20}) as app,
         AsyncClient(app.address) as client,
     ):
+        yield client
+
+
+@pytest.mark.kube_node
+async def test_a_pod_writes_its_root_and_another_does_not_see_it(
+    tmp_path: Path, kubeconfig: str, namespace: str
+) -> None:
+    async with _real_node_client(tmp_path, kubeconfig, namespace) as client:
         await client.create_pool("wroot", _real_image(), min_ready=0, max_size=2, root="writable")
         lease = await client.lease("wroot", n=2, lease_ttl=600, timeout=120)
         try:
@@ -116,24 +122,11 @@ async def test_a_pod_writes_its_root_and_another_does_not_see_it(
             await lease.release()
 
 
-@contextlib.asynccontextmanager
-async def _started(settings: Settings) -> AsyncIterator[App]:
-    app = build_app(settings)
-    await app.start()
-    try:
-        yield app
-    finally:
-        await app.stop(grace=1)
-
-
 @pytest.mark.kube_node
 async def test_a_root_written_past_its_bound_is_evicted_as_a_disk_loss(
     tmp_path: Path, kubeconfig: str, namespace: str
 ) -> None:
-    async with (
-        real_node_app(tmp_path, kubeconfig, namespace, **{"limits.memory_bytes": 256 << 20}) as app,
-        AsyncClient(app.address) as client,
-    ):
+    async with _real_node_client(tmp_path, kubeconfig, namespace) as client:
         limits = {"disk_bytes": 16 * _MIB}
         await client.create_pool(
             "wfill", _real_image(), min_ready=0, max_size=1, root="writable", limits=limits

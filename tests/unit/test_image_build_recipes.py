@@ -15,20 +15,10 @@ from sandboxd.backends.fake import FakeBackend
 from sandboxd.clock import SystemClock
 from sandboxd.core.images import ImageCache
 from sandboxd.core.images.builds import REPLAY_LINES, SYNTAX_ARG, _Build, bases_of, names_frontend
-from sandboxd.settings import ImageSettings
+from tests.image_settings import image_settings
 
 REG = "registry.test:5000"
 MB = 1 << 20
-
-
-def settings(**kw: object) -> ImageSettings:
-    base: dict[str, object] = {
-        "evict_interval_seconds": 0.0,
-        "docker_config": "/nonexistent",
-        "cache_bytes": 1 << 40,
-    }
-    base.update(kw)
-    return ImageSettings(**base)  # type: ignore[arg-type]
 
 
 def recipe(directory: Path, dockerfile: str) -> Path:
@@ -68,7 +58,7 @@ async def test_the_frontend_setting_is_part_of_the_recipe(tmp_path: Path) -> Non
     own = recipe(tmp_path / "own", "# syntax=their/frontend:1\nFROM base\nRUN true\n")
     tags: dict[str, tuple[str, str]] = {}
     for frontend in ("", "sandboxd/dockerfile:abc"):
-        cache = ImageCache(backend, SystemClock(), settings(dockerfile_frontend=frontend))
+        cache = ImageCache(backend, SystemClock(), image_settings(dockerfile_frontend=frontend))
         await cache.start()
         try:
             tags[frontend] = (await cache.build(plain), await cache.build(own))
@@ -79,7 +69,7 @@ async def test_the_frontend_setting_is_part_of_the_recipe(tmp_path: Path) -> Non
     assert tags[""][0] != tags["sandboxd/dockerfile:abc"][0]
     assert tags[""][1] == tags["sandboxd/dockerfile:abc"][1]
     # Given explicitly, the build argument wins over the setting.
-    cache = ImageCache(backend, SystemClock(), settings(dockerfile_frontend="sandboxd/dockerfile:abc"))
+    cache = ImageCache(backend, SystemClock(), image_settings(dockerfile_frontend="sandboxd/dockerfile:abc"))
     await cache.start()
     try:
         assert await cache.build(plain, build_args={SYNTAX_ARG: ""}) != tags["sandboxd/dockerfile:abc"][0]
@@ -96,7 +86,7 @@ async def test_bases_behind_credentials_are_pulled_before_the_build(tmp_path: Pa
     token = base64.b64encode(b"alice:s3cret").decode()
     (tmp_path / "config.json").write_text(json.dumps({"auths": {REG: {"auth": token}}}))
     context = recipe(tmp_path / "ctx", f"FROM {private} AS a\nFROM {public}\nCOPY --from=a / /\n")
-    cache = ImageCache(backend, SystemClock(), settings(docker_config=str(tmp_path)))
+    cache = ImageCache(backend, SystemClock(), image_settings(docker_config=str(tmp_path)))
     await cache.start()
     try:
         lines: list[str] = []

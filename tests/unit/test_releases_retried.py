@@ -8,6 +8,8 @@ the other leases from theirs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -31,19 +33,22 @@ async def _busy(client: AsyncClient) -> None:
             await client.list_pools()
 
 
-async def _pool(app: App, client: AsyncClient, ready: int) -> None:
-    await client.create_pool("p", IMAGE, min_ready=ready, max_size=4)
-    # The pool is tenant t's: looked at through the registry, not as the default tenant.
-    await wait_for(
-        lambda: all(pool.ready >= ready for pool in app.control.registry.pools.values()),
-        what="the pool warm",
-    )
+@contextlib.asynccontextmanager
+async def _tenants_pool(make_app: MakeApp, ready: int) -> AsyncIterator[tuple[App, AsyncClient]]:
+    """A server and tenant t's client, t's pool "p" warm with ``ready`` sandboxes."""
+    app = await make_app(tenants=TENANTS)
+    async with AsyncClient(app.address, token="tk") as client:
+        await client.create_pool("p", IMAGE, min_ready=ready, max_size=4)
+        # The pool is tenant t's: looked at through the registry, not as the default tenant.
+        await wait_for(
+            lambda: all(pool.ready >= ready for pool in app.control.registry.pools.values()),
+            what="the pool warm",
+        )
+        yield app, client
 
 
 async def test_a_held_lease_is_released_on_exit_while_the_server_is_busy(make_app: MakeApp) -> None:
-    app = await make_app(tenants=TENANTS)
-    async with AsyncClient(app.address, token="tk") as client:
-        await _pool(app, client, 1)
+    async with _tenants_pool(make_app, 1) as (app, client):
         async with client.acquire("p", timeout=10):
             assert len(app.control.leases) == 1
             await _busy(client)
@@ -53,9 +58,7 @@ async def test_a_held_lease_is_released_on_exit_while_the_server_is_busy(make_ap
 async def test_what_a_given_up_acquire_was_granted_is_released_while_the_server_is_busy(
     make_app: MakeApp,
 ) -> None:
-    app = await make_app(tenants=TENANTS)
-    async with AsyncClient(app.address, token="tk") as client:
-        await _pool(app, client, 1)
+    async with _tenants_pool(make_app, 1) as (app, client):
         # Granted, but as far as the client knows its answer was lost (the call
         # cancelled as it was answered): only the request id can free it.
         ask = sandboxes_pb2.AcquireRequest(pool="p", request_id="rq-lost-answer", timeout_seconds=5)
@@ -68,9 +71,7 @@ async def test_what_a_given_up_acquire_was_granted_is_released_while_the_server_
 
 
 async def test_verifiers_close_releases_every_sandbox_while_the_server_is_busy(make_app: MakeApp) -> None:
-    app = await make_app(tenants=TENANTS)
-    async with AsyncClient(app.address, token="tk") as client:
-        await _pool(app, client, 3)
+    async with _tenants_pool(make_app, 3) as (app, client):
         runtime = SandboxdRuntime(client, "p")
         ids = [await runtime.create_sandbox(timeout=10) for _ in range(3)]
         assert len(app.control.leases) == 3
@@ -82,9 +83,7 @@ async def test_verifiers_close_releases_every_sandbox_while_the_server_is_busy(m
 
 
 async def test_verifiers_delete_keeps_a_lease_whose_release_was_refused(make_app: MakeApp) -> None:
-    app = await make_app(tenants=TENANTS)
-    async with AsyncClient(app.address, token="tk") as client:
-        await _pool(app, client, 1)
+    async with _tenants_pool(make_app, 1) as (app, client):
         runtime = SandboxdRuntime(client, "p")
         sandbox_id = await runtime.create_sandbox(timeout=10)
         await _busy(client)
@@ -96,9 +95,7 @@ async def test_verifiers_delete_keeps_a_lease_whose_release_was_refused(make_app
 
 
 async def test_rllm_close_releases_its_sandbox_while_the_server_is_busy(make_app: MakeApp) -> None:
-    app = await make_app(tenants=TENANTS)
-    async with AsyncClient(app.address, token="tk") as client:
-        await _pool(app, client, 1)
+    async with _tenants_pool(make_app, 1) as (app, client):
         sandbox = await asyncio.to_thread(SandboxdSandbox, "task-1", pool="p", target=app.address, token="tk")
         assert len(app.control.leases) == 1
         await _busy(client)
