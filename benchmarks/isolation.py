@@ -11,8 +11,11 @@ samples, in milliseconds):
   start and the first command (its health check); also
   ``create_start_gvisor_nokeeper``, the same for a pool with
   ``live_snapshots`` off (no keeper or relay: shells straight on
-  ``runsc exec``), whose goal is at most twice runc's. The three take turns
-  in one loop, before any pool runs;
+  ``runsc exec``), whose goal is at most twice runc's; and
+  ``create_start_runc_writable`` and ``create_start_gvisor_writable``, the
+  same for a pool with ``root="writable"`` (a bounded tmpfs mounted over the
+  container's layer directory between create and start). The five take
+  turns in one loop, before any pool runs;
 - ``warm_acquire``: Acquire of a READY sandbox from a warm pool;
 - ``session_exec``: ``true`` in a session, as the client sees it, once the
   pool has finished starting the acquired sandbox's replacement;
@@ -25,10 +28,16 @@ samples, in milliseconds):
   (interpreter start, imports, small files);
 - ``snapshot_50mb``: a snapshot of a 50 MB workspace of 200 files, their
   content new before each sample (a whole snapshot, not an incremental one),
-  read through the sandbox under both runtimes so the two are comparable.
+  read through the sandbox under both runtimes so the two are comparable;
+- ``root_write_50mb``: one 50 MB file written (and removed, untimed) by one
+  shell into the workspace of a read-only pool, and as
+  ``root_write_50mb_<runtime>_writable`` into /var/tmp (the image's root
+  filesystem) of a writable-root pool of the same runtime, the two
+  sandboxes taking turns.
 
 The last line of stdout is one JSON object with ``<metric>_runc_ms`` and
-``<metric>_gvisor_ms`` pairs; it is also written to
+``<metric>_gvisor_ms`` pairs (``<metric>_<runtime>_writable_ms`` for the
+writable roots); it is also written to
 benchmarks/results/isolation.json. Exits 2 when the engine has no gVisor
 runtime registered (scripts/setup.sh test registers it).
 """
@@ -52,6 +61,7 @@ from typing import Any
 from sandboxd.app import build_app
 from sandboxd.backends.base import GVISOR, RUNC, RUNTIMES, ExecSpec, Limits, SandboxSpec
 from sandboxd.client import AsyncClient
+from sandboxd.core.root_setting import ROOT_READ_ONLY, ROOT_WRITABLE
 from sandboxd.core.runtimes import fit_limits
 from sandboxd.settings import load_settings
 
@@ -68,6 +78,10 @@ PY_TESTS = "import json, unittest\n\n\nclass T(unittest.TestCase):\n" + "".join(
 )
 # 200 files of 250 KiB of random bytes (incompressible, like build outputs).
 MAKE_50MB = "mkdir -p big && for i in $(seq 200); do head -c 256000 /dev/urandom > big/f$i; done"
+# One process writing: zeros, as a tmpfs stores them like any bytes and
+# /dev/urandom's own cost would hide the write's.
+WRITE_50MB = "head -c 50M /dev/zero > {path}"
+WRITE_DIRS = {ROOT_READ_ONLY: "/workspace", ROOT_WRITABLE: "/var/tmp"}
 
 
 async def _median_ms(fn: Callable[[], Awaitable[Any]], repeat: int) -> float:
@@ -101,15 +115,22 @@ async def _settled(client: AsyncClient, pool: str, timeout: float = 120.0) -> No
 
 async def create_starts(app: Any, image: str, repeat: int) -> dict[str, float]:
     """The backend's create of one sandbox (and its destroy, untimed) for
-    runc, gVisor with the keeper and gVisor without it, taking turns in one
-    loop before any pool runs: a change in the shared host's load falls on
-    all three alike. Medians in milliseconds, by runtime ("nokeeper" for
-    the last)."""
+    runc, gVisor with the keeper, gVisor without it and both runtimes with
+    a writable root, taking turns in one loop before any pool runs: a
+    change in the shared host's load falls on all five alike. Medians in
+    milliseconds, by runtime ("nokeeper", "<runtime>_writable" for the
+    others)."""
     backend = app.control.backend
-    kinds = {RUNC: (RUNC, True), GVISOR: (GVISOR, True), "nokeeper": (GVISOR, False)}
+    kinds = {
+        RUNC: (RUNC, True, False),
+        GVISOR: (GVISOR, True, False),
+        "nokeeper": (GVISOR, False, False),
+        f"{RUNC}_writable": (RUNC, True, True),
+        f"{GVISOR}_writable": (GVISOR, True, True),
+    }
     samples: dict[str, list[float]] = {kind: [] for kind in kinds}
     for _ in range(repeat):
-        for kind, (runtime, live) in kinds.items():
+        for kind, (runtime, live, writable) in kinds.items():
             limits = fit_limits(runtime, app.control.resolve_limits(Limits()))
             spec = SandboxSpec(
                 f"iso-{secrets.token_hex(4)}",
@@ -118,6 +139,7 @@ async def create_starts(app: Any, image: str, repeat: int) -> dict[str, float]:
                 limits,
                 runtime=runtime,
                 live_snapshots=live,
+                writable_root=writable,
             )
             t0 = time.perf_counter()
             handle = await backend.create(spec)
@@ -193,6 +215,36 @@ async def measure(runtime: str, client: AsyncClient, app: Any, image: str, repea
     return out
 
 
+async def root_writes(runtime: str, client: AsyncClient, image: str, repeat: int) -> dict[str, float]:
+    """50 MB written by one shell into the workspace of a read-only pool's
+    sandbox and into the root of a writable-root pool's, both of
+    ``runtime``, taking turns; medians in milliseconds by root setting."""
+    pools = {root: f"iso-{runtime}-{root}" for root in WRITE_DIRS}
+    for root, pool in pools.items():
+        await client.create_pool(pool, image, min_ready=0, max_size=1, runtime=runtime, root=root)
+    samples: dict[str, list[float]] = {root: [] for root in pools}
+    async with (
+        client.acquire(pools[ROOT_READ_ONLY], timeout=120) as read_only,
+        client.acquire(pools[ROOT_WRITABLE], timeout=120) as writable,
+    ):
+        boxes = {ROOT_READ_ONLY: read_only, ROOT_WRITABLE: writable}
+        # One untimed round first: the first write into a fresh root pays
+        # for the overlay's copy-up of /var/tmp.
+        for i in range(repeat + 1):
+            for root, sb in boxes.items():
+                path = f"{WRITE_DIRS[root]}/w50"
+                t0 = time.perf_counter()
+                r = await sb.exec(WRITE_50MB.format(path=path), timeout=120)
+                elapsed = (time.perf_counter() - t0) * 1000
+                assert r.ok, r
+                if i:
+                    samples[root].append(elapsed)
+                assert (await sb.exec(f"rm {path}")).ok
+    for pool in pools.values():
+        await client.delete_pool(pool, force=True)
+    return {root: round(statistics.median(ms), 2) for root, ms in samples.items()}
+
+
 async def run(repeat: int) -> dict[str, Any]:
     """Both runtimes measured in one server; the report as written."""
     from sandboxd.images.build import ensure_default_image
@@ -217,6 +269,7 @@ async def run(repeat: int) -> dict[str, Any]:
                     raise SystemExit(2)
                 starts = await create_starts(app, image, repeat)
                 results = {rt: await measure(rt, client, app, image, repeat) for rt in RUNTIMES}
+                writes = {rt: await root_writes(rt, client, image, repeat) for rt in RUNTIMES}
         finally:
             await app.stop(grace=1)
     report: dict[str, Any] = {"benchmark": "isolation", "repeat": repeat}
@@ -226,10 +279,20 @@ async def run(repeat: int) -> dict[str, Any]:
     # Without the keeper, beside runc's create in the same loop (goal: at most 2x).
     report["create_start_gvisor_nokeeper_ms"] = starts["nokeeper"]
     report["create_start_nokeeper_ratio"] = round(starts["nokeeper"] / max(starts[RUNC], 0.1), 2)
+    # A writable root beside the read-only one, each ratio to the same runtime's read-only create.
+    for rt in RUNTIMES:
+        writable = starts[f"{rt}_writable"]
+        report[f"create_start_{rt}_writable_ms"] = writable
+        report[f"create_start_{rt}_writable_ratio"] = round(writable / max(starts[rt], 0.1), 2)
     for metric in results[RUNC]:
         for rt in RUNTIMES:
             report[f"{metric}_{rt}_ms"] = results[rt][metric]
         report[f"{metric}_ratio"] = round(results[GVISOR][metric] / max(results[RUNC][metric], 0.1), 2)
+    for rt in RUNTIMES:
+        ro, rw = writes[rt][ROOT_READ_ONLY], writes[rt][ROOT_WRITABLE]
+        report[f"root_write_50mb_{rt}_ms"] = ro
+        report[f"root_write_50mb_{rt}_writable_ms"] = rw
+        report[f"root_write_50mb_{rt}_writable_ratio"] = round(rw / max(ro, 0.1), 2)
     report["host"] = {"cpus": os.cpu_count(), "kernel": platform.release(), "load_1m": os.getloadavg()[0]}
     return report
 

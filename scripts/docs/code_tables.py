@@ -8,8 +8,8 @@ hook replaces it with the table, so the page shows what the code does now:
 - ``error-status``: which gRPC status each error of sandboxd's tree answers
   (``sandboxd.api.errors.STATUS_OF``), with the error's docstring;
 - ``isolation-results``: the committed ``benchmarks/results/isolation.json``,
-  runc beside gVisor (and gVisor without the keeper), so the page quotes the
-  run that is committed.
+  runc beside gVisor (and gVisor without the keeper, and a writable root),
+  so the page quotes the run that is committed.
 
 A marker naming no table is logged as a warning, which fails the strict build.
 """
@@ -61,6 +61,13 @@ _ISOLATION_ROWS = [
     ("python_tests", "40-test `python3 -m unittest` run"),
     ("snapshot_50mb", "snapshot of a 50 MB workspace (through the sandbox)"),
 ]
+# Keys ``<metric>_<runtime><suffix>_ms``; runs from before the writable
+# root was measured have none of them.
+_WRITABLE_ROWS = [
+    ("create_start", "_writable", 'create + start, writable root (`root="writable"`)'),
+    ("root_write_50mb", "", "50 MB written by one shell into the workspace (read-only root)"),
+    ("root_write_50mb", "_writable", "the same into `/var/tmp` of a writable root"),
+]
 
 
 def isolation_results() -> str:
@@ -81,6 +88,10 @@ def isolation_results() -> str:
             f"| create + start, gVisor without the keeper | {d['create_start_runc_ms']} | "
             f"{d['create_start_gvisor_nokeeper_ms']} | {d['create_start_nokeeper_ratio']}x |"
         )
+    for metric, suffix, label in _WRITABLE_ROWS:
+        if f"{metric}_runc{suffix}_ms" in d:
+            runc, gvisor = d[f"{metric}_runc{suffix}_ms"], d[f"{metric}_gvisor{suffix}_ms"]
+            rows.append(f"| {label} | {runc} | {gvisor} | {round(gvisor / max(runc, 0.1), 2)}x |")
     return "\n".join(rows)
 
 
