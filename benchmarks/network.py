@@ -1,6 +1,6 @@
 """Egress policies: what the proxy costs, how fast a denial comes, and whether every bypass is blocked.
 
-    python -m benchmarks.network              # about half a minute
+    python -m benchmarks.network              # about a minute
     python -m benchmarks.network --requests 50
 
 All on this machine, as root: an upstream network namespace made here serves
@@ -23,6 +23,12 @@ upstream:
 - ``gateway_overhead_p50_ms``: a chat completion against a fake
   OpenAI-compatible server through the sandbox's metered model gateway, less
   the same straight from the host (p50s, alternated; benchmarks.gateway_overhead).
+- ``acquire_p50_ms`` / ``narrowed_acquire_p50_ms``: then, on Docker, warm
+  acquires of a pool under the same rules without and with ``network``
+  (taking turns), and the narrowing bypasses among those counted above: a
+  lease narrowed to ``tls.bench:443`` tries ``index.bench`` by CONNECT, by
+  Host, by DNS, and through a download opened before it was narrowed
+  (benchmarks.network_narrowing).
 
 Writes benchmarks/results/network.json; its last stdout line is that JSON.
 """
@@ -53,7 +59,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.egress_probes import NXDOMAIN, dns_rcode, proxy_says
 from benchmarks.gateway_overhead import compare, route_for
+from benchmarks.network_narrowing import measure_narrowing
 from sandboxd.backends.network import netns
 from sandboxd.backends.network.egress import PROXY_URL, command_env, open_egress
 from sandboxd.backends.network.policy import EgressPolicy
@@ -104,11 +112,18 @@ class Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A download the proxy cuts (a narrowed lease's held connection) ends in a reset here.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def serve_in(ns: str, address: str, ports: Sequence[int], root: Path) -> list[http.server.HTTPServer]:
     """HTTP servers on sockets made in namespace ``ns``, served by threads of this process."""
     servers: list[http.server.HTTPServer] = []
     for port in ports:
-        server = http.server.ThreadingHTTPServer(
+        server = QuietServer(
             (address, port), functools.partial(Quiet, directory=str(root)), bind_and_activate=False
         )
         sock = netns.in_netns(netns.NETNS_DIR / ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
@@ -167,11 +182,6 @@ def bypasses(up: str) -> dict[str, bool]:
                 return True
         return False
 
-    def proxy_says(request: bytes, status: bytes) -> bool:
-        with socket.create_connection((netns.EGRESS_ADDRESS, netns.PROXY_PORT), timeout=5) as s:
-            s.sendall(request)
-            return s.recv(64).startswith(b"HTTP/1.1 " + status)
-
     def sni_cut() -> bool:
         with socket.create_connection((netns.EGRESS_ADDRESS, netns.PROXY_PORT), timeout=5) as s:
             s.sendall(b"CONNECT tls.bench:443 HTTP/1.1\r\nHost: tls.bench:443\r\n\r\n")
@@ -185,35 +195,24 @@ def bypasses(up: str) -> dict[str, bool]:
                 return True
         return False
 
-    def dns_nx() -> bool:
-        query = b"\x00\x07\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x06denied\x05bench\x00\x00\x01\x00\x01"
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.settimeout(5)
-            s.sendto(query, (netns.EGRESS_ADDRESS, 53))
-            return s.recv(512)[3] & 0x0F == 3
-
     return {
         "egress_other_port": refused_or_unreachable((netns.EGRESS_ADDRESS, 22)),
         "raw_ip": refused_or_unreachable((up, 80)),
         "proxy_less_https": refused_or_unreachable((up, 443)),
         "udp": udp_blocked((up, 9999)),
         "dns_other_resolver": udp_blocked((up, 53)),
-        "dns_denied_name": dns_nx(),
+        "dns_denied_name": dns_rcode("denied.bench") == NXDOMAIN,
         "proxy_other_port": proxy_says(
-            b"GET http://index.bench:8080/ HTTP/1.1\r\nHost: index.bench:8080\r\n\r\n", b"403"
+            b"GET http://index.bench:8080/ HTTP/1.1\r\nHost: index.bench:8080\r\n\r\n", 403
         ),
-        "proxy_raw_ip": proxy_says(f"GET http://{up}/ HTTP/1.1\r\nHost: {up}\r\n\r\n".encode(), b"403"),
-        "host_mismatch": proxy_says(
-            b"GET http://index.bench/ HTTP/1.1\r\nHost: denied.bench\r\n\r\n", b"403"
-        ),
-        "connect_denied": proxy_says(
-            b"CONNECT denied.bench:443 HTTP/1.1\r\nHost: denied.bench\r\n\r\n", b"403"
-        ),
+        "proxy_raw_ip": proxy_says(f"GET http://{up}/ HTTP/1.1\r\nHost: {up}\r\n\r\n".encode(), 403),
+        "host_mismatch": proxy_says(b"GET http://index.bench/ HTTP/1.1\r\nHost: denied.bench\r\n\r\n", 403),
+        "connect_denied": proxy_says(b"CONNECT denied.bench:443 HTTP/1.1\r\nHost: denied.bench\r\n\r\n", 403),
         "sni_mismatch": sni_cut(),
     }
 
 
-async def measure(requests: int, work: Path) -> dict[str, Any]:
+async def measure(requests: int, work: Path, acquires: int) -> dict[str, Any]:
     tag = secrets.token_hex(3)
     up_ns, box_ns = f"bnup{tag}", f"bnsb{tag}"
     octet = secrets.randbelow(250) + 1
@@ -296,6 +295,8 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
         finally:
             await egress.close()
             await route.gateway.close()
+        # After the timings above, so that no container start falls on them.
+        narrowing = await measure_narrowing(up, root, POLICY, acquires)
     finally:
         await stack.aclose()
         for server in servers:
@@ -308,10 +309,13 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
     direct = statistics.median(pip_direct) + http_direct
     proxied = statistics.median(pip_proxied) + http_proxied
     denied_ms = sorted(d * 1000 for d in denied)
+    blocked.update(narrowing["bypasses"])
     return {
         "proxy_overhead_ratio": round(proxied / direct, 3),
         "denied_p99_ms": round(denied_ms[min(len(denied_ms) - 1, int(0.99 * len(denied_ms)))], 3),
         "gateway_overhead_p50_ms": gateway["overhead_p50_ms"],
+        "acquire_p50_ms": narrowing["acquire_p50_ms"],
+        "narrowed_acquire_p50_ms": narrowing["narrowed_acquire_p50_ms"],
         "bypasses_blocked": sum(blocked.values()),
         "bypasses_tried": len(blocked),
         "details": {
@@ -325,6 +329,7 @@ async def measure(requests: int, work: Path) -> dict[str, Any]:
             "bypasses": blocked,
             "proxy_counts": {"allowed": stats.allowed, "denied": stats.denied},
             "gateway": gateway,
+            "narrowing": narrowing["details"],
             "cpus": os.cpu_count(),
         },
     }
@@ -335,13 +340,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument(
+        "--acquires", type=int, default=31, help="warm acquires of each kind, narrowed and not (p50s)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or netns.missing_tools():
         print("needs root and iproute2 (ip, nsenter, sysctl)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as work:
-        result = asyncio.run(measure(args.requests, Path(work)))
+        result = asyncio.run(measure(args.requests, Path(work), args.acquires))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     d, g = result["details"], result["details"]["gateway"]
@@ -349,6 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"chat completion p50: direct {g['direct_p50_ms']} ms, through the gateway "
         f"{g['gateway_p50_ms']} ms (+{g['overhead_p50_ms']} ms, {g['chats']} each, {g['recorded']} recorded)"
+    )
+    print(
+        f"warm acquire p50: {result['acquire_p50_ms']} ms, narrowed {result['narrowed_acquire_p50_ms']} ms; "
+        f"bypasses blocked {result['bypasses_blocked']}/{result['bypasses_tried']}"
     )
     print(json.dumps(result, separators=(",", ":")))
     return 0
