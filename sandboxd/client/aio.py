@@ -274,8 +274,14 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:
         # The RPC deadline leaves the server room to answer DEADLINE_EXCEEDED itself.
         deadline = None if timeout is None else timeout + 5.0
+        response = await self._granting(self.sandboxes.Acquire, request, deadline)
+        return Lease(self, response)
+
+    async def _granting(self, call: Any, request: Any, deadline: float | None) -> Any:
+        """``call`` (Acquire or Restore) of ``request``, whose grant is given
+        up (_give_up) when this client will not read the answer."""
         try:  # rpc_errors() inline: this is the hot path
-            response = await self.sandboxes.Acquire(request, timeout=deadline, metadata=self.metadata)
+            return await call(request, timeout=deadline, metadata=self.metadata)
         except asyncio.CancelledError:
             self._give_up(request.request_id)
             raise
@@ -283,7 +289,6 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
             if e.code() in _OUTCOME_UNKNOWN:
                 self._give_up(request.request_id)
             raise translate(e) from e
-        return Lease(self, response)
 
     def _give_up(self, request_id: str) -> None:
         """Frees, in the background, whatever the server granted an Acquire
@@ -402,15 +407,7 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
             request_id=_request_id(),
         )
         deadline = None if timeout is None else timeout + 60.0
-        try:
-            response: snapshots_pb2.RestoreResponse = await self.snapshots.Restore(
-                request, timeout=deadline, metadata=self.metadata
-            )
-        except asyncio.CancelledError:
-            self._give_up(request.request_id)
-            raise
-        except grpc.aio.AioRpcError as e:
-            if e.code() in _OUTCOME_UNKNOWN:
-                self._give_up(request.request_id)
-            raise translate(e) from e
+        response: snapshots_pb2.RestoreResponse = await self._granting(
+            self.snapshots.Restore, request, deadline
+        )
         return Lease(self, sandboxes_pb2.AcquireResponse(lease=response.lease, sandboxes=response.sandboxes))
