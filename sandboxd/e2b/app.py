@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from sandboxd.client import AsyncClient
-from sandboxd.e2b import builds, envd, interpreter, lifecycle
+from sandboxd.e2b import builds, envd, interpreter, lifecycle, snapshots
 from sandboxd.e2b import control as rest
 from sandboxd.e2b.control import Control, E2bSettings, Refused
 from sandboxd.e2b.registry import Registry
@@ -45,8 +45,8 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     app[envd.REGISTRY] = registry
     app[CONTROL] = Control(client, settings, registry)
     r = app.router
-    r.add_post("/sandboxes", _route(app, rest.create))
-    r.add_post("/v2/sandboxes", _route(app, rest.create_v2))
+    r.add_post("/sandboxes", _route(app, snapshots.from_snapshots(rest.create)))
+    r.add_post("/v2/sandboxes", _route(app, snapshots.from_snapshots(rest.create_v2)))
     r.add_get("/sandboxes", _route(app, rest.list_boxes))
     r.add_get("/v2/sandboxes", _route(app, rest.list_boxes))
     r.add_get("/sandboxes/{sandbox_id}", _route(app, rest.get_info))
@@ -59,6 +59,7 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/sandboxes/{sandbox_id}/fork", _route(app, lifecycle.fork))
     r.add_get("/templates/aliases/{alias}", _route(app, rest.template_alias))
     builds.add_routes(app, lambda fn: _route(app, fn))
+    snapshots.add_routes(app, lambda fn: _route(app, fn))
     envd.add_routes(app)
     interpreter.add_routes(app)
 
