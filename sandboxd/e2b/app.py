@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from sandboxd.client import AsyncClient
-from sandboxd.e2b import builds, envd, interpreter, lifecycle, snapshots
+from sandboxd.e2b import builds, envd, interpreter, lifecycle, snapshots, unserved
 from sandboxd.e2b import control as rest
 from sandboxd.e2b.control import Control, E2bSettings, Refused
 from sandboxd.e2b.registry import Registry
@@ -49,9 +49,13 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/v2/sandboxes", _route(app, snapshots.from_snapshots(rest.create_v2)))
     r.add_get("/sandboxes", _route(app, rest.list_boxes))
     r.add_get("/v2/sandboxes", _route(app, rest.list_boxes))
+    r.add_get("/sandboxes/metrics", _route(app, rest.get_metrics_of))
     r.add_get("/sandboxes/{sandbox_id}", _route(app, rest.get_info))
     r.add_delete("/sandboxes/{sandbox_id}", _route(app, rest.kill))
     r.add_post("/sandboxes/{sandbox_id}/timeout", _route(app, rest.set_timeout))
+    r.add_post("/sandboxes/{sandbox_id}/refreshes", _route(app, rest.refresh))
+    r.add_get("/sandboxes/{sandbox_id}/metrics", _route(app, rest.get_metrics))
+    r.add_put("/sandboxes/{sandbox_id}/network", _route(app, unserved.update_network))
     r.add_post("/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))
     r.add_post("/v2/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))
     r.add_post("/sandboxes/{sandbox_id}/pause", _route(app, lifecycle.pause))
@@ -59,6 +63,7 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/sandboxes/{sandbox_id}/fork", _route(app, lifecycle.fork))
     r.add_get("/templates/aliases/{alias}", _route(app, rest.template_alias))
     builds.add_routes(app, lambda fn: _route(app, fn))
+    unserved.add_routes(app)
     snapshots.add_routes(app, lambda fn: _route(app, fn))
     envd.add_routes(app)
     interpreter.add_routes(app)

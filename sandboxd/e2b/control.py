@@ -12,7 +12,12 @@ sandbox (gVisor: memory and processes kept); otherwise, or asked not to,
 it keeps the filesystem: the workspace is snapshotted and the sandbox
 released, and resume restores the snapshot into a fresh one under the same
 E2B id. The pause answer's ``X-Sandboxd-Pause`` header (``live`` or
-``filesystem``) and the info's ``pauseKind`` say which was done."""
+``filesystem``) and the info's ``pauseKind`` say which was done.
+
+A create's ``network`` and ``allow_internet_access`` narrow the lease's
+network rules within its pool's as sandboxd.e2b.egress maps them; a
+running sandbox's rules do not change (``update_network`` is refused, see
+sandboxd.e2b.unserved). Metrics are sampled when asked (sandboxd.e2b.usage)."""
 
 from __future__ import annotations
 
@@ -32,10 +37,12 @@ from sandboxd import errors
 from sandboxd.client import AsyncClient
 from sandboxd.client.releasing import release_lease
 from sandboxd.e2b.catalog import Catalog, NotBuilt
-from sandboxd.e2b.registry import PAUSED, RUNNING, Box, Registry, new_id
+from sandboxd.e2b.egress import BadNetwork, Egress, NarrowedClient, egress_of, info_of, lease_rules
+from sandboxd.e2b.registry import PAUSED, RUNNING, Box, Registry, new_id, now
 from sandboxd.e2b.startcmd import StartFailed, start_command
 from sandboxd.e2b.templates import Template
 from sandboxd.e2b.uploads import Uploads
+from sandboxd.e2b.usage import Samples, sample
 
 __all__ = ["Control", "E2bSettings", "ImageBuilder", "Refused"]
 
@@ -105,6 +112,8 @@ class Control:
         self.registry = registry
         self.catalog = Catalog()
         self.uploads = Uploads()
+        self.samples = Samples()
+        """The metrics samples earlier get_metrics calls took, per E2B id."""
         self._tenants: dict[str, AsyncClient] = {}
 
     def key(self, request: web.Request) -> str:
@@ -154,6 +163,7 @@ class Control:
 
     async def end(self, box: Box) -> None:
         self.registry.drop(box)
+        self.samples.forget(box.id)
         if box.state == RUNNING or box.paused_live:
             # Retried while the server is busy: a killed box must not hold its sandbox until the TTL.
             await release_lease(lambda: box.client.release(box.lease_id), box.lease_id, f"e2b {box.id}")
@@ -220,7 +230,18 @@ def detail(box: Box, cpu_millis: int = 0, memory_bytes: int = 0, disk_bytes: int
         "state": box.state,
         "metadata": box.metadata,
         "pauseKind": ("live" if box.paused_live else "filesystem") if box.state == PAUSED else "",
+        **network_info(box),
     }
+
+
+def network_info(box: Box) -> dict[str, Any]:
+    """The info's ``network`` and ``allowInternetAccess`` of a sandbox
+    created with them (none: its pool's rules, E2B's "all allowed")."""
+    if not isinstance(box.client, NarrowedClient):
+        return {}
+    egress = box.client.egress
+    internet = {} if egress.internet is None else {"allowInternetAccess": egress.internet}
+    return {"network": info_of(egress), **internet}
 
 
 def metadata_query(raw: str) -> dict[str, str]:
@@ -266,9 +287,8 @@ _UNSERVED = {
 
 
 def check_lifecycle(given: dict[str, Any]) -> None:
-    """Refuses, naming it, what a create asks that sandboxd does not do.
-    ``allowInternetAccess`` is taken as given: a sandbox's network is its
-    pool's egress policy, which a create does not change."""
+    """Refuses, naming it, what a create asks that sandboxd does not do
+    (``network`` is checked by ``network_of``, for either create)."""
     for name, why in _UNSERVED.items():
         if given.get(name) not in (None, [], {}):
             raise Refused(400, f"{name}: {why}")
@@ -279,15 +299,38 @@ def check_lifecycle(given: dict[str, Any]) -> None:
         raise Refused(
             400, "autoPause (lifecycle on_timeout='pause') is not served: a sandbox ends at its timeout"
         )
-    network = given.get("network")
-    if network not in (None, {}) and (
-        not isinstance(network, dict) or any(v not in (None, [], {}) for v in network.values())
-    ):
+
+
+def network_of(given: dict[str, Any]) -> Egress | None:
+    """A create's ``network`` and ``allow_internet_access`` (the SDK's
+    spelling; ``allowInternetAccess`` too) checked: None = the pool's rules."""
+    internet = given.get("allow_internet_access", given.get("allowInternetAccess"))
+    try:
+        return egress_of(given.get("network"), internet)
+    except BadNetwork as e:
+        raise Refused(400, str(e)) from e
+
+
+async def narrowing(client: AsyncClient, pool: str, template: str, egress: Egress) -> tuple[str, ...]:
+    """The rules a lease of ``pool`` runs under for ``egress``: its allowed
+    entries on the ports the pool allows them (sandboxd refuses, naming it,
+    one outside the pool's rules); () where all is denied and the pool has
+    no network anyway. A pool with rules cannot be narrowed to none."""
+    try:
+        pool_rules = list((await client.get_pool(pool)).spec.network)
+    except errors.SandboxdError as e:
+        raise refused(e) from e
+    if egress.allow:
+        return lease_rules(egress.allow, pool_rules)
+    if pool_rules:
+        asked = "allow_internet_access=false" if egress.internet is False else "deny_out of all traffic"
         raise Refused(
             400,
-            "network: per-sandbox egress rules are not served; a sandbox's network is its "
-            "sandboxd pool's egress policy",
+            f"network: {asked} with nothing in allow_out would leave template '{template}' no network, but a "
+            f"lease can only narrow its sandboxd pool's rules ({', '.join(pool_rules[:8])}), not remove them "
+            "all: list in allow_out what may be reached, or use a template whose pool has no network rules",
         )
+    return ()
 
 
 async def create_v2(control: Control, request: web.Request) -> web.Response:
@@ -309,6 +352,7 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
         raise Refused(400, "templateID is required")
     timeout = timeout_of(given, 300)
     metadata, envs = strings(given, "metadata"), strings(given, "envVars")
+    egress = network_of(given)
     client = control.client_for(key)
     try:
         built = control.catalog.resolve(key, template)
@@ -318,12 +362,14 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
         target = Template(control.settings.build_pool, built.image)
     else:
         target = await resolve_template(control, client, template)
+    rules = () if egress is None else await narrowing(client, target.pool, template, egress)
     try:
         lease = await client.lease(
             target.pool,
             lease_ttl=max(timeout, 1),
             timeout=control.settings.acquire_timeout,
             image=target.image,
+            network=rules,
         )
     except errors.SandboxdError as e:
         raise refused(e) from e
@@ -331,7 +377,8 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
     box = Box(
         id=new_id(),
         key=key,
-        client=client,
+        # A narrowed sandbox's restores (resume, fork) carry its rules.
+        client=client if egress is None else NarrowedClient(client, egress, rules),
         template=template,
         pool=target.pool,
         image=target.image,
@@ -391,6 +438,92 @@ async def set_timeout(control: Control, request: web.Request) -> web.Response:
     timeout = timeout_of(await body(request), int(box.timeout))
     await extend_box(control, box, timeout)
     return web.Response(status=204)
+
+
+async def refresh(control: Control, request: web.Request) -> web.Response:
+    """E2B's keep-alive (``POST /sandboxes/{id}/refreshes``): the sandbox
+    runs at least ``duration`` seconds more (default: its timeout); its end
+    only grows, as on connect."""
+    box = control.box(request)
+    given = await body(request)
+    duration = given.get("duration", int(box.timeout))
+    if not isinstance(duration, int) or isinstance(duration, bool) or not 0 <= duration <= MAX_TIMEOUT:
+        raise Refused(400, f"duration must be an integer from 0 to {MAX_TIMEOUT} seconds")
+    if now() + dt.timedelta(seconds=duration) > box.end_at:
+        await extend_box(control, box, duration)
+    return web.Response(status=204)
+
+
+def _unix(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name, "")
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError as e:
+        raise Refused(400, f"{name} must be a time in unix seconds, got {raw[:40]!r}") from e
+
+
+async def _sampled(control: Control, box: Box) -> None:
+    """A metrics sample of the box's sandbox taken now and kept."""
+    try:
+        usage, info = await asyncio.gather(
+            box.client.usage(box.sandbox_id), box.client.get_sandbox(box.sandbox_id)
+        )
+    except errors.NotFound as e:
+        control.registry.drop(box)
+        raise Refused(404, f"sandbox {box.id} not found: it ended") from e
+    except errors.SandboxdError as e:
+        raise refused(e) from e
+    if info.lease_id != box.lease_id:
+        control.registry.drop(box)
+        raise Refused(404, f"sandbox {box.id} not found: it ended")
+    taken = sample(now(), box.started_at, box.sandbox_id, usage, info.limits, control.samples.last(box.id))
+    control.samples.add(box.id, taken)
+
+
+def _has_sandbox(box: Box) -> bool:
+    """Whether a sandboxd sandbox is behind the box now (not one filesystem-paused)."""
+    return box.state == RUNNING or box.paused_live
+
+
+async def get_metrics(control: Control, request: web.Request) -> web.Response:
+    """E2B's SandboxMetric list from ``start`` to ``end`` (unix seconds):
+    a sample taken now (where ``end`` is not past and the sandbox runs),
+    after those earlier calls took (sandboxd.e2b.usage says what is kept)."""
+    box = control.box(request)
+    start, end = _unix(request, "start"), _unix(request, "end")
+    if start is not None and end is not None and start > end:
+        raise Refused(400, "start must not be after end")
+    control.samples.keep_only(b.id for b in control.registry.all())
+    if _has_sandbox(box) and (end is None or end + 1 >= now().timestamp()):
+        await _sampled(control, box)
+    return web.json_response(control.samples.between(box.id, start, end))
+
+
+MAX_METRICS_IDS = 100
+
+
+async def get_metrics_of(control: Control, request: web.Request) -> web.Response:
+    """The latest metric of each of ``sandbox_ids`` (comma separated) that
+    this key holds and that runs, sampled now: ``{"sandboxes": {id: metric}}``;
+    others are left out."""
+    key = control.key(request)
+    ids = list(dict.fromkeys(i for i in request.query.get("sandbox_ids", "").split(",") if i))
+    if not ids or len(ids) > MAX_METRICS_IDS:
+        raise Refused(400, f"sandbox_ids must name 1 to {MAX_METRICS_IDS} sandboxes, comma separated")
+    boxes = [b for b in (control.registry.get(key, i) for i in ids) if b is not None and _has_sandbox(b)]
+    results = await asyncio.gather(*(_sampled(control, b) for b in boxes), return_exceptions=True)
+    out: dict[str, Any] = {}
+    for box, result in zip(boxes, results, strict=True):
+        if isinstance(result, BaseException):
+            if isinstance(result, Refused) and result.status == 404:
+                continue  # it ended meanwhile
+            raise result
+        last = control.samples.last(box.id)
+        if last is not None:
+            out[box.id] = last.metric
+    return web.json_response({"sandboxes": out})
 
 
 async def extend_box(control: Control, box: Box, timeout: int) -> None:

@@ -66,7 +66,7 @@ async def test_control_api_refusals(http: TestClient[web.Request, web.Applicatio
         ({"templateID": "base", "autoPause": True}, "autoPause"),
         ({"templateID": "base", "autoResume": {"enabled": True}}, "autoResume"),
         ({"templateID": "base", "mcp": {"x": {}}}, "mcp"),
-        ({"templateID": "base", "network": {"allowOut": ["example.com"]}}, "network"),
+        ({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}}, "network.denyOut"),
     ]:
         r = await http.post("/v2/sandboxes", json=body, headers=auth)
         assert r.status == 400 and says in (await r.json())["message"], body
