@@ -65,7 +65,11 @@ async def _serve(settings: Settings, args: argparse.Namespace) -> None:
     if args.e2b_port is not None:
         from sandboxd.cli_e2b import start_beside
 
-        stop_e2b = await start_beside(app, args)
+        try:
+            stop_e2b = await start_beside(app, args)
+        except BaseException:
+            await app.stop()  # e.g. an E2B state file it cannot load: the server stops cleanly
+            raise
     # Everything allocated so far lives as long as the server: keep it out of
     # the collector's full passes, which otherwise stall every RPC at once.
     gc.collect()

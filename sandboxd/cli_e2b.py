@@ -11,6 +11,7 @@ running it behave the same and it never reaches into the server's state."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -99,6 +100,7 @@ async def start_beside(app: App, args: argparse.Namespace) -> Callable[[], Await
     """Starts the E2B API of ``serve``'s ``--e2b-*`` flags beside a started
     ``app``; returns what stops it (ending the E2B sandboxes it holds)."""
     from sandboxd.e2b.app import announce, start
+    from sandboxd.e2b.state import StateError
 
     if app.settings.server.tls_cert_file:
         raise SystemExit(
@@ -108,8 +110,18 @@ async def start_beside(app: App, args: argparse.Namespace) -> Callable[[], Await
     cache = app.control.images
     build = cache_builder(cache) if cache is not None else None
     settings = await settings_from(args, build, cache_image_builder(cache) if cache is not None else None)
+    # The server keeps its state in its state directory: the E2B API's built templates and snapshots too.
+    state_file = app.settings.state_dir / f"{app.settings.instance_id}-e2b.json"
+    settings = dataclasses.replace(settings, state_file=state_file)
     client = AsyncClient(app.address, token=args.e2b_token)
-    runner, port = await start(client, settings, args.e2b_host, args.e2b_port)
+    try:
+        runner, port = await start(client, settings, args.e2b_host, args.e2b_port)
+    except StateError as e:
+        await client.close()
+        raise SystemExit(f"error: {e}") from e
+    except BaseException:
+        await client.close()
+        raise
     announce(args.e2b_host, port, app.address)
 
     async def stop() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from sandboxd.client import AsyncClient
-from sandboxd.e2b import builds, envd, interpreter, lifecycle, snapshots, unserved
+from sandboxd.e2b import builds, envd, interpreter, lifecycle, snapshots, state, unserved
 from sandboxd.e2b import control as rest
 from sandboxd.e2b.control import Control, E2bSettings, Refused
 from sandboxd.e2b.registry import Registry
@@ -65,6 +65,8 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     builds.add_routes(app, lambda fn: _route(app, fn))
     unserved.add_routes(app)
     snapshots.add_routes(app, lambda fn: _route(app, fn))
+    if settings.state_file is not None:
+        state.attach(app, app[CONTROL], settings.state_file)
     envd.add_routes(app)
     interpreter.add_routes(app)
 

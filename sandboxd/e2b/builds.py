@@ -80,6 +80,7 @@ async def request_build(control: Control, request: web.Request) -> web.Response:
     build = control.catalog.new_build(built)
     # E2B tags a build as it starts: a tag may name a build still running.
     built.tag(tags, build.id)
+    await control.catalog.changed()
     answer = {
         "templateID": built.id,
         "buildID": build.id,
@@ -165,6 +166,7 @@ async def start_build(control: Control, request: web.Request) -> web.Response:
                 raise StepError(step, f"the files of hash {files_hash} were not uploaded")
     except StepError as e:
         build.fail(e.message, e.step)
+        await control.catalog.changed()
         raise Refused(400, e.message) from e
     build.start_cmd, build.ready_cmd = translated.start_cmd, translated.ready_cmd
     build.user, build.workdir = translated.user, translated.workdir
@@ -193,20 +195,24 @@ async def _run(control: Control, key: str, build: Build, translated: Translated)
         build.image = await control.settings.build_image(root, lambda line: build.log(_plain(line)))
     except errors.BuildFailed as e:
         build.fail(_plain(str(e)), failed_step(translated, e.step))
+        await control.catalog.changed()
         return
     except (errors.SandboxdError, tarfile.TarError, OSError) as e:
         build.fail(f"the build could not run: {e}", BASE)
+        await control.catalog.changed()
         return
     except Exception as e:
         # Whatever else ends the task must still end the build: the SDK polls
         # its status until it is ready or an error.
         build.fail(f"the build failed unexpectedly: {type(e).__name__}: {e}", BASE)
+        await control.catalog.changed()
         raise
     finally:
         await asyncio.to_thread(shutil.rmtree, root, True)
     build.finish_log()
     build.status = READY
     build.log(f"template ready: image {build.image}")
+    await control.catalog.changed()
 
 
 def _plain(message: str) -> str:
@@ -265,6 +271,7 @@ async def assign_tags(control: Control, request: web.Request) -> web.Response:
         if not isinstance(t, str) or not _TAG.match(t):
             raise Refused(400, f"tag {t!r} must be letters, digits, '.', '_' or '-'")
     built.tag(tags, build_id)
+    await control.catalog.changed()
     return web.json_response({"tags": tags, "buildID": build_id}, status=201)
 
 
@@ -279,6 +286,7 @@ async def remove_tags(control: Control, request: web.Request) -> web.Response:
         raise Refused(404, f"template '{name}' not found")
     for t in tags:
         built.tags.pop(t, None)
+    await control.catalog.changed()
     return web.Response(status=204)
 
 

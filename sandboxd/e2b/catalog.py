@@ -5,26 +5,41 @@ E2B tags a build when it starts (a tag may name a build still running) and
 launches sandboxes from a template by name (its ``default`` tag), by
 ``name:tag`` or ``name:build_id``, or by the template's id. A built
 template's image is one sandboxd built; its sandboxes come from the pool the
-server names for built templates. The catalog lives in this server's memory:
-after a restart a template is built again, which the image cache answers at
-once (the same steps and files give the same image)."""
+server names for built templates.
+
+Without a state directory the catalog is this server's memory: after a
+restart a template is built again, which the image cache answers at once
+(the same steps and files give the same image). With one
+(sandboxd.e2b.state) its ready builds and tags are saved after each change
+and loaded at the next start; a build that was running then is an error
+saying so, and one whose image left the engine meanwhile answers creates
+that it must be built again. Templates are kept by a digest of their API
+key (``owner_of``), never the key itself."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import secrets
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DEFAULT_TAG", "Build", "Built", "Catalog", "NotBuilt", "split_ref"]
+__all__ = ["DEFAULT_TAG", "Build", "Built", "Catalog", "NotBuilt", "owner_of", "split_ref"]
 
 DEFAULT_TAG = "default"
 """The tag a build gets when its name carries none (E2B's)."""
 
 WAITING, BUILDING, READY, ERROR = "waiting", "building", "ready", "error"
 MAX_LOG_ENTRIES = 20_000
+
+
+def owner_of(key: str) -> str:
+    """The digest an API key's templates and snapshots are kept under: what
+    a state file holds instead of the key (a caller's key is hashed to find them)."""
+    return hashlib.sha256(b"sandboxd e2b api key\0" + key.encode()).hexdigest()
 
 
 def _now() -> dt.datetime:
@@ -54,6 +69,9 @@ class Build:
     """The user its last step set (start_cmd runs as it)."""
     workdir: str = ""
     task: asyncio.Task[None] | None = None
+    gone: str = ""
+    """Why a ready build loaded from the state file can no longer start
+    sandboxes (its image left the engine); "" = it can."""
 
     dropped: int = 0
     """Log lines past MAX_LOG_ENTRIES, not kept."""
@@ -89,7 +107,8 @@ class Built:
 
     id: str
     name: str
-    key: str
+    owner: str
+    """The digest of the API key that built it (``owner_of``)."""
     builds: dict[str, Build] = field(default_factory=dict)
     tags: dict[str, tuple[str, dt.datetime]] = field(default_factory=dict)
     """tag -> (build id, when it was assigned)."""
@@ -122,20 +141,37 @@ class Catalog:
     def __init__(self) -> None:
         self._by_name: dict[tuple[str, str], Built] = {}
         self._by_id: dict[str, Built] = {}
+        self.on_change: Callable[[], Awaitable[None]] | None = None
+        """Saves the catalog (sandboxd.e2b.state); None = kept in memory only."""
+
+    async def changed(self) -> None:
+        """Called after a change worth keeping: a build requested, ready or
+        failed, tags assigned or removed."""
+        if self.on_change is not None:
+            await self.on_change()
 
     def template(self, key: str, name: str) -> Built:
         """The key's template of this name, made on its first build."""
-        found = self._by_name.get((key, name))
+        owner = owner_of(key)
+        found = self._by_name.get((owner, name))
         if found is None:
-            found = Built(id="t" + secrets.token_hex(10), name=name, key=key)
-            self._by_name[(key, name)] = found
-            self._by_id[found.id] = found
+            found = Built(id="t" + secrets.token_hex(10), name=name, owner=owner)
+            self.add(found)
         return found
+
+    def add(self, built: Built) -> None:
+        """Records a template (one loaded from the state file)."""
+        self._by_name[(built.owner, built.name)] = built
+        self._by_id[built.id] = built
+
+    def all(self) -> list[Built]:
+        return list(self._by_id.values())
 
     def find(self, key: str, name_or_id: str) -> Built | None:
         """The key's template named, or of that id."""
-        found = self._by_name.get((key, name_or_id)) or self._by_id.get(name_or_id)
-        return found if found is not None and found.key == key else None
+        owner = owner_of(key)
+        found = self._by_name.get((owner, name_or_id)) or self._by_id.get(name_or_id)
+        return found if found is not None and found.owner == owner else None
 
     def new_build(self, built: Built) -> Build:
         build = Build(id=str(uuid.uuid4()), template_id=built.id)
@@ -164,6 +200,8 @@ class Catalog:
             build = built.builds.get(build_id)
         if build is None or build.status != READY:
             raise NotBuilt(f"tag '{tag}' does not exist for template '{built.name}'")
+        if build.gone:
+            raise NotBuilt(f"template '{built.name}' (build {build.id}): {build.gone}")
         return build
 
     def all_tasks(self) -> list[asyncio.Task[None]]:

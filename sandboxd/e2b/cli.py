@@ -17,6 +17,9 @@ if TYPE_CHECKING:  # the server's modules load only when it is started
 
 __all__ = ["Builder", "add_parser", "add_serve_flags", "run_cli", "settings_from"]
 
+STATE_FILE = "e2b-state.json"
+"""The file ``e2b-api --state-dir`` keeps built templates and E2B snapshots in."""
+
 Builder = Callable[[list[Recipe]], Awaitable[dict[str, Template]]]
 """Builds a templates file's recipes into templates (the image cache's
 builds, which only the server side can reach)."""
@@ -73,6 +76,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=3000)
     p.add_argument("--config", type=Path, help="TOML settings naming the engine that builds recipes")
+    p.add_argument(
+        "--state-dir",
+        dest="e2b_state_dir",
+        type=Path,
+        help=f"keep built templates and E2B snapshots across restarts in {STATE_FILE} here "
+        "(none: in memory, snapshots deleted at exit)",
+    )
     _flags(p, "")
 
 
@@ -119,6 +129,8 @@ async def settings_from(
     build_pool = getattr(args, "e2b_build_pool", "")
     if build_pool and build_image is None:
         raise SystemExit("error: --build-pool needs a server that builds images")
+    state_dir: Path | None = getattr(args, "e2b_state_dir", None)
+    state_file = None if state_dir is None else state_dir / STATE_FILE
     return E2bSettings(
         templates=templates,
         api_keys=frozenset(args.e2b_api_key) | frozenset(tenants),
@@ -126,14 +138,19 @@ async def settings_from(
         acquire_timeout=args.e2b_acquire_timeout,
         build_image=build_image if build_pool else None,
         build_pool=build_pool,
+        state_file=state_file,
     )
 
 
 async def _main(args: argparse.Namespace, build: Builder | None, build_image: ImageBuilder | None) -> None:
     from sandboxd.e2b.app import serve
+    from sandboxd.e2b.state import StateError
 
     settings = await settings_from(args, build, build_image)
-    await serve(args.target, settings, args.host, args.port, args.token)
+    try:
+        await serve(args.target, settings, args.host, args.port, args.token)
+    except StateError as e:
+        raise SystemExit(f"error: {e}") from e
 
 
 def run_cli(

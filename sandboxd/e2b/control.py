@@ -75,6 +75,9 @@ class E2bSettings:
     """The pool built templates' sandboxes come from: one serving any image
     (``images = ["*"]``), with ``root = "writable"`` where they should write
     outside the workspace as E2B's do."""
+    state_file: Path | None = None
+    """Where built templates and E2B snapshots are kept across restarts
+    (sandboxd.e2b.state); None = in memory, the close deleting the snapshots."""
 
 
 class Refused(Exception):

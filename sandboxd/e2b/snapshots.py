@@ -14,9 +14,12 @@ Snapshots belong to the API key that took them, not to their sandbox: they
 outlive its kill, and only that key sees, restores and deletes them. Each is
 taken with the longest lifetime sandboxd grants (SNAPSHOT_TTL, or the
 server's default where its ``max_ttl_seconds`` is lower), so it lasts until
-deleted, that lifetime ends, or this front end closes: like the template
-catalog, the book of snapshots is this server's memory, and its close
-deletes every snapshot it took.
+deleted or that lifetime ends. With a state directory (sandboxd.e2b.state)
+the book of snapshots is saved after each snapshot taken or deleted and
+loaded at the next start, dropping those sandboxd no longer has; without
+one it is this server's memory, and its close deletes every snapshot it
+took. The book keeps each snapshot under a digest of its API key
+(``owner_of``), never the key itself.
 
 Naming follows E2B's snapshot templates: an unnamed snapshot is
 ``<id>:default``; one named ``name`` or ``name:tag`` (tag ``default`` when
@@ -41,7 +44,7 @@ from aiohttp import web
 
 from sandboxd import errors
 from sandboxd.client import AsyncClient
-from sandboxd.e2b.catalog import DEFAULT_TAG, split_ref
+from sandboxd.e2b.catalog import DEFAULT_TAG, owner_of, split_ref
 from sandboxd.e2b.control import (
     Control,
     Refused,
@@ -77,6 +80,7 @@ class Snap:
 
     id: str
     key: str
+    """The digest of the API key that took it (``owner_of``)."""
     client: AsyncClient
     snapshot_id: str
     """sandboxd's snapshot."""
@@ -126,6 +130,20 @@ class Book:
     def __init__(self) -> None:
         self._snaps: dict[str, Snap] = {}
         self._seq = itertools.count(1)
+        self.on_change: Callable[[], Awaitable[None]] | None = None
+        """Saves the book (sandboxd.e2b.state); None = kept in memory only,
+        and the front end's close deletes the snapshots."""
+
+    async def changed(self) -> None:
+        """Called after a snapshot is taken or deleted."""
+        if self.on_change is not None:
+            await self.on_change()
+
+    def restore(self, snaps: list[Snap]) -> None:
+        """Records snapshots loaded from the state file; later ones list after them."""
+        for snap in snaps:
+            self._snaps[snap.id] = snap
+        self._seq = itertools.count(max((s.seq for s in self._snaps.values()), default=0) + 1)
 
     @staticmethod
     def new_id() -> str:
@@ -250,7 +268,7 @@ async def create_snapshot(control: Control, request: web.Request) -> web.Respons
         raise refused(e) from e
     snap = Snap(
         id=snap_id,
-        key=box.key,
+        key=owner_of(box.key),
         client=box.client,
         snapshot_id=taken.id,
         pool=box.pool,
@@ -263,6 +281,7 @@ async def create_snapshot(control: Control, request: web.Request) -> web.Respons
         tag=tag,
     )
     book.add(snap)
+    await book.changed()
     kind = "live" if snap.live else "filesystem"
     return web.json_response(snap.info(), status=201, headers={"X-Sandboxd-Snapshot": kind})
 
@@ -271,7 +290,7 @@ async def list_snapshots(control: Control, request: web.Request) -> web.Response
     """GET /snapshots: the key's snapshots, oldest first, filtered by source
     sandbox (``sandboxID``) and ``name``; paged by ``limit`` and the
     ``nextToken`` the previous page's ``x-next-token`` header gave."""
-    key = control.key(request)
+    key = owner_of(control.key(request))
     book = request.app[BOOK]
     query = request.query
     limit = parse_limit(query.get("limit"))
@@ -292,7 +311,7 @@ async def delete_template(control: Control, request: web.Request) -> web.Respons
     key = control.key(request)
     book = request.app[BOOK]
     ref = request.match_info["template_id"]
-    found = book.matching(key, ref, every_tag=True)
+    found = book.matching(owner_of(key), ref, every_tag=True)
     if not found:
         if control.catalog.find(key, split_ref(ref)[0]) is not None or ref in control.settings.templates:
             raise Refused(
@@ -303,6 +322,7 @@ async def delete_template(control: Control, request: web.Request) -> web.Respons
         raise Refused(404, f"snapshot '{ref}' not found")
     for snap in found:
         book.drop(snap)
+    await book.changed()
     for snap in found:
         try:
             await snap.client.delete_snapshot(snap.snapshot_id)
@@ -370,7 +390,8 @@ def from_snapshots(create: Route) -> Route:
             given = await request.json()  # read by the create already: its copy
             template = given.get("templateID") if isinstance(given, dict) else None
             key = control.key(request)
-            snap = request.app[BOOK].resolve(key, template) if isinstance(template, str) else None
+            book = request.app[BOOK]
+            snap = book.resolve(owner_of(key), template) if isinstance(template, str) else None
             if snap is None:
                 raise
         return await _restore(control, key, snap, given)
@@ -380,7 +401,8 @@ def from_snapshots(create: Route) -> Route:
 
 def add_routes(app: web.Application, route: Callable[[Route], Any]) -> None:
     """The snapshot routes, and the close that deletes every snapshot taken
-    (added before the control's close, which closes the tenants' clients)."""
+    unless the book is saved (added before the control's close, which closes
+    the tenants' clients)."""
     app[BOOK] = Book()
     r = app.router
     r.add_post("/sandboxes/{sandbox_id}/snapshots", route(create_snapshot))
@@ -389,6 +411,8 @@ def add_routes(app: web.Application, route: Callable[[Route], Any]) -> None:
 
     async def close(app: web.Application) -> None:
         book = app[BOOK]
+        if book.on_change is not None:
+            return  # saved: E2B's snapshots outlive the front end
 
         async def delete(snap: Snap) -> None:
             book.drop(snap)
