@@ -38,6 +38,7 @@ from sandboxd.client import AsyncClient
 from sandboxd.client.releasing import release_lease
 from sandboxd.e2b.catalog import Catalog, NotBuilt
 from sandboxd.e2b.egress import BadNetwork, Egress, NarrowedClient, egress_of, info_of, lease_rules
+from sandboxd.e2b.imagecheck import gone_image, image_missing
 from sandboxd.e2b.registry import PAUSED, RUNNING, Box, Registry, new_id, now
 from sandboxd.e2b.startcmd import StartFailed, start_command
 from sandboxd.e2b.templates import Template
@@ -375,6 +376,13 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
             network=rules,
         )
     except errors.SandboxdError as e:
+        if built is not None and not isinstance(e, errors.ResourceExhausted | errors.InvalidArgument):
+            # Only this engine ever held a built template's image: a pull of
+            # it fails however the registry answers, so say what mends it.
+            why = await image_missing(client, built.image)
+            if why:
+                built.gone = gone_image(built.image, why)
+                raise Refused(404, f"template '{template}': {built.gone}") from e
         raise refused(e) from e
     sandbox = lease.sandboxes[0]
     box = Box(

@@ -40,8 +40,8 @@ from sandboxd import errors
 from sandboxd.client import AsyncClient
 from sandboxd.e2b.catalog import BUILDING, ERROR, READY, WAITING, Build, Built, Catalog, owner_of
 from sandboxd.e2b.control import Control
+from sandboxd.e2b.imagecheck import gone_image, image_missing
 from sandboxd.e2b.snapshots import BOOK, Book, Snap
-from sandboxd.v1 import preflight_pb2
 
 __all__ = ["FORMAT", "VERSION", "StateError", "Store", "attach", "decode", "encode"]
 
@@ -356,17 +356,6 @@ async def _gone(snap: Snap) -> bool:
     return False
 
 
-async def _image_missing(client: AsyncClient, image: str) -> str:
-    """Why ``image`` cannot start sandboxes ("" = it can, or it could not be checked)."""
-    try:
-        answer = await client.preflight(concurrent=1, image=image)
-    except errors.SandboxdError as e:
-        log.warning("the image %s of a built E2B template could not be checked: %s", image, e)
-        return ""
-    missing = [p.message for p in answer.problems if p.kind == preflight_pb2.PROBLEM_KIND_IMAGE_MISSING]
-    return missing[0] if missing else ""
-
-
 async def _check(control: Control, store: Store) -> bool:
     """Drops the snapshots sandboxd no longer has and marks the ready builds
     whose image is gone; whether anything was dropped."""
@@ -389,14 +378,11 @@ async def _check(control: Control, store: Store) -> bool:
     client = _client_of(control)
     ready = [(t, b) for t in store.catalog.all() for b in t.builds.values() if b.status == READY]
     images = {b.image: client(t.owner) for t, b in ready}
-    why = await asyncio.gather(*(gated(_image_missing(c, image)) for image, c in images.items()))
+    why = await asyncio.gather(*(gated(image_missing(c, image)) for image, c in images.items()))
     missing = dict(zip(images, why, strict=True))
     for built, build in ready:
         if missing[build.image]:
-            build.gone = (
-                f"its image {build.image} is no longer on the engine (removed, or evicted by the image "
-                f"cache) and cannot be pulled ({missing[build.image]}): build the template again"
-            )
+            build.gone = gone_image(build.image, missing[build.image])
             log.warning("E2B template %s (%s) build %s: %s", built.name, built.id, build.id, build.gone)
     return any(gone)
 

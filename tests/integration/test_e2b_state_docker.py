@@ -72,6 +72,16 @@ def _after_restart(snaps: dict[str, str]) -> dict[str, Any]:
     return seen
 
 
+def _create_refusal(template: str) -> str:
+    from e2b import Sandbox, SandboxException
+
+    try:
+        Sandbox.create(template, timeout=60).kill()
+    except SandboxException as e:
+        return str(e)
+    return "created"
+
+
 async def _nothing_leased(client: AsyncClient) -> None:
     async def released() -> bool:
         return not any(s.lease_id for s in await client.list_sandboxes())
@@ -104,12 +114,17 @@ async def test_templates_and_snapshots_survive_a_restart(
         point_sdk(monkeypatch, url, KEY)
         try:
             seen = await asyncio.to_thread(_after_restart, snaps)
+            # The kept template's image leaves the engine while the server runs.
+            await asyncio.to_thread(engine.images.remove, images["tpl-kept"], force=True)
+            evicted = await asyncio.to_thread(_create_refusal, "tpl-kept")
         finally:
             for left in await client.list_snapshots():
                 await client.delete_snapshot(left.id)
         assert seen["marker"] == f"kept {token}\n"
         assert f"{images['tpl-dropped']} is no longer on the engine" in seen["dropped"], seen["dropped"]
         assert "build the template again" in seen["dropped"]
+        assert f"{images['tpl-kept']} is no longer on the engine" in evicted, evicted
+        assert "build the template again" in evicted
         assert seen["listed"] == sorted(snaps.values())
         assert seen["note"] == f"before the restart {token}"
         assert seen["deleted"] == [True, True] and seen["left"] == []
