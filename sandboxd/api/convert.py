@@ -5,6 +5,7 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from sandboxd.backends.base import RUNC, ExecResult, Limits
+from sandboxd.backends.network.policy import is_no_network
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord, State
 from sandboxd.core.live_setting import LIVE_OFF, LIVE_ON, keeps_sessions
@@ -132,7 +133,8 @@ def sandbox_to(rec: SandboxRecord, lease: Lease | None) -> common_pb2.Sandbox:
         lease_expires_at=ts(lease.expires_wall if lease and rec.state is State.LEASED else 0.0),
         failure_reason=printable(rec.failure_reason),
         paused=rec.paused,
-        network=list(rec.network) if rec.state is State.LEASED else [],
+        network=list(rec.network) if rec.state is State.LEASED and not is_no_network(rec.network) else [],
+        no_network=rec.state is State.LEASED and is_no_network(rec.network),
     )
 
 
@@ -143,7 +145,8 @@ def lease_to(lease: Lease) -> sandboxes_pb2.Lease:
         sandbox_ids=lease.sandbox_ids,
         ttl_seconds=lease.ttl,
         expires_at=ts(lease.expires_wall),
-        network=list(lease.network),
+        network=[] if is_no_network(lease.network) else list(lease.network),
+        no_network=is_no_network(lease.network),
     )
 
 

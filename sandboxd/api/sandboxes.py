@@ -9,6 +9,7 @@ from sandboxd.api.convert import lease_to, limits_from, sandbox_to
 from sandboxd.core import validation as v
 from sandboxd.core.control import AcquireRequest, ControlPlane
 from sandboxd.core.lifecycle import State
+from sandboxd.core.narrowing import asked_network
 from sandboxd.core.pausing import Pausing
 from sandboxd.errors import InvalidArgument
 from sandboxd.v1 import sandboxes_pb2, sandboxes_pb2_grpc
@@ -39,7 +40,7 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
                 limits=limits_from(request.limits) if request.HasField("limits") else None,
                 request_id=request.request_id,
                 image=request.image,
-                network=tuple(request.network),
+                network=asked_network(request.network, request.no_network),
             )
         )
         # A call ended CANCELLED from here on never delivers the lease (see api.abandoning).
@@ -54,6 +55,15 @@ class SandboxServicer(sandboxes_pb2_grpc.SandboxServiceServicer):
         """Extends a lease."""
         lease = await self._control.heartbeat(request.lease_id, request.ttl_seconds)
         return sandboxes_pb2.HeartbeatResponse(lease=lease_to(lease))
+
+    async def SetLeaseNetwork(
+        self, request: sandboxes_pb2.SetLeaseNetworkRequest, context: Any
+    ) -> sandboxes_pb2.SetLeaseNetworkResponse:
+        """Changes a running lease's network rules; answers once they are in force."""
+        lease = await self._control.set_network(
+            request.lease_id, asked_network(request.network, request.no_network)
+        )
+        return sandboxes_pb2.SetLeaseNetworkResponse(lease=lease_to(lease))
 
     async def Release(
         self, request: sandboxes_pb2.ReleaseRequest, context: Any

@@ -7,6 +7,7 @@ from typing import Any
 from sandboxd.api.abandoning import Abandoned
 from sandboxd.api.convert import lease_to, sandbox_to, ts
 from sandboxd.core import validation as v
+from sandboxd.core.narrowing import asked_network
 from sandboxd.core.snapshots import SnapshotInfo, SnapshotManager
 from sandboxd.errors import printable
 from sandboxd.v1 import snapshots_pb2, snapshots_pb2_grpc
@@ -92,7 +93,7 @@ class SnapshotServicer(snapshots_pb2_grpc.SnapshotServiceServicer):
             ttl=request.lease_ttl_seconds,
             timeout=request.timeout_seconds,
             call_remaining=context.time_remaining(),
-            network=tuple(request.network),
+            network=asked_network(request.network, request.no_network),
             request_id=request.request_id,
         )
         # A call ended CANCELLED from here on never delivers the lease (see api.abandoning).

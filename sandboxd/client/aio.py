@@ -125,7 +125,9 @@ class Lease:
         self.id = response.lease.id
         self.ttl = response.lease.ttl_seconds
         self.network = list(response.lease.network)
-        """Its network rules when narrower than the pool's (empty: the pool's)."""
+        """Its network rules when narrower than the pool's (empty: the pool's, or none)."""
+        self.no_network = response.lease.no_network
+        """Its sandboxes have no egress at all (``no_network``)."""
         self.sandboxes = [Sandbox(client, s, self.id) for s in response.sandboxes]
 
     def __iter__(self) -> Iterator[Sandbox]:
@@ -144,6 +146,11 @@ class Lease:
     async def release(self) -> None:
         """Releases the lease and all its sandboxes."""
         await self.client.release(self.id)
+
+    async def set_network(self, network: Sequence[str] = (), *, no_network: bool = False) -> None:
+        """Changes the lease's network rules now (``AsyncClient.set_lease_network``)."""
+        lease = await self.client.set_lease_network(self.id, network, no_network=no_network)
+        self.network, self.no_network = list(lease.network), lease.no_network
 
 
 class HeldLease:
@@ -198,11 +205,13 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         limits: Mapping[str, int] | None,
         image: str = "",
         network: Sequence[str] = (),
+        no_network: bool = False,
     ) -> sandboxes_pb2.AcquireRequest:
         request = sandboxes_pb2.AcquireRequest(
             pool=pool,
             image=image,
             network=list(network),
+            no_network=no_network,
             n=n,
             min_n=min_n,
             labels=labels or {},
@@ -226,13 +235,17 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         limits: Mapping[str, int] | None = None,
         image: str = "",
         network: Sequence[str] = (),
+        no_network: bool = False,
     ) -> HeldLease:
         """``async with client.acquire(pool) as sandbox``: one sandbox.
         ``limits`` (memory_bytes, cpu_millis, pids, ...) lowers the pool's;
         ``image`` picks one of the images the pool serves ("" = its own),
         pulled first when the engine lacks it; ``network`` narrows the pool's
-        network rules for this lease (each rule within the pool's)."""
-        request = self._acquire_request(pool, 1, 0, labels, lease_ttl, timeout, limits, image, network)
+        network rules for this lease (each rule within the pool's), and
+        ``no_network`` gives it no egress at all."""
+        request = self._acquire_request(
+            pool, 1, 0, labels, lease_ttl, timeout, limits, image, network, no_network
+        )
         return HeldLease(self, request, timeout, single=True)
 
     def acquire_group(
@@ -247,11 +260,14 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         limits: Mapping[str, int] | None = None,
         image: str = "",
         network: Sequence[str] = (),
+        no_network: bool = False,
     ) -> HeldLease:
         """``async with client.acquire_group(pool, n=8) as group``: a Lease of n
-        sandboxes (all-or-nothing, or at least min_n), of ``image`` and
-        ``network`` as ``acquire``."""
-        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image, network)
+        sandboxes (all-or-nothing, or at least min_n), of ``image``,
+        ``network`` and ``no_network`` as ``acquire``."""
+        request = self._acquire_request(
+            pool, n, min_n, labels, lease_ttl, timeout, limits, image, network, no_network
+        )
         return HeldLease(self, request, timeout, single=False)
 
     async def lease(
@@ -266,9 +282,12 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         limits: Mapping[str, int] | None = None,
         image: str = "",
         network: Sequence[str] = (),
+        no_network: bool = False,
     ) -> Lease:
         """Acquire without a context manager: the caller heartbeats and releases."""
-        request = self._acquire_request(pool, n, min_n, labels, lease_ttl, timeout, limits, image, network)
+        request = self._acquire_request(
+            pool, n, min_n, labels, lease_ttl, timeout, limits, image, network, no_network
+        )
         return await self._acquire(request, timeout)
 
     async def _acquire(self, request: sandboxes_pb2.AcquireRequest, timeout: float | None) -> Lease:
@@ -313,6 +332,22 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         with rpc_errors():
             response: sandboxes_pb2.HeartbeatResponse = await self.sandboxes.Heartbeat(
                 sandboxes_pb2.HeartbeatRequest(lease_id=lease_id, ttl_seconds=ttl), metadata=self.metadata
+            )
+        return response.lease
+
+    async def set_lease_network(
+        self, lease_id: str, network: Sequence[str] = (), *, no_network: bool = False
+    ) -> sandboxes_pb2.Lease:
+        """Puts a running lease's sandboxes under ``network`` (rules within the
+        pool's), under none at all with ``no_network``, or back under the pool's
+        own rules with neither; returns once they are in force, the
+        connections they no longer allow cut."""
+        with rpc_errors():
+            response: sandboxes_pb2.SetLeaseNetworkResponse = await self.sandboxes.SetLeaseNetwork(
+                sandboxes_pb2.SetLeaseNetworkRequest(
+                    lease_id=lease_id, network=list(network), no_network=no_network
+                ),
+                metadata=self.metadata,
             )
         return response.lease
 
@@ -391,15 +426,18 @@ class AsyncClient(PoolCalls, ExecCalls, FileCalls, SnapshotCalls):
         lease_ttl: float = 0.0,
         timeout: float | None = None,
         network: Sequence[str] = (),
+        no_network: bool = False,
     ) -> Lease:
         """Restores a snapshot into n fresh sandboxes (a fork when n > 1) under
         a new lease, which the caller heartbeats and releases; ``network``
-        narrows the pool's rules for it, as ``acquire``'s."""
+        narrows the pool's rules for it and ``no_network`` gives it none, as
+        ``acquire``'s."""
         request = snapshots_pb2.RestoreRequest(
             snapshot_id=snapshot_id,
             n=n,
             pool=pool,
             network=list(network),
+            no_network=no_network,
             labels=labels or {},
             lease_ttl_seconds=lease_ttl,
             timeout_seconds=timeout or 0.0,

@@ -96,6 +96,7 @@ class ControlPlane:
         self.delete_pool = leasing.delete_pool
         self.get_lease = leasing.get_lease
         self.heartbeat = leasing.heartbeat
+        self.set_network = leasing.set_network
         self.release = leasing.release
         self.abandon = leasing.abandon
         self.release_request = leasing.release_request

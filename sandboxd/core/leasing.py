@@ -25,7 +25,7 @@ from sandboxd.core.acquire_request import AcquireRequest
 from sandboxd.core.deadlines import ACQUIRE_MARGIN_SECONDS, within_deadline
 from sandboxd.core.leases import Lease, LeaseTable, new_lease_id
 from sandboxd.core.lifecycle import SandboxRecord
-from sandboxd.core.narrowing import adopt_narrowed, apply_narrowed, checked_narrowing
+from sandboxd.core.narrowing import adopt_narrowed, apply_narrowed, change_narrowed, checked_narrowing
 from sandboxd.core.pools import WarmPool
 from sandboxd.core.quotas import Quotas, Usage
 from sandboxd.core.registry import SandboxRegistry
@@ -68,6 +68,9 @@ class Leasing:
         # Acquires with a request id being served, per (tenant, request id):
         # done when that acquire has answered.
         self._acquiring: dict[tuple[str, str], asyncio.Future[None]] = {}
+        # Changes of a lease's network rules, one at a time per lease: lease
+        # id -> (the lock, how many calls hold or wait for it).
+        self._changing: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     @property
     def busy(self) -> Mapping[str, int]:
@@ -342,6 +345,65 @@ class Leasing:
         lease = self.get_lease(lease_id)
         ttl = v.non_negative("ttl_seconds", ttl, self._settings.leases.max_ttl_seconds) or lease.ttl
         self.table.extend(lease, ttl, self._clock.monotonic(), self._clock.time())
+        await self._save(lease)
+        return lease
+
+    async def set_network(self, lease_id: str, asked: tuple[str, ...]) -> Lease:
+        """Puts the running lease's sandboxes under ``asked`` (rules within its
+        pool's, NO_NETWORK, or () = the pool's own) and persists them with the
+        lease; returns once they are in force on every sandbox, connections
+        they no longer allow cut. Validated as an acquire's narrowing
+        (INVALID_ARGUMENT, FAILED_PRECONDITION) before anything changes.
+
+        All or nothing: should a sandbox's change fail, what it runs under
+        cannot be known (on Kubernetes a proxy may have taken the new rules or
+        not), and running on under the old rules could break what the change
+        was for (a grading phase with network cut), so the lease ends and its
+        sandboxes are given up, answered FAILED_PRECONDITION naming why."""
+        lease = self.get_lease(lease_id)
+        pool = self._registry.pools.get(lease.pool)
+        if pool is None:
+            raise NotFound(f"lease {lease_id!r} not found (its pool is gone)")
+        rules = await checked_narrowing(self._backend, pool.config, asked, change=True)
+        lock, users = self._changing.setdefault(lease_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                return await self._set_network(lease, rules)
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._changing[lease_id]
+
+    async def _set_network(self, lease: Lease, rules: tuple[str, ...]) -> Lease:
+        if self.table.find(lease.lease_id) is not lease:
+            raise NotFound(f"lease {lease.lease_id!r} not found (released or expired meanwhile)")
+        records = self._registry.records
+        held = [rec for sid in lease.sandbox_ids if (rec := records.get(sid)) is not None]
+        if rules == lease.network and all(rec.network == rules for rec in held):
+            return lease
+        with contextlib.ExitStack() as stack:
+            # Busy meanwhile: not reaped, and a release meanwhile destroys
+            # them rather than recycling them under rules being changed.
+            for rec in held:
+                stack.enter_context(self._busy.using(rec.sandbox_id))
+            try:
+                await change_narrowed(self._backend, held, rules)
+            except Exception as e:
+                if self.table.find(lease.lease_id) is lease:
+                    log.warning("lease %s ended: its network rules not changed: %s", lease.lease_id, e)
+                    for rec in held:
+                        self.table.drop_sandbox(lease, rec.sandbox_id)
+                        self._registry.fail(rec, f"could not change its network rules: {e}")
+                    self.table.remove(lease.lease_id)
+                    await self._store.delete_lease(lease.lease_id)
+                raise FailedPrecondition(
+                    f"could not change the network rules of lease {lease.lease_id}'s sandboxes ({e}); what "
+                    "they ran under was no longer known, so the lease ended and its sandboxes were given up"
+                ) from e
+        if self.table.find(lease.lease_id) is not lease:
+            raise NotFound(f"lease {lease.lease_id!r} not found (released or expired meanwhile)")
+        lease.network = rules
         await self._save(lease)
         return lease
 

@@ -38,7 +38,7 @@ from sandboxd.errors import SandboxLost
 
 log = logging.getLogger(__name__)
 
-Written = dict[str, tuple[float, float, dict[str, str]]]
+Written = dict[str, tuple[float, float, dict[str, str], tuple[str, ...]]]
 """handle -> (recorded expiry, ttl, labels) as last written."""
 
 
@@ -88,7 +88,7 @@ class LedgerStateStore:
             for h in handles
             if h not in written
             or lease.expires_wall > written[h][0]
-            or (lease.ttl, lease.labels) != written[h][1:]
+            or (lease.ttl, lease.labels, lease.network) != written[h][1:]
         ]
         if not due:
             return
@@ -113,7 +113,7 @@ class LedgerStateStore:
         )
         for h, result in zip(due, results, strict=True):
             if not isinstance(result, BaseException):
-                written[h] = (mark.expires_wall, mark.ttl, dict(mark.labels))
+                written[h] = (mark.expires_wall, mark.ttl, dict(mark.labels), tuple(mark.network))
         for result in results:
             if isinstance(result, BaseException):
                 if not behind:
@@ -142,6 +142,7 @@ class LedgerStateStore:
                 mark.expires_wall,
                 mark.ttl,
                 dict(mark.labels),
+                tuple(mark.network),
             )
             have = grouped.get(mark.lease_id)
             if have is None or mark.expires_wall > have[0].expires_wall:

@@ -1,8 +1,10 @@
-"""A lease's network rules narrower than its pool's (AcquireRequest.network).
+"""A lease's network rules narrower than its pool's (AcquireRequest.network,
+or none at all: AcquireRequest.no_network, the rules NO_NETWORK).
 
 Checked once, before any sandbox is taken (the subset check is
 sandboxd.backends.network.narrowing); applied to the sandboxes before the
-lease exists, so its holder never has the pool's wider rules; put back by a
+lease exists, so its holder never has the pool's wider rules; changed while
+the lease runs (SetLeaseNetwork, ``change_narrowed``); put back by a
 restarted control plane on the sandboxes of the leases it adopts (the rules
 persist with the lease); and undone when a recycled sandbox is reset, so its
 next lease starts from the pool's rules (sandboxd.core.pools.recycle).
@@ -17,9 +19,10 @@ from typing import TYPE_CHECKING
 
 from sandboxd.backends.base import Backend, EgressNarrowing
 from sandboxd.backends.network.narrowing import narrow
+from sandboxd.backends.network.policy import NO_NETWORK
 from sandboxd.core.leases import Lease
 from sandboxd.core.lifecycle import SandboxRecord
-from sandboxd.errors import FailedPrecondition
+from sandboxd.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:
     from sandboxd.core.pools import PoolConfig, WarmPool
@@ -28,13 +31,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-async def checked_narrowing(backend: Backend, config: PoolConfig, asked: Sequence[str]) -> tuple[str, ...]:
-    """The rules an acquire of ``config``'s pool runs under (() = the pool's):
-    INVALID_ARGUMENT for a rule outside the pool's, FAILED_PRECONDITION on a
-    backend that cannot narrow (or not now: Kubernetes with a chart whose
-    egress proxy cannot acknowledge a change of a Pod's rules)."""
+def asked_network(network: Sequence[str], no_network: bool) -> tuple[str, ...]:
+    """What a request's ``network`` and ``no_network`` ask for: the rules,
+    NO_NETWORK, or () for the pool's own. INVALID_ARGUMENT for both at once."""
+    if no_network and network:
+        raise InvalidArgument(
+            "no_network", "asks for no network at all: leave network empty with it (or drop no_network)"
+        )
+    return NO_NETWORK if no_network else tuple(network)
+
+
+async def checked_narrowing(
+    backend: Backend, config: PoolConfig, asked: Sequence[str], *, change: bool = False
+) -> tuple[str, ...]:
+    """The rules an acquire of ``config``'s pool runs under (() = the pool's;
+    NO_NETWORK, none at all, is () on a pool without network): INVALID_ARGUMENT
+    for a rule outside the pool's, FAILED_PRECONDITION on a backend that cannot
+    narrow (or not now: Kubernetes with a chart whose egress proxy cannot
+    acknowledge a change of a Pod's rules). With ``change`` (a running lease's
+    rules changed, to the pool's own too) the backend is checked on any pool
+    with network."""
     rules = narrow(config.network, asked)
-    if not rules:
+    if not rules and not (change and config.network):
         return rules
     if not isinstance(backend, EgressNarrowing):
         raise FailedPrecondition(
@@ -61,6 +79,24 @@ async def apply_narrowed(
         for rec in records:
             pool.fail(rec, "could not narrow its network rules")
         raise FailedPrecondition(f"could not narrow the sandboxes' network rules: {failed}")
+    for rec in records:
+        rec.network = rules
+
+
+async def change_narrowed(backend: Backend, records: list[SandboxRecord], rules: tuple[str, ...]) -> None:
+    """Puts the running sandboxes ``records`` of one lease under ``rules``
+    (() = their pool's own), each in force (Kubernetes: acknowledged by every
+    egress proxy, held connections cut) when this returns. Raises the first
+    failure, after every change has ended; the records' rules are then left as
+    they were, and what each sandbox runs under is not known (the caller gives
+    them up)."""
+    assert isinstance(backend, EgressNarrowing), "checked_narrowing refuses this backend"
+    results = await asyncio.gather(
+        *(backend.narrow_egress(r.handle, rules) for r in records), return_exceptions=True
+    )
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
     for rec in records:
         rec.network = rules
 

@@ -55,7 +55,7 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/sandboxes/{sandbox_id}/timeout", _route(app, rest.set_timeout))
     r.add_post("/sandboxes/{sandbox_id}/refreshes", _route(app, rest.refresh))
     r.add_get("/sandboxes/{sandbox_id}/metrics", _route(app, rest.get_metrics))
-    r.add_put("/sandboxes/{sandbox_id}/network", _route(app, unserved.update_network))
+    r.add_put("/sandboxes/{sandbox_id}/network", _route(app, lifecycle.update_network))
     r.add_post("/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))
     r.add_post("/v2/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))
     r.add_post("/sandboxes/{sandbox_id}/pause", _route(app, lifecycle.pause))

@@ -15,9 +15,10 @@ E2B id. The pause answer's ``X-Sandboxd-Pause`` header (``live`` or
 ``filesystem``) and the info's ``pauseKind`` say which was done.
 
 A create's ``network`` and ``allow_internet_access`` narrow the lease's
-network rules within its pool's as sandboxd.e2b.egress maps them; a
-running sandbox's rules do not change (``update_network`` is refused, see
-sandboxd.e2b.unserved). Metrics are sampled when asked (sandboxd.e2b.usage)."""
+network rules within its pool's as sandboxd.e2b.egress maps them (deny-all
+alone: no network at all); ``update_network`` replaces them on the running
+lease the same way (sandboxd.e2b.unserved). Metrics are sampled when asked
+(sandboxd.e2b.usage)."""
 
 from __future__ import annotations
 
@@ -315,26 +316,19 @@ def network_of(given: dict[str, Any]) -> Egress | None:
         raise Refused(400, str(e)) from e
 
 
-async def narrowing(client: AsyncClient, pool: str, template: str, egress: Egress) -> tuple[str, ...]:
-    """The rules a lease of ``pool`` runs under for ``egress``: its allowed
-    entries on the ports the pool allows them (sandboxd refuses, naming it,
-    one outside the pool's rules); () where all is denied and the pool has
-    no network anyway. A pool with rules cannot be narrowed to none."""
+async def narrowing(client: AsyncClient, pool: str, egress: Egress) -> tuple[tuple[str, ...], bool]:
+    """The rules a lease of ``pool`` runs under for ``egress``, and whether
+    it has no network at all: its allowed entries on the ports the pool
+    allows them (sandboxd refuses, naming it, one outside the pool's
+    rules); none (sandboxd's ``no_network``, which changes nothing on a pool
+    without network) where all is denied and nothing allowed."""
+    if not egress.allow:
+        return (), True
     try:
         pool_rules = list((await client.get_pool(pool)).spec.network)
     except errors.SandboxdError as e:
         raise refused(e) from e
-    if egress.allow:
-        return lease_rules(egress.allow, pool_rules)
-    if pool_rules:
-        asked = "allow_internet_access=false" if egress.internet is False else "deny_out of all traffic"
-        raise Refused(
-            400,
-            f"network: {asked} with nothing in allow_out would leave template '{template}' no network, but a "
-            f"lease can only narrow its sandboxd pool's rules ({', '.join(pool_rules[:8])}), not remove them "
-            "all: list in allow_out what may be reached, or use a template whose pool has no network rules",
-        )
-    return ()
+    return lease_rules(egress.allow, pool_rules), False
 
 
 async def create_v2(control: Control, request: web.Request) -> web.Response:
@@ -366,7 +360,7 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
         target = Template(control.settings.build_pool, built.image)
     else:
         target = await resolve_template(control, client, template)
-    rules = () if egress is None else await narrowing(client, target.pool, template, egress)
+    rules, no_network = ((), False) if egress is None else await narrowing(client, target.pool, egress)
     try:
         lease = await client.lease(
             target.pool,
@@ -374,6 +368,7 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
             timeout=control.settings.acquire_timeout,
             image=target.image,
             network=rules,
+            no_network=no_network,
         )
     except errors.SandboxdError as e:
         if built is not None and not isinstance(e, errors.ResourceExhausted | errors.InvalidArgument):
@@ -389,7 +384,7 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
         id=new_id(),
         key=key,
         # A narrowed sandbox's restores (resume, fork) carry its rules.
-        client=client if egress is None else NarrowedClient(client, egress, rules),
+        client=client if egress is None else NarrowedClient(client, egress, rules, no_network),
         template=template,
         pool=target.pool,
         image=target.image,

@@ -13,8 +13,9 @@ acquire may narrow those rules to a subset of them. So:
   ``allowOut``: the lease narrowed to those entries, each on the ports its
   pool allows it (E2B's entries allow any port), each required to lie
   within the pool's rules (sandboxd refuses one outside them, naming it);
-- deny-all without ``allowOut``: nothing reachable, which a pool without
-  network rules gives as it is; a pool with rules cannot be narrowed to none;
+- deny-all without ``allowOut``: nothing reachable: the lease narrowed to
+  no network at all (sandboxd's ``no_network``; a pool without network
+  rules has none as it is);
 - a partial ``denyOut``, header-injecting ``rules``, an ``egressProxy``,
   ``dnsServers``, ``maskRequestHost``, ``httpsPorts`` or public port
   traffic: refused, naming the field and why (``BadNetwork``).
@@ -292,15 +293,21 @@ def info_of(egress: Egress) -> dict[str, Any]:
 class NarrowedClient(AsyncClient):
     """A tenant's client as one narrowed E2B sandbox holds it: the same
     connection (channel, stubs, token), whose restores (a filesystem
-    pause's resume, a fork) carry the sandbox's rules, so that no sandbox
+    pause's resume, a fork, a snapshot's create) carry the sandbox's rules
+    (``rules``, or none at all with ``no_network``), so that no sandbox
     behind its E2B id, nor a fork of it, runs under its pool's wider ones.
-    ``egress`` is what the create asked, for the sandbox's info."""
+    ``egress`` is what the create (or the latest ``update_network``) asked,
+    for the sandbox's info. An update puts a new one on the sandbox rather
+    than changing this one, which forks and snapshots taken before it keep."""
 
-    def __init__(self, base: AsyncClient, egress: Egress, rules: tuple[str, ...]) -> None:
+    def __init__(
+        self, base: AsyncClient, egress: Egress, rules: tuple[str, ...], no_network: bool = False
+    ) -> None:
         # Not AsyncClient.__init__: that would open a channel of its own.
         self.__dict__.update(vars(base))
         self.egress = egress
         self.rules = rules
+        self.no_network = no_network
 
     async def restore(
         self,
@@ -312,7 +319,9 @@ class NarrowedClient(AsyncClient):
         lease_ttl: float = 0.0,
         timeout: float | None = None,
         network: Sequence[str] = (),
+        no_network: bool = False,
     ) -> Lease:
+        own = not network and not no_network
         return await super().restore(
             snapshot_id,
             n,
@@ -320,5 +329,6 @@ class NarrowedClient(AsyncClient):
             labels=labels,
             lease_ttl=lease_ttl,
             timeout=timeout,
-            network=network or self.rules,
+            network=self.rules if own else network,
+            no_network=self.no_network if own else no_network,
         )

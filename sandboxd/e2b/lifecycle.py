@@ -1,7 +1,8 @@
 """E2B's sandbox lifecycle past create: pause and resume (mapped onto
 sandboxd's live pause under gVisor or a workspace snapshot otherwise, as
 sandboxd.e2b.control's docstring says), connect (which resumes a paused
-sandbox), and fork (N sandboxes restored from one's workspace snapshot)."""
+sandbox), fork (N sandboxes restored from one's workspace snapshot), and
+update_network (the running lease's rules replaced, SetLeaseNetwork)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,56 @@ from typing import Any
 from aiohttp import web
 
 from sandboxd import errors
-from sandboxd.e2b.control import MAX_TIMEOUT, Control, Refused, body, created, extend_box, refused, timeout_of
+from sandboxd.e2b.control import (
+    MAX_TIMEOUT,
+    Control,
+    Refused,
+    body,
+    created,
+    extend_box,
+    narrowing,
+    network_of,
+    refused,
+    timeout_of,
+)
+from sandboxd.e2b.egress import NarrowedClient
 from sandboxd.e2b.registry import PAUSED, RUNNING, Box, new_id, now
 
-__all__ = ["connect", "fork", "pause", "resume"]
+__all__ = ["connect", "fork", "pause", "resume", "update_network"]
+
+
+async def update_network(control: Control, request: web.Request) -> web.Response:
+    """``sandbox.update_network``: the whole egress config replaced, mapped
+    as a create's (sandboxd.e2b.egress): deny-all with ``allow_out`` those
+    hosts, deny-all alone (or ``allow_internet_access`` false) no network at
+    all, no deny-all the pool's own rules again. Answered 204 once the new
+    rules hold (connections they no longer allow cut); the sandbox's later
+    resumes, forks and snapshots carry them. What cannot be served is 400
+    naming it; a sandbox paused to its filesystem (no lease runs) is 409."""
+    box = control.box(request)
+    given = await body(request)
+    network = {k: v for k, v in given.items() if k not in ("allow_internet_access", "allowInternetAccess")}
+    internet = given.get("allow_internet_access", given.get("allowInternetAccess"))
+    try:
+        asked = network_of({"network": network, "allow_internet_access": internet})
+    except Refused as e:
+        raise Refused(400, f"update_network: {e.message}") from e
+    if box.state == PAUSED and not box.paused_live:
+        raise Refused(
+            409, f"sandbox {box.id} is paused to its filesystem (it runs no lease): resume it, then update"
+        )
+    base = control.client_for(box.key)
+    rules, no_network = ((), False) if asked is None else await narrowing(base, box.pool, asked)
+    try:
+        await base.set_lease_network(box.lease_id, rules, no_network=no_network)
+    except errors.NotFound as e:
+        control.registry.drop(box)
+        raise Refused(404, f"sandbox {box.id} not found: {e}") from e
+    except errors.SandboxdError as e:
+        raise Refused(refused(e).status, f"update_network: {e}") from e
+    # A new client, not this one changed: forks and snapshots taken before keep theirs.
+    box.client = base if asked is None else NarrowedClient(base, asked, rules, no_network)
+    return web.Response(status=204)
 
 
 async def pause(control: Control, request: web.Request) -> web.Response:

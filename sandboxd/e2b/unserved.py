@@ -1,8 +1,7 @@
 """What E2B's API has that sandboxd does not serve, answered as E2B's error
 JSON naming it (the SDK raises it as its ``SandboxException`` and kin with
 the message), instead of a bare 404 or 405 that the SDK may take for a
-missing sandbox. ``update_network`` is here: a sandbox's rules are set when
-it is created and do not change while it runs."""
+missing sandbox."""
 
 from __future__ import annotations
 
@@ -10,10 +9,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from sandboxd.e2b.control import Control, Refused, body, network_info, network_of
-from sandboxd.e2b.egress import NarrowedClient
+from sandboxd.e2b.control import Refused
 
-__all__ = ["UNSERVED", "add_routes", "update_network"]
+__all__ = ["UNSERVED", "add_routes"]
 
 NOT_SERVED = 501
 
@@ -100,30 +98,3 @@ def add_routes(app: web.Application) -> None:
     """Each UNSERVED route, answering 501 with its reason."""
     for method, path, why in UNSERVED:
         app.router.add_route(method, path, _refusal(why))
-
-
-async def update_network(control: Control, request: web.Request) -> web.Response:
-    """``sandbox.update_network``: refused (501 naming why and what to do),
-    as sandboxd sets a lease's network rules when it is acquired and has no
-    call that changes them while it runs. An update asking for exactly what
-    the sandbox already has changes nothing and is answered 204."""
-    box = control.box(request)
-    given = await body(request)
-    network = {k: v for k, v in given.items() if k != "allow_internet_access"}
-    try:
-        asked = network_of({"network": network, "allow_internet_access": given.get("allow_internet_access")})
-    except Refused as e:
-        raise Refused(400, f"update_network: {e.message}") from e
-    has = box.client.egress if isinstance(box.client, NarrowedClient) else None
-    same = (asked is None and has is None) or (
-        asked is not None and has is not None and set(asked.allow) == set(has.allow)
-    )
-    if same:
-        return web.Response(status=204)
-    now_has = network_info(box).get("network", "the pool's rules unchanged")
-    raise Refused(
-        NOT_SERVED,
-        f"update_network is not served: sandboxd sets a sandbox's network rules when it is created and "
-        f"cannot change them while it runs (sandbox {box.id} has {now_has}); create a sandbox with "
-        "network={'allow_out': [...], 'deny_out': [ALL_TRAFFIC]} (or allow_internet_access=False) instead",
-    )

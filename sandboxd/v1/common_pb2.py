@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/common.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n\x06Limits\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\x12\x11\n\tmax_files\x18\x05 \x01(\x03\x12\x14\n\x0coutput_bytes\x18\x06 \x01(\x03\x12\x18\n\x10lifetime_seconds\x18\x07 \x01(\x03\"\xf0\x03\n\x07Sandbox\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.sandboxd.v1.SandboxState\x12\x10\n\x08lease_id\x18\x05 \x01(\t\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .sandboxd.v1.Sandbox.LabelsEntry\x12#\n\x06limits\x18\x07 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08ready_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tleased_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x66\x61ilure_reason\x18\x0c \x01(\t\x12\x0e\n\x06paused\x18\r \x01(\x08\x12\x0f\n\x07network\x18\x0e \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xcb\x01\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SANDBOX_STATE_CREATING\x10\x01\x12\x17\n\x13SANDBOX_STATE_READY\x10\x02\x12\x18\n\x14SANDBOX_STATE_LEASED\x10\x03\x12\x1b\n\x17SANDBOX_STATE_RELEASING\x10\x04\x12\x16\n\x12SANDBOX_STATE_GONE\x10\x05\x12\x18\n\x14SANDBOX_STATE_FAILED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sandboxd/v1/common.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x01\n\x06Limits\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\x12\x11\n\tmax_files\x18\x05 \x01(\x03\x12\x14\n\x0coutput_bytes\x18\x06 \x01(\x03\x12\x18\n\x10lifetime_seconds\x18\x07 \x01(\x03\"\x84\x04\n\x07Sandbox\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12(\n\x05state\x18\x04 \x01(\x0e\x32\x19.sandboxd.v1.SandboxState\x12\x10\n\x08lease_id\x18\x05 \x01(\t\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .sandboxd.v1.Sandbox.LabelsEntry\x12#\n\x06limits\x18\x07 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12.\n\ncreated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08ready_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tleased_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10lease_expires_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x66\x61ilure_reason\x18\x0c \x01(\t\x12\x0e\n\x06paused\x18\r \x01(\x08\x12\x0f\n\x07network\x18\x0e \x03(\t\x12\x12\n\nno_network\x18\x0f \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xcb\x01\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SANDBOX_STATE_CREATING\x10\x01\x12\x17\n\x13SANDBOX_STATE_READY\x10\x02\x12\x18\n\x14SANDBOX_STATE_LEASED\x10\x03\x12\x1b\n\x17SANDBOX_STATE_RELEASING\x10\x04\x12\x16\n\x12SANDBOX_STATE_GONE\x10\x05\x12\x18\n\x14SANDBOX_STATE_FAILED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SANDBOX_LABELSENTRY']._loaded_options = None
   _globals['_SANDBOX_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_SANDBOXSTATE']._serialized_start=728
-  _globals['_SANDBOXSTATE']._serialized_end=931
+  _globals['_SANDBOXSTATE']._serialized_start=748
+  _globals['_SANDBOXSTATE']._serialized_end=951
   _globals['_LIMITS']._serialized_start=75
   _globals['_LIMITS']._serialized_end=226
   _globals['_SANDBOX']._serialized_start=229
-  _globals['_SANDBOX']._serialized_end=725
-  _globals['_SANDBOX_LABELSENTRY']._serialized_start=680
-  _globals['_SANDBOX_LABELSENTRY']._serialized_end=725
+  _globals['_SANDBOX']._serialized_end=745
+  _globals['_SANDBOX_LABELSENTRY']._serialized_start=700
+  _globals['_SANDBOX_LABELSENTRY']._serialized_end=745
 # @@protoc_insertion_point(module_scope)

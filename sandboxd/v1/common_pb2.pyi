@@ -46,7 +46,7 @@ class Limits(_message.Message):
     def __init__(self, memory_bytes: _Optional[int] = ..., cpu_millis: _Optional[int] = ..., pids: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., max_files: _Optional[int] = ..., output_bytes: _Optional[int] = ..., lifetime_seconds: _Optional[int] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("id", "pool", "image", "state", "lease_id", "labels", "limits", "created_at", "ready_at", "leased_at", "lease_expires_at", "failure_reason", "paused", "network")
+    __slots__ = ("id", "pool", "image", "state", "lease_id", "labels", "limits", "created_at", "ready_at", "leased_at", "lease_expires_at", "failure_reason", "paused", "network", "no_network")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Sandbox(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    NO_NETWORK_FIELD_NUMBER: _ClassVar[int]
     id: str
     pool: str
     image: str
@@ -82,4 +83,5 @@ class Sandbox(_message.Message):
     failure_reason: str
     paused: bool
     network: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., lease_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leased_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_reason: _Optional[str] = ..., paused: _Optional[bool] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
+    no_network: bool
+    def __init__(self, id: _Optional[str] = ..., pool: _Optional[str] = ..., image: _Optional[str] = ..., state: _Optional[_Union[SandboxState, str]] = ..., lease_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ready_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., leased_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_reason: _Optional[str] = ..., paused: _Optional[bool] = ..., network: _Optional[_Iterable[str]] = ..., no_network: _Optional[bool] = ...) -> None: ...

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sandboxd.v1 import common_pb2 as sandboxd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/sandboxes.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\"\xad\x02\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\x12\r\n\x05min_n\x18\x03 \x01(\x05\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.sandboxd.v1.AcquireRequest.LabelsEntry\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12#\n\x06limits\x18\x07 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\r\n\x05image\x18\t \x01(\t\x12\x0f\n\x07network\x18\n \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"~\n\x05Lease\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07network\x18\x05 \x03(\t\"]\n\x0f\x41\x63quireResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\x12\'\n\tsandboxes\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"9\n\x10HeartbeatRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\"6\n\x11HeartbeatResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\"K\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x03(\t\"\'\n\x11GetSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\";\n\x12GetSandboxResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"\xbc\x01\n\x14ListSandboxesRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.sandboxd.v1.SandboxState\x12=\n\x06labels\x18\x03 \x03(\x0b\x32-.sandboxd.v1.ListSandboxesRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x15ListSandboxesResponse\x12\'\n\tsandboxes\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"%\n\x0fGetUsageRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"\xad\x01\n\x05Usage\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x19\n\x11memory_peak_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\x12\x18\n\x10\x64isk_limit_bytes\x18\x05 \x01(\x03\x12\r\n\x05\x66iles\x18\x06 \x01(\x03\x12\x13\n\x0b\x66iles_limit\x18\x07 \x01(\x03\x12\x13\n\x0b\x63pu_seconds\x18\x08 \x01(\x01\"5\n\x10GetUsageResponse\x12!\n\x05usage\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Usage\"\"\n\x0cPauseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"6\n\rPauseResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"#\n\rResumeRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"7\n\x0eResumeResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox2\xdb\x04\n\x0eSandboxService\x12\x44\n\x07\x41\x63quire\x12\x1b.sandboxd.v1.AcquireRequest\x1a\x1c.sandboxd.v1.AcquireResponse\x12J\n\tHeartbeat\x12\x1d.sandboxd.v1.HeartbeatRequest\x1a\x1e.sandboxd.v1.HeartbeatResponse\x12\x44\n\x07Release\x12\x1b.sandboxd.v1.ReleaseRequest\x1a\x1c.sandboxd.v1.ReleaseResponse\x12M\n\nGetSandbox\x12\x1e.sandboxd.v1.GetSandboxRequest\x1a\x1f.sandboxd.v1.GetSandboxResponse\x12V\n\rListSandboxes\x12!.sandboxd.v1.ListSandboxesRequest\x1a\".sandboxd.v1.ListSandboxesResponse\x12G\n\x08GetUsage\x12\x1c.sandboxd.v1.GetUsageRequest\x1a\x1d.sandboxd.v1.GetUsageResponse\x12>\n\x05Pause\x12\x19.sandboxd.v1.PauseRequest\x1a\x1a.sandboxd.v1.PauseResponse\x12\x41\n\x06Resume\x12\x1a.sandboxd.v1.ResumeRequest\x1a\x1b.sandboxd.v1.ResumeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsandboxd/v1/sandboxes.proto\x12\x0bsandboxd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18sandboxd/v1/common.proto\"\xc1\x02\n\x0e\x41\x63quireRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x05\x12\r\n\x05min_n\x18\x03 \x01(\x05\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.sandboxd.v1.AcquireRequest.LabelsEntry\x12\x19\n\x11lease_ttl_seconds\x18\x05 \x01(\x01\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12#\n\x06limits\x18\x07 \x01(\x0b\x32\x13.sandboxd.v1.Limits\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\r\n\x05image\x18\t \x01(\t\x12\x0f\n\x07network\x18\n \x03(\t\x12\x12\n\nno_network\x18\x0b \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x92\x01\n\x05Lease\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07network\x18\x05 \x03(\t\x12\x12\n\nno_network\x18\x06 \x01(\x08\"]\n\x0f\x41\x63quireResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\x12\'\n\tsandboxes\x18\x02 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"O\n\x16SetLeaseNetworkRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07network\x18\x02 \x03(\t\x12\x12\n\nno_network\x18\x03 \x01(\x08\"<\n\x17SetLeaseNetworkResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\"9\n\x10HeartbeatRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x01\"6\n\x11HeartbeatResponse\x12!\n\x05lease\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Lease\"K\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x13\n\x0bsandbox_ids\x18\x02 \x03(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x03(\t\"\'\n\x11GetSandboxRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\";\n\x12GetSandboxResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"\xbc\x01\n\x14ListSandboxesRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.sandboxd.v1.SandboxState\x12=\n\x06labels\x18\x03 \x03(\x0b\x32-.sandboxd.v1.ListSandboxesRequest.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"@\n\x15ListSandboxesResponse\x12\'\n\tsandboxes\x18\x01 \x03(\x0b\x32\x14.sandboxd.v1.Sandbox\"%\n\x0fGetUsageRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"\xad\x01\n\x05Usage\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x19\n\x11memory_peak_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\x12\x18\n\x10\x64isk_limit_bytes\x18\x05 \x01(\x03\x12\r\n\x05\x66iles\x18\x06 \x01(\x03\x12\x13\n\x0b\x66iles_limit\x18\x07 \x01(\x03\x12\x13\n\x0b\x63pu_seconds\x18\x08 \x01(\x01\"5\n\x10GetUsageResponse\x12!\n\x05usage\x18\x01 \x01(\x0b\x32\x12.sandboxd.v1.Usage\"\"\n\x0cPauseRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"6\n\rPauseResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox\"#\n\rResumeRequest\x12\x12\n\nsandbox_id\x18\x01 \x01(\t\"7\n\x0eResumeResponse\x12%\n\x07sandbox\x18\x01 \x01(\x0b\x32\x14.sandboxd.v1.Sandbox2\xb9\x05\n\x0eSandboxService\x12\x44\n\x07\x41\x63quire\x12\x1b.sandboxd.v1.AcquireRequest\x1a\x1c.sandboxd.v1.AcquireResponse\x12\\\n\x0fSetLeaseNetwork\x12#.sandboxd.v1.SetLeaseNetworkRequest\x1a$.sandboxd.v1.SetLeaseNetworkResponse\x12J\n\tHeartbeat\x12\x1d.sandboxd.v1.HeartbeatRequest\x1a\x1e.sandboxd.v1.HeartbeatResponse\x12\x44\n\x07Release\x12\x1b.sandboxd.v1.ReleaseRequest\x1a\x1c.sandboxd.v1.ReleaseResponse\x12M\n\nGetSandbox\x12\x1e.sandboxd.v1.GetSandboxRequest\x1a\x1f.sandboxd.v1.GetSandboxResponse\x12V\n\rListSandboxes\x12!.sandboxd.v1.ListSandboxesRequest\x1a\".sandboxd.v1.ListSandboxesResponse\x12G\n\x08GetUsage\x12\x1c.sandboxd.v1.GetUsageRequest\x1a\x1d.sandboxd.v1.GetUsageResponse\x12>\n\x05Pause\x12\x19.sandboxd.v1.PauseRequest\x1a\x1a.sandboxd.v1.PauseResponse\x12\x41\n\x06Resume\x12\x1a.sandboxd.v1.ResumeRequest\x1a\x1b.sandboxd.v1.ResumeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,45 +38,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_ACQUIREREQUEST']._serialized_start=104
-  _globals['_ACQUIREREQUEST']._serialized_end=405
-  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_start=360
-  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_end=405
-  _globals['_LEASE']._serialized_start=407
-  _globals['_LEASE']._serialized_end=533
-  _globals['_ACQUIRERESPONSE']._serialized_start=535
-  _globals['_ACQUIRERESPONSE']._serialized_end=628
-  _globals['_HEARTBEATREQUEST']._serialized_start=630
-  _globals['_HEARTBEATREQUEST']._serialized_end=687
-  _globals['_HEARTBEATRESPONSE']._serialized_start=689
-  _globals['_HEARTBEATRESPONSE']._serialized_end=743
-  _globals['_RELEASEREQUEST']._serialized_start=745
-  _globals['_RELEASEREQUEST']._serialized_end=820
-  _globals['_RELEASERESPONSE']._serialized_start=822
-  _globals['_RELEASERESPONSE']._serialized_end=857
-  _globals['_GETSANDBOXREQUEST']._serialized_start=859
-  _globals['_GETSANDBOXREQUEST']._serialized_end=898
-  _globals['_GETSANDBOXRESPONSE']._serialized_start=900
-  _globals['_GETSANDBOXRESPONSE']._serialized_end=959
-  _globals['_LISTSANDBOXESREQUEST']._serialized_start=962
-  _globals['_LISTSANDBOXESREQUEST']._serialized_end=1150
-  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_start=360
-  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_end=405
-  _globals['_LISTSANDBOXESRESPONSE']._serialized_start=1152
-  _globals['_LISTSANDBOXESRESPONSE']._serialized_end=1216
-  _globals['_GETUSAGEREQUEST']._serialized_start=1218
-  _globals['_GETUSAGEREQUEST']._serialized_end=1255
-  _globals['_USAGE']._serialized_start=1258
-  _globals['_USAGE']._serialized_end=1431
-  _globals['_GETUSAGERESPONSE']._serialized_start=1433
-  _globals['_GETUSAGERESPONSE']._serialized_end=1486
-  _globals['_PAUSEREQUEST']._serialized_start=1488
-  _globals['_PAUSEREQUEST']._serialized_end=1522
-  _globals['_PAUSERESPONSE']._serialized_start=1524
-  _globals['_PAUSERESPONSE']._serialized_end=1578
-  _globals['_RESUMEREQUEST']._serialized_start=1580
-  _globals['_RESUMEREQUEST']._serialized_end=1615
-  _globals['_RESUMERESPONSE']._serialized_start=1617
-  _globals['_RESUMERESPONSE']._serialized_end=1672
-  _globals['_SANDBOXSERVICE']._serialized_start=1675
-  _globals['_SANDBOXSERVICE']._serialized_end=2278
+  _globals['_ACQUIREREQUEST']._serialized_end=425
+  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_start=380
+  _globals['_ACQUIREREQUEST_LABELSENTRY']._serialized_end=425
+  _globals['_LEASE']._serialized_start=428
+  _globals['_LEASE']._serialized_end=574
+  _globals['_ACQUIRERESPONSE']._serialized_start=576
+  _globals['_ACQUIRERESPONSE']._serialized_end=669
+  _globals['_SETLEASENETWORKREQUEST']._serialized_start=671
+  _globals['_SETLEASENETWORKREQUEST']._serialized_end=750
+  _globals['_SETLEASENETWORKRESPONSE']._serialized_start=752
+  _globals['_SETLEASENETWORKRESPONSE']._serialized_end=812
+  _globals['_HEARTBEATREQUEST']._serialized_start=814
+  _globals['_HEARTBEATREQUEST']._serialized_end=871
+  _globals['_HEARTBEATRESPONSE']._serialized_start=873
+  _globals['_HEARTBEATRESPONSE']._serialized_end=927
+  _globals['_RELEASEREQUEST']._serialized_start=929
+  _globals['_RELEASEREQUEST']._serialized_end=1004
+  _globals['_RELEASERESPONSE']._serialized_start=1006
+  _globals['_RELEASERESPONSE']._serialized_end=1041
+  _globals['_GETSANDBOXREQUEST']._serialized_start=1043
+  _globals['_GETSANDBOXREQUEST']._serialized_end=1082
+  _globals['_GETSANDBOXRESPONSE']._serialized_start=1084
+  _globals['_GETSANDBOXRESPONSE']._serialized_end=1143
+  _globals['_LISTSANDBOXESREQUEST']._serialized_start=1146
+  _globals['_LISTSANDBOXESREQUEST']._serialized_end=1334
+  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_start=380
+  _globals['_LISTSANDBOXESREQUEST_LABELSENTRY']._serialized_end=425
+  _globals['_LISTSANDBOXESRESPONSE']._serialized_start=1336
+  _globals['_LISTSANDBOXESRESPONSE']._serialized_end=1400
+  _globals['_GETUSAGEREQUEST']._serialized_start=1402
+  _globals['_GETUSAGEREQUEST']._serialized_end=1439
+  _globals['_USAGE']._serialized_start=1442
+  _globals['_USAGE']._serialized_end=1615
+  _globals['_GETUSAGERESPONSE']._serialized_start=1617
+  _globals['_GETUSAGERESPONSE']._serialized_end=1670
+  _globals['_PAUSEREQUEST']._serialized_start=1672
+  _globals['_PAUSEREQUEST']._serialized_end=1706
+  _globals['_PAUSERESPONSE']._serialized_start=1708
+  _globals['_PAUSERESPONSE']._serialized_end=1762
+  _globals['_RESUMEREQUEST']._serialized_start=1764
+  _globals['_RESUMEREQUEST']._serialized_end=1799
+  _globals['_RESUMERESPONSE']._serialized_start=1801
+  _globals['_RESUMERESPONSE']._serialized_end=1856
+  _globals['_SANDBOXSERVICE']._serialized_start=1859
+  _globals['_SANDBOXSERVICE']._serialized_end=2556
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds", "limits", "request_id", "image", "network")
+    __slots__ = ("pool", "n", "min_n", "labels", "lease_ttl_seconds", "timeout_seconds", "limits", "request_id", "image", "network", "no_network")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class AcquireRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    NO_NETWORK_FIELD_NUMBER: _ClassVar[int]
     pool: str
     n: int
     min_n: int
@@ -39,21 +40,24 @@ class AcquireRequest(_message.Message):
     request_id: str
     image: str
     network: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., request_id: _Optional[str] = ..., image: _Optional[str] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
+    no_network: bool
+    def __init__(self, pool: _Optional[str] = ..., n: _Optional[int] = ..., min_n: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., limits: _Optional[_Union[_common_pb2.Limits, _Mapping]] = ..., request_id: _Optional[str] = ..., image: _Optional[str] = ..., network: _Optional[_Iterable[str]] = ..., no_network: _Optional[bool] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "sandbox_ids", "ttl_seconds", "expires_at", "network")
+    __slots__ = ("id", "sandbox_ids", "ttl_seconds", "expires_at", "network", "no_network")
     ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_IDS_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
+    NO_NETWORK_FIELD_NUMBER: _ClassVar[int]
     id: str
     sandbox_ids: _containers.RepeatedScalarFieldContainer[str]
     ttl_seconds: float
     expires_at: _timestamp_pb2.Timestamp
     network: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., sandbox_ids: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[float] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., network: _Optional[_Iterable[str]] = ...) -> None: ...
+    no_network: bool
+    def __init__(self, id: _Optional[str] = ..., sandbox_ids: _Optional[_Iterable[str]] = ..., ttl_seconds: _Optional[float] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., network: _Optional[_Iterable[str]] = ..., no_network: _Optional[bool] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("lease", "sandboxes")
@@ -62,6 +66,22 @@ class AcquireResponse(_message.Message):
     lease: Lease
     sandboxes: _containers.RepeatedCompositeFieldContainer[_common_pb2.Sandbox]
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., sandboxes: _Optional[_Iterable[_Union[_common_pb2.Sandbox, _Mapping]]] = ...) -> None: ...
+
+class SetLeaseNetworkRequest(_message.Message):
+    __slots__ = ("lease_id", "network", "no_network")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    NO_NETWORK_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    network: _containers.RepeatedScalarFieldContainer[str]
+    no_network: bool
+    def __init__(self, lease_id: _Optional[str] = ..., network: _Optional[_Iterable[str]] = ..., no_network: _Optional[bool] = ...) -> None: ...
+
+class SetLeaseNetworkResponse(_message.Message):
+    __slots__ = ("lease",)
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("lease_id", "ttl_seconds")

@@ -40,6 +40,11 @@ class SandboxServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.AcquireRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.AcquireResponse.FromString,
                 _registered_method=True)
+        self.SetLeaseNetwork = channel.unary_unary(
+                '/sandboxd.v1.SandboxService/SetLeaseNetwork',
+                request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.SetLeaseNetworkRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.SetLeaseNetworkResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/sandboxd.v1.SandboxService/Heartbeat',
                 request_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.HeartbeatRequest.SerializeToString,
@@ -106,9 +111,33 @@ class SandboxServiceServicer:
         registry has no such image (or refuses access): answered at once.
         UNAVAILABLE: the registry cannot be reached; RetryInfo says when to
         ask again.
-        With network set (rules narrower than the pool's): INVALID_ARGUMENT for
-        a malformed rule or one outside the pool's, FAILED_PRECONDITION on a
-        backend that cannot narrow (Kubernetes); both before anything is taken.
+        With network set (rules narrower than the pool's) or no_network:
+        INVALID_ARGUMENT for a malformed rule, one outside the pool's, or both
+        network and no_network; FAILED_PRECONDITION on a backend that cannot
+        narrow (Kubernetes with a chart whose egress proxy does not acknowledge);
+        all before anything is taken.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetLeaseNetwork(self, request, context):
+        """Changes the network rules of a running lease's sandboxes: to rules
+        within its pool's, to none at all (no_network), or back to the pool's
+        own (network empty, no_network false; the pool's rules are the ceiling).
+        Answers once the new rules are in force on every sandbox of the lease
+        (Kubernetes: acknowledged by every egress proxy), the connections they
+        no longer allow cut; persisted with the lease, so a restarted control
+        plane puts back the latest. Changes of one lease run one at a time.
+        INVALID_ARGUMENT: a malformed lease id or rule, a rule outside the
+        pool's (the message names it), rules on a pool without network, or
+        both network and no_network (no_network on a pool without network is
+        accepted: it has none).
+        NOT_FOUND: unknown, released or expired lease.
+        FAILED_PRECONDITION: a backend that cannot change a sandbox's rules
+        (nothing changed); or a sandbox's change failed: what it runs under is
+        then not known, so the lease ends and its sandboxes are given up (all
+        or nothing: never left running under rules other than those asked).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -184,6 +213,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.AcquireRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.AcquireResponse.SerializeToString,
             ),
+            'SetLeaseNetwork': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLeaseNetwork,
+                    request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.SetLeaseNetworkRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_sandboxes__pb2.SetLeaseNetworkResponse.SerializeToString,
+            ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
                     request_deserializer=sandboxd_dot_v1_dot_sandboxes__pb2.HeartbeatRequest.FromString,
@@ -248,6 +282,33 @@ class SandboxService:
             '/sandboxd.v1.SandboxService/Acquire',
             sandboxd_dot_v1_dot_sandboxes__pb2.AcquireRequest.SerializeToString,
             sandboxd_dot_v1_dot_sandboxes__pb2.AcquireResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLeaseNetwork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.SandboxService/SetLeaseNetwork',
+            sandboxd_dot_v1_dot_sandboxes__pb2.SetLeaseNetworkRequest.SerializeToString,
+            sandboxd_dot_v1_dot_sandboxes__pb2.SetLeaseNetworkResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -124,7 +124,7 @@ class SnapshotResponse(_message.Message):
     def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("snapshot_id", "n", "pool", "labels", "lease_ttl_seconds", "timeout_seconds", "network", "request_id")
+    __slots__ = ("snapshot_id", "n", "pool", "labels", "lease_ttl_seconds", "timeout_seconds", "network", "request_id", "no_network")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class RestoreRequest(_message.Message):
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NETWORK_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NO_NETWORK_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     n: int
     pool: str
@@ -148,7 +149,8 @@ class RestoreRequest(_message.Message):
     timeout_seconds: float
     network: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
-    def __init__(self, snapshot_id: _Optional[str] = ..., n: _Optional[int] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., network: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    no_network: bool
+    def __init__(self, snapshot_id: _Optional[str] = ..., n: _Optional[int] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., lease_ttl_seconds: _Optional[float] = ..., timeout_seconds: _Optional[float] = ..., network: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., no_network: _Optional[bool] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
     __slots__ = ("lease", "sandboxes", "snapshot")

@@ -7,9 +7,12 @@ with ``allow_out=["pypi.test"]`` over a deny-all reaches that host and not
 the other, which a sandbox of the same pool without network options
 reaches; it keeps its rules through a filesystem pause and resume (a fresh
 sandbox restored under them), in a fork and in a create from its snapshot. No internet access leaves a
-sandbox of a pool without network nothing to reach and is refused on a
-pool with rules; an entry outside the pool's rules, and update_network,
-come back as the SDK's exceptions with sandboxd's messages.
+sandbox nothing to reach, on a pool without network and on one with rules
+(its lease narrowed to no network at all). update_network replaces a
+running sandbox's rules as E2B says (deny-all: nothing; deny-all with
+allow_out: those hosts; neither: the pool's own), and a resume after it
+carries the latest; an entry outside the pool's rules comes back as the
+SDK's exception with sandboxd's message.
 """
 
 from __future__ import annotations
@@ -122,6 +125,12 @@ def _nothing(seen: dict[str, object]) -> None:
     assert seen["pypi.test"] == seen["secure.test"] == "NXDOMAIN", seen
 
 
+def _only_secure(seen: dict[str, object]) -> None:
+    assert "403" in str(seen["http"]), seen
+    assert seen["connect"] == "HTTP/1.1 200 Connection established", seen
+    assert seen["pypi.test"] == "NXDOMAIN" and seen["secure.test"] == netns.EGRESS_ADDRESS, seen
+
+
 async def test_sdk_network_options_narrow_the_sandbox_and_it_keeps_them(e2b_api: AsyncClient) -> None:
     from e2b import ALL_TRAFFIC, AsyncSandbox
 
@@ -161,7 +170,7 @@ async def test_sdk_network_options_narrow_the_sandbox_and_it_keeps_them(e2b_api:
 
 
 async def test_no_internet_access_reaches_nothing_or_is_refused_saying_why(e2b_api: AsyncClient) -> None:
-    from e2b import AsyncSandbox, SandboxException
+    from e2b import ALL_TRAFFIC, AsyncSandbox, SandboxException
 
     offline = await AsyncSandbox.create("closed", timeout=120, allow_internet_access=False)
     try:
@@ -169,18 +178,31 @@ async def test_no_internet_access_reaches_nothing_or_is_refused_saying_why(e2b_a
         assert (await offline.get_info()).allow_internet_access is False
     finally:
         await offline.kill()
-    # A pool with rules cannot be narrowed to none: refused before any sandbox is taken.
-    with pytest.raises(SandboxException) as e:
-        await AsyncSandbox.create("net", timeout=60, allow_internet_access=False)
-    message = str(e.value)
-    assert message.startswith("400: network: allow_internet_access=false with nothing in allow_out"), message
-    assert "pypi.test, secure.test:443" in message and "allow_out" in message
+    # A pool with rules: its lease narrowed to no network at all, where a
+    # sandbox of the same pool without the option reaches both hosts.
+    cut = await AsyncSandbox.create("net", timeout=120, allow_internet_access=False)
+    denied = await AsyncSandbox.create("net", timeout=120, network={"deny_out": [ALL_TRAFFIC]})
+    wide = await AsyncSandbox.create("net", timeout=120)
+    try:
+        for sbx in (cut, denied):
+            seen = await _probe(sbx)
+            _nothing(seen)
+            assert "no network at all" in str(seen["reason"]), seen
+        _both(await _probe(wide))
+        assert (await cut.get_info()).allow_internet_access is False
+        leases = [s for s in await e2b_api.list_sandboxes("net") if s.lease_id]
+        assert sorted(s.no_network for s in leases) == [False, True, True]
+    finally:
+        for sbx in (cut, denied, wide):
+            await sbx.kill()
     with pytest.raises(SandboxException, match="network.denyOut: denying some addresses"):
         await AsyncSandbox.create("net", timeout=60, network={"deny_out": ["198.18.0.0/15"]})
     assert [s for s in await e2b_api.list_sandboxes() if s.lease_id] == []
 
 
-async def test_an_entry_outside_the_pool_and_update_network_are_sdk_exceptions(e2b_api: AsyncClient) -> None:
+async def test_update_network_replaces_the_rules_and_an_entry_outside_the_pool_is_refused(
+    e2b_api: AsyncClient,
+) -> None:
     from e2b import ALL_TRAFFIC, AsyncSandbox, SandboxException
 
     with pytest.raises(SandboxException) as e:
@@ -191,17 +213,34 @@ async def test_an_entry_outside_the_pool_and_update_network_are_sdk_exceptions(e
         e.value
     )
     sbx = await AsyncSandbox.create(
-        "net", timeout=120, network={"allow_out": ["pypi.test"], "deny_out": [ALL_TRAFFIC]}
+        "net", timeout=180, network={"allow_out": ["pypi.test"], "deny_out": [ALL_TRAFFIC]}
     )
     try:
-        with pytest.raises(SandboxException) as e:
-            await sbx.update_network({"allow_out": ["secure.test"], "deny_out": [ALL_TRAFFIC]})
-        message = str(e.value)
-        assert message.startswith("501: update_network is not served"), message
-        assert "create a sandbox with network=" in message
-        # Asking for what it has already changes nothing, and is no error.
-        await sbx.update_network({"allow_out": ["pypi.test"], "deny_out": [ALL_TRAFFIC]})
         _only_pypi(await _probe(sbx))
+        # Deny-all alone: nothing at all from the moment the update answers.
+        await sbx.update_network({"deny_out": [ALL_TRAFFIC]})
+        _nothing(await _probe(sbx))
+        (lease,) = [s for s in await e2b_api.list_sandboxes("net") if s.lease_id]
+        assert lease.no_network and list(lease.network) == []
+        # The whole config replaced: one host allowed, not the one before.
+        await sbx.update_network({"allow_out": ["secure.test"], "deny_out": [ALL_TRAFFIC]})
+        _only_secure(await _probe(sbx))
+        info = await sbx.get_info()
+        assert info.network is not None and info.network.get("allow_out") == ["secure.test"]
+        # A resume after a filesystem pause carries the latest rules.
+        assert await sbx.pause() is True
+        sbx = await AsyncSandbox.connect(sbx.sandbox_id)
+        _only_secure(await _probe(sbx))
+        with pytest.raises(SandboxException) as e:
+            await sbx.update_network({"allow_out": ["evil.test"], "deny_out": [ALL_TRAFFIC]})
+        assert "400: update_network: network: rule 'evil.test' lies outside the pool's rules" in str(e.value)
+        _only_secure(await _probe(sbx))
+        with pytest.raises(SandboxException, match="network.denyOut: denying some addresses"):
+            await sbx.update_network({"deny_out": ["198.18.0.0/15"]})
+        # No deny-all: the pool's own rules again.
+        await sbx.update_network({})
+        _both(await _probe(sbx))
+        assert (await sbx.get_info()).network is None
     finally:
         await sbx.kill()
 

@@ -5,9 +5,14 @@ acknowledged them, so the proxy's very next decision for that Pod is by the
 new rules (no stale window), the connections opened under the wider ones
 are cut, and the pool's rules come back the same way; a proxy that does not
 acknowledge fails the change, and a chart whose proxy cannot is refused up
-front. On the real kubelet node, end to end through the server: a narrowed
-lease's Pod is refused the host its pool allows but its lease does not,
-while an un-narrowed lease of the same pool reaches it."""
+front. A lease narrowed to no network at all (no_network) is refused
+everything, its resolver answering no name. A running lease's rules changed
+through the server (SetLeaseNetwork) are acknowledged before the call
+answers, and a restart puts back the latest. On the real kubelet node, end
+to end through the server: a narrowed lease's Pod is refused the host its
+pool allows but its lease does not, while an un-narrowed lease of the same
+pool reaches it; that one, cut to no network while it runs, is refused it
+at once, and widened back reaches it again."""
 
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from sandboxd.backends.kubernetes.egress import (
     ANNOTATION_PROXY_ACKS,
     EgressProxyRef,
 )
+from sandboxd.backends.network.policy import NO_EGRESS, NO_NETWORK
 from sandboxd.client import AsyncClient
 from sandboxd.images.build import default_image_tag
 from tests.kube.conftest import IMAGE, REAL_NODE_BACKEND, kube_settings, pods, poll, require_real_node
@@ -131,6 +137,15 @@ async def test_the_proxys_next_decision_after_a_change_of_rules_is_the_new_one(
                     yes = await proxy_resolve(port=dns, name="pypi.internal")
                     assert yes[3] & 0x0F == 0
                 print(f"narrow_egress with the proxy's acknowledgement: max {max(timings) * 1000:.0f} ms")
+                # No network at all: everything refused, no name answered, at once.
+                await backend.narrow_egress(name, NO_NETWORK)
+                denied = await proxy_get(port, wider)
+                assert denied.startswith(b"HTTP/1.1 403") and b"no network at all" in denied, denied[:300]
+                no = await proxy_resolve(port=dns, name="pypi.internal")
+                assert no[3] & 0x0F == 3, "NXDOMAIN under no network at all"
+                await backend.narrow_egress(name, ())
+                ok = await proxy_get(port, wider)
+                assert ok.endswith(b"upstream ok\n"), ok[:300]
                 # The connection opened under the pool's rules was cut by the first narrowing.
                 assert await asyncio.wait_for(reader.read(), 10) == b""
                 writer.close()
@@ -153,8 +168,9 @@ async def test_a_chart_whose_proxy_cannot_acknowledge_is_refused_narrowing(
     try:
         why = await backend.narrowing_refusal("runc")
         assert why is not None and ANNOTATION_PROXY_ACKS in why and "upgrade the chart" in why, why
-        with pytest.raises(errors.FailedPrecondition, match="upgrade the chart"):
-            await backend.narrow_egress("no-such-pod", ("pypi.internal",))
+        for rules in (("pypi.internal",), NO_NETWORK):
+            with pytest.raises(errors.FailedPrecondition, match="upgrade the chart"):
+                await backend.narrow_egress("no-such-pod", rules)
     finally:
         await backend.close()
 
@@ -172,10 +188,22 @@ async def test_a_restarted_control_plane_puts_an_adopted_lease_under_its_narrowe
         await app.start()
         try:
             async with AsyncClient(app.address) as client:
-                await client.create_pool("net", IMAGE, min_ready=0, max_size=1, network=RULES)
+                await client.create_pool("net", IMAGE, min_ready=0, max_size=2, network=RULES)
                 lease = await client.lease("net", timeout=60, lease_ttl=120, network=["pypi.internal"])
                 (sandbox_id,) = [sb.id for sb in lease]
                 assert lease.network == ["pypi.internal"]
+                # Changed while it runs: acknowledged by the proxy when the call answers.
+                changed = await client.lease("net", timeout=60, lease_ttl=120)
+                (changed_id,) = [sb.id for sb in changed]
+                await changed.set_network(["*.corp.example:443"])
+                await changed.set_network(no_network=True)
+                assert changed.no_network and changed.network == []
+                (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={changed_id}")
+                now = pod["metadata"]["annotations"]
+                assert json.loads(now[ANNOTATION_LEASE_NETWORK]) == [NO_EGRESS]
+                assert now[ACK_PREFIX + uid] == now[ANNOTATION_NETWORK_REV]
+                with pytest.raises(errors.InvalidArgument, match="lies outside the pool's rules"):
+                    await changed.set_network(["evil.example"])
         finally:
             await app.stop(grace=1)
         (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={sandbox_id}")
@@ -194,7 +222,19 @@ async def test_a_restarted_control_plane_puts_an_adopted_lease_under_its_narrowe
                 assert after[ANNOTATION_NETWORK_REV] != before[ANNOTATION_NETWORK_REV]
                 assert after[ACK_PREFIX + uid] == after[ANNOTATION_NETWORK_REV]
                 assert json.loads(after[ANNOTATION_LEASE_NETWORK]) == ["pypi.internal"]
+                # The latest rules of the lease changed while it ran, from its mark.
+                cut = await client.heartbeat(changed.id)
+                assert cut.no_network and list(cut.network) == []
+                (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={changed_id}")
+                assert json.loads(pod["metadata"]["annotations"][ANNOTATION_LEASE_NETWORK]) == [NO_EGRESS]
+                # Widened back to the pool's own: the lease's rules leave the Pod, acknowledged.
+                await client.set_lease_network(changed.id)
+                (pod,) = await pods(kube, namespace, f"{LABEL_SANDBOX}={changed_id}")
+                annotations = pod["metadata"]["annotations"]
+                assert ANNOTATION_LEASE_NETWORK not in annotations
+                assert annotations[ACK_PREFIX + uid] == annotations[ANNOTATION_NETWORK_REV]
                 await client.release(lease.id)
+                await client.release(changed.id)
                 await client.delete_pool("net", force=True)
         finally:
             await app.stop(grace=1)
@@ -238,6 +278,14 @@ async def test_a_narrowed_lease_is_refused_what_its_pool_allows_and_an_other_lea
                 assert b"the lease's rules" in refused.stdout, refused
                 reached = await plain.exec(fetch, timeout=30)
                 assert reached.ok and reached.stdout == b"upstream ok\n", reached
+                # Cut to no network while it runs: refused from the moment the call answers.
+                await client.set_lease_network(plain.lease_id, no_network=True)
+                cut = await plain.exec(fetch, timeout=30)
+                assert cut.stdout.startswith(b"403 sandboxd egress denied"), cut
+                assert b"no network at all" in cut.stdout, cut
+                await client.set_lease_network(plain.lease_id)
+                back = await plain.exec(fetch, timeout=30)
+                assert back.ok and back.stdout == b"upstream ok\n", back
             # Recycled, the narrowed sandbox is its pool's again for its next lease.
             pool = app.control.pools["net"]
             await poll(lambda: pool.recycled_total == 2, timeout=120, what="both resets")

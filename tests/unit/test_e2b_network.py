@@ -21,7 +21,7 @@ from sandboxd.e2b.egress import ALL_TRAFFIC, MAX_ENTRIES, BadNetwork, Egress, eg
 from sandboxd.e2b.unserved import UNSERVED
 from sandboxd.e2b.usage import KEPT, Samples, sample
 from sandboxd.errors import InvalidArgument
-from sandboxd.v1 import common_pb2, sandboxes_pb2
+from sandboxd.v1 import common_pb2, pools_pb2, sandboxes_pb2
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -269,3 +269,43 @@ async def test_routes_not_served_answer_e2b_errors_naming_them(
         "/sandboxes/metrics", params={"sandbox_ids": ",".join(f"i{n}" for n in range(101))}, headers=auth
     )
     assert r.status == 400
+
+
+async def test_deny_all_alone_is_no_network_and_restores_carry_the_latest_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sandboxd.e2b.control import narrowing
+    from sandboxd.e2b.egress import NarrowedClient
+
+    class Pools:
+        async def get_pool(self, name: str) -> Any:
+            return pools_pb2.Pool(spec=pools_pb2.PoolSpec(network=["pypi.test", "*.corp.test:443"]))
+
+    for egress in (egress_of({"denyOut": DENY}), egress_of(None, False)):
+        assert egress is not None
+        # No pool looked up: none at all is what a pool with or without rules gives.
+        assert await narrowing(None, "p", egress) == ((), True)  # type: ignore[arg-type]
+    allow = egress_of({"allowOut": ["pypi.test"], "denyOut": DENY})
+    assert allow is not None
+    assert await narrowing(Pools(), "p", allow) == (("pypi.test:80,443",), False)  # type: ignore[arg-type]
+
+    asked: list[dict[str, Any]] = []
+
+    async def restore(self: AsyncClient, snapshot_id: str, n: int = 1, **kw: Any) -> None:
+        asked.append({"network": list(kw["network"]), "no_network": kw["no_network"]})
+
+    monkeypatch.setattr(AsyncClient, "restore", restore)
+    base = AsyncClient.__new__(AsyncClient)
+    none = NarrowedClient(base, Egress(), (), True)
+    some = NarrowedClient(base, allow, ("pypi.test:80,443",))
+    await none.restore("sn-1")
+    await some.restore("sn-1")
+    # Asked for explicitly, a restore's own rules win over the sandbox's.
+    await none.restore("sn-1", network=["pypi.test"])
+    await some.restore("sn-1", no_network=True)
+    assert asked == [
+        {"network": [], "no_network": True},
+        {"network": ["pypi.test:80,443"], "no_network": False},
+        {"network": ["pypi.test"], "no_network": False},
+        {"network": [], "no_network": True},
+    ]

@@ -92,9 +92,10 @@ async def open_egress(
 ) -> SandboxEgress:
     """Links the sandbox's namespace (``target``: a pid in it, or a namespace name)
     and serves its policy there, and the model route with ``model`` (then a
-    policy without rules is fine: the model is all the sandbox reaches).
+    policy without rules is fine: the model is all the sandbox reaches; so is
+    a lease's that allows nothing, which it may widen back later).
     FAILED_PRECONDITION when this host cannot."""
-    if not policy.enabled and model is None:
+    if not policy.enabled and not policy.lease and model is None:
         raise FailedPrecondition("a network policy with no rules is no network: nothing to open")
     attaching = asyncio.ensure_future(
         asyncio.to_thread(netns.attach, sandbox_id, target, model=model is not None, instance=instance)

@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sandboxd.backends.network.policy import MAX_RULES, EgressPolicy, Rule, parse_rule
+from sandboxd.backends.network.policy import (
+    MAX_RULES,
+    NO_EGRESS,
+    NO_NETWORK,
+    EgressPolicy,
+    Rule,
+    is_no_network,
+    parse_rule,
+)
 from sandboxd.errors import InvalidArgument
 
 # What a message quotes of a hostile rule or a long pool list.
@@ -73,9 +81,13 @@ def _ports_within(inner: Rule, covering: list[Rule]) -> bool:
 def narrow(pool_rules: Sequence[str], asked: Sequence[str]) -> tuple[str, ...]:
     """The rules a lease runs under: ``asked`` (stripped), each checked to lie
     within ``pool_rules``; () when nothing is asked (the pool's own rules).
-    INVALID_ARGUMENT naming the offending rule and what the pool allows."""
+    NO_NETWORK asked is NO_NETWORK on a pool with rules, () on one without
+    (it has no network already). INVALID_ARGUMENT naming the offending rule
+    and what the pool allows."""
     if not asked:
         return ()
+    if is_no_network(asked):
+        return NO_NETWORK if pool_rules else ()
     if not pool_rules:
         raise InvalidArgument(
             "network",
@@ -87,6 +99,10 @@ def narrow(pool_rules: Sequence[str], asked: Sequence[str]) -> tuple[str, ...]:
     pool = EgressPolicy.parse(pool_rules).rules
     out: list[str] = []
     for text in asked:
+        if text.strip() == NO_EGRESS:
+            raise InvalidArgument(
+                "network", f"{NO_EGRESS!r} is not a rule (ask for no network with no_network, alone)"
+            )
         if len(text) > _MAX_RULE_CHARS:
             raise InvalidArgument(
                 "network", f"rule {_quote(text)} is longer than {_MAX_RULE_CHARS} characters"

@@ -22,6 +22,19 @@ DEFAULT_PORTS: tuple[tuple[int, int], ...] = ((80, 80), (443, 443))
 _LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
+NO_EGRESS = "!none"
+"""A lease's rules that allow nothing (AcquireRequest.no_network), as the one
+entry of its rules wherever they travel (the state store, a Pod's lease
+annotation and lease mark): never a rule itself (``parse_rule`` refuses it, so
+a client cannot spell it as one), and kept apart from () = the pool's own."""
+NO_NETWORK: tuple[str, ...] = (NO_EGRESS,)
+"""A lease narrowed to no egress at all."""
+
+
+def is_no_network(rules: Iterable[str]) -> bool:
+    """Whether a lease's ``rules`` are NO_NETWORK (nothing reachable)."""
+    return tuple(rules) == NO_NETWORK
+
 
 def normalize_host(host: str) -> str:
     """A host name as rules compare it; brackets of an IPv6 literal dropped."""
@@ -128,6 +141,11 @@ class EgressPolicy:
 
     @classmethod
     def parse(cls, texts: Iterable[str], *, lease: bool = False) -> EgressPolicy:
+        """``texts`` as a policy; with ``lease`` (a lease's narrower rules)
+        NO_NETWORK is the lease policy that allows nothing."""
+        texts = list(texts)
+        if lease and is_no_network(texts):
+            return cls((), True)
         rules = tuple(parse_rule(t) for t in texts)
         if len(rules) > MAX_RULES:
             raise InvalidArgument("network", f"policy has {len(rules)} rules, at most {MAX_RULES}")

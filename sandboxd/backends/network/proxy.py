@@ -268,6 +268,8 @@ class EgressProxy:
 
     def _allow(self, host: str, port: int) -> None:
         if self.policy.rule_for(host, port) is None:
+            if self.policy.lease and not self.policy.rules:
+                raise Denied(f"no network rule allows {host}:{port} (the lease's rules: no network at all)")
             allowed = ", ".join(self.policy.describe())
             whose = "; the lease's rules" if self.policy.lease else ""
             raise Denied(f"no network rule allows {host}:{port} (allowed: {allowed}{whose})")
