@@ -50,11 +50,14 @@ from sandboxd.e2b.control import (
     Refused,
     body,
     created,
+    narrowing,
+    network_of,
     refused,
     resolve_template,
     strings,
     timeout_of,
 )
+from sandboxd.e2b.egress import NarrowedClient
 from sandboxd.e2b.registry import RUNNING, Box, new_id
 from sandboxd.v1 import snapshots_pb2
 
@@ -334,15 +337,10 @@ async def delete_template(control: Control, request: web.Request) -> web.Respons
 
 
 async def _restore(control: Control, key: str, snap: Snap, given: dict[str, Any]) -> web.Response:
-    # The SDK sends allow_internet_access; E2B documents allowInternetAccess.
-    internet = given.get("allow_internet_access", given.get("allowInternetAccess"))
-    if given.get("network") not in (None, {}) or internet is False:
-        # Refused, not ignored: the restored sandbox would have its pool's whole network.
-        raise Refused(
-            400,
-            f"network: a create from snapshot '{snap.ref}' has its pool's network; narrowing it "
-            "(network, allow_internet_access=False) is served on creates from templates only",
-        )
+    # Narrowed as a create from a template is; without network options the
+    # restore keeps what the snapshot's sandbox ran under (its client's rules).
+    egress = network_of(given)
+    rules, none = ((), False) if egress is None else await narrowing(snap.client, snap.pool, egress)
     timeout = timeout_of(given, 300)
     metadata, envs = strings(given, "metadata"), strings(given, "envVars")
     try:
@@ -351,6 +349,8 @@ async def _restore(control: Control, key: str, snap: Snap, given: dict[str, Any]
             pool=snap.pool,
             lease_ttl=max(timeout, 1),
             timeout=control.settings.acquire_timeout,
+            network=rules,
+            no_network=none,
         )
     except errors.NotFound as e:
         raise Refused(404, f"snapshot '{snap.ref}' not found: its lifetime ended") from e
@@ -359,7 +359,7 @@ async def _restore(control: Control, key: str, snap: Snap, given: dict[str, Any]
     box = Box(
         id=new_id(),
         key=key,
-        client=snap.client,
+        client=snap.client if egress is None else NarrowedClient(snap.client, egress, rules, none),
         template=snap.ref,
         pool=snap.pool,
         image=snap.image,

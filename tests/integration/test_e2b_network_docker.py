@@ -6,7 +6,8 @@ A pool allows the upstream namespace's two hosts (``pypi.test`` over HTTP,
 with ``allow_out=["pypi.test"]`` over a deny-all reaches that host and not
 the other, which a sandbox of the same pool without network options
 reaches; it keeps its rules through a filesystem pause and resume (a fresh
-sandbox restored under them), in a fork and in a create from its snapshot. No internet access leaves a
+sandbox restored under them), in a fork and in a create from its snapshot, where a create from a
+snapshot may narrow as a create from a template does. No internet access leaves a
 sandbox nothing to reach, on a pool without network and on one with rules
 (its lease narrowed to no network at all). update_network replaces a
 running sandbox's rules as E2B says (deny-all: nothing; deny-all with
@@ -88,7 +89,7 @@ async def e2b_api(
     settings = make_settings(tmp_path, **{"backend.egress_hosts": hosts})
     before = set(netns.leftover())
     async with running_app(settings, engine) as app, AsyncClient(app.address) as client:
-        await client.create_pool("net", image, max_size=6, network=POOL)
+        await client.create_pool("net", image, max_size=10, network=POOL)
         await client.create_pool("closed", image, max_size=2)
         templates = {"net": Template("net"), "closed": Template("closed")}
         e2b_app = make_app(client, E2bSettings(templates=templates, api_keys=frozenset({KEY})))
@@ -162,6 +163,20 @@ async def test_sdk_network_options_narrow_the_sandbox_and_it_keeps_them(e2b_api:
         try:
             forks.append(await AsyncSandbox.create(snap.snapshot_id, timeout=120))
             _only_pypi(await _probe(forks[-1]))
+        finally:
+            await AsyncSandbox.delete_snapshot(snap.snapshot_id)
+        # A create from a snapshot takes network options as a create from a
+        # template does; without them it runs under what its source ran under.
+        snap = await wide.create_snapshot()
+        try:
+            only = {"allow_out": ["secure.test"], "deny_out": [ALL_TRAFFIC]}
+            forks.append(await AsyncSandbox.create(snap.snapshot_id, timeout=120, network=only))
+            _only_secure(await _probe(forks[-1]))
+            offline = await AsyncSandbox.create(snap.snapshot_id, timeout=120, allow_internet_access=False)
+            forks.append(offline)
+            _nothing(await _probe(forks[-1]))
+            forks.append(await AsyncSandbox.create(snap.snapshot_id, timeout=120))
+            _both(await _probe(forks[-1]))
         finally:
             await AsyncSandbox.delete_snapshot(snap.snapshot_id)
     finally:

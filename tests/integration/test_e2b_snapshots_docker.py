@@ -155,9 +155,18 @@ async def test_names_filters_pages_modes_and_keys(e2b_url: str, client: AsyncCli
             finally:
                 await restored.kill()
 
+        # Its pool has no network: no internet access changes nothing, and an
+        # allowed host outside the pool's (no) rules is refused naming it.
+        offline = await AsyncSandbox.create("ckpt", timeout=60, allow_internet_access=False)
+        try:
+            assert await offline.files.read("/workspace/kept.txt") == "one"
+        finally:
+            await offline.kill()
         with pytest.raises(SandboxException) as narrowed:
-            await AsyncSandbox.create("ckpt", timeout=30, allow_internet_access=False)
-        assert narrowed.value.status_code == 400 and "network" in str(narrowed.value)
+            await AsyncSandbox.create(
+                "ckpt", timeout=30, network={"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]}
+            )
+        assert narrowed.value.status_code == 400 and "pypi.org" in str(narrowed.value)
 
         # Another key sees, restores and deletes none of them.
         assert await AsyncSandbox.list_snapshots(api_key=OTHER_KEY).next_items() == []
