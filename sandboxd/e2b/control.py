@@ -30,7 +30,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -45,6 +45,7 @@ from sandboxd.e2b.startcmd import StartFailed, start_command
 from sandboxd.e2b.templates import Template
 from sandboxd.e2b.uploads import Uploads
 from sandboxd.e2b.usage import Samples, sample
+from sandboxd.v1 import common_pb2
 
 __all__ = ["Control", "E2bSettings", "ImageBuilder", "Refused"]
 
@@ -53,6 +54,8 @@ ENVD_VERSION = "0.5.7"
 (0.4.0), close stdin (0.5.2) and octet-stream uploads (0.5.7)."""
 
 MAX_TIMEOUT = 24 * 3600
+
+T = TypeVar("T")
 
 ImageBuilder = Callable[[Path, Callable[[str], None]], Awaitable[str]]
 """Builds the image of a context directory holding a Dockerfile, streaming
@@ -405,21 +408,32 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
     return web.json_response(created(box), status=201)
 
 
-async def get_info(control: Control, request: web.Request) -> web.Response:
-    box = control.box(request)
-    if box.state == PAUSED and not box.paused_live:
-        return web.json_response(detail(box))
+async def _of_running(control: Control, box: Box, call: Awaitable[T]) -> T:
+    """``call``'s answer about the box's sandbox; 404 (the box forgotten) once it ended."""
     try:
-        info = await box.client.get_sandbox(box.sandbox_id)
+        return await call
     except errors.NotFound as e:
         control.registry.drop(box)
         raise Refused(404, f"sandbox {box.id} not found: it ended") from e
     except errors.SandboxdError as e:
         raise refused(e) from e
+
+
+async def running_sandbox(control: Control, box: Box) -> common_pb2.Sandbox:
+    """The box's sandbox as sandboxd has it now, still under the box's
+    lease; 404 (the box forgotten) once it ended or went to another lease."""
+    info = await _of_running(control, box, box.client.get_sandbox(box.sandbox_id))
     if info.lease_id != box.lease_id:
         control.registry.drop(box)
         raise Refused(404, f"sandbox {box.id} not found: it ended")
-    limits = info.limits
+    return info
+
+
+async def get_info(control: Control, request: web.Request) -> web.Response:
+    box = control.box(request)
+    if box.state == PAUSED and not box.paused_live:
+        return web.json_response(detail(box))
+    limits = (await running_sandbox(control, box)).limits
     return web.json_response(detail(box, limits.cpu_millis, limits.memory_bytes, limits.disk_bytes))
 
 
@@ -472,18 +486,9 @@ def _unix(request: web.Request, name: str) -> int | None:
 
 async def _sampled(control: Control, box: Box) -> None:
     """A metrics sample of the box's sandbox taken now and kept."""
-    try:
-        usage, info = await asyncio.gather(
-            box.client.usage(box.sandbox_id), box.client.get_sandbox(box.sandbox_id)
-        )
-    except errors.NotFound as e:
-        control.registry.drop(box)
-        raise Refused(404, f"sandbox {box.id} not found: it ended") from e
-    except errors.SandboxdError as e:
-        raise refused(e) from e
-    if info.lease_id != box.lease_id:
-        control.registry.drop(box)
-        raise Refused(404, f"sandbox {box.id} not found: it ended")
+    usage, info = await asyncio.gather(
+        _of_running(control, box, box.client.usage(box.sandbox_id)), running_sandbox(control, box)
+    )
     taken = sample(now(), box.started_at, box.sandbox_id, usage, info.limits, control.samples.last(box.id))
     control.samples.add(box.id, taken)
 

@@ -25,6 +25,7 @@ from sandboxd.core.lifecycle import SandboxRecord
 from sandboxd.core.pools import PoolConfig, WarmPool
 from sandboxd.core.state import SqliteStateStore
 from sandboxd.settings import Settings, load_settings
+from tests.unit.e2b_app import e2b_http  # noqa: F401  (registers the fixture)
 
 IMAGE = "sandboxd/unit:latest"
 UNKNOWN_LEASE = "ls-" + "0" * 24

@@ -7,25 +7,23 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from sandboxd.backends.network.narrowing import narrow
 from sandboxd.client import AsyncClient
-from sandboxd.e2b import E2bSettings, make_app
 from sandboxd.e2b.egress import ALL_TRAFFIC, MAX_ENTRIES, BadNetwork, Egress, egress_of, lease_rules
 from sandboxd.e2b.unserved import UNSERVED
 from sandboxd.e2b.usage import KEPT, Samples, sample
 from sandboxd.errors import InvalidArgument
 from sandboxd.v1 import common_pb2, pools_pb2, sandboxes_pb2
+from tests.unit.e2b_app import KEY
 
 pytestmark = pytest.mark.timeout(60)
 
-KEY = "e2b_" + "cd" * 20
 DENY = [ALL_TRAFFIC]
 
 
@@ -217,17 +215,8 @@ def test_metrics_samples_and_what_is_kept() -> None:
     assert kept.last("i1") is None
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    client = AsyncClient("127.0.0.1:1")
-    app = make_app(client, E2bSettings(api_keys=frozenset({KEY})))
-    async with TestClient(TestServer(app)) as c:
-        yield c
-    await client.close()
-
-
 async def test_create_refuses_network_it_cannot_serve_before_calling_sandboxd(
-    http: TestClient[web.Request, web.Application],
+    e2b_http: TestClient[web.Request, web.Application],
 ) -> None:
     auth = {"X-API-Key": KEY}
     for path in ("/sandboxes", "/v2/sandboxes"):
@@ -237,19 +226,19 @@ async def test_create_refuses_network_it_cannot_serve_before_calling_sandboxd(
             ({"network": {"egressProxy": {"address": "p:1"}}}, "network.egressProxy"),
             ({"allow_internet_access": "false"}, "allow_internet_access must be a boolean"),
         ]:
-            r = await http.post(path, json={"templateID": "base", **given}, headers=auth)
+            r = await e2b_http.post(path, json={"templateID": "base", **given}, headers=auth)
             assert r.status == 400 and says in (await r.json())["message"], (path, given)
 
 
 async def test_routes_not_served_answer_e2b_errors_naming_them(
-    http: TestClient[web.Request, web.Application],
+    e2b_http: TestClient[web.Request, web.Application],
 ) -> None:
     auth = {"X-API-Key": KEY}
     for method, path, why in UNSERVED:
         concrete = path.format(
             sandbox_id="i1", secret_id="s1", volume_id="v1", template_id="t1", build_id="b1", tag="v"
         )
-        r = await http.request(method, concrete, headers=auth)
+        r = await e2b_http.request(method, concrete, headers=auth)
         body = await r.json()
         assert r.status == 501 and body["code"] == 501, (method, path)
         assert body["message"] == f"{method} {concrete}: {why}"
@@ -259,13 +248,13 @@ async def test_routes_not_served_answer_e2b_errors_naming_them(
         ("GET", "/sandboxes/inone/metrics"),
         ("POST", "/sandboxes/inone/refreshes"),
     ]:
-        r = await http.request(method, path, json={}, headers=auth)
+        r = await e2b_http.request(method, path, json={}, headers=auth)
         assert r.status == 404 and "inone" in (await r.json())["message"], path
-    r = await http.get("/sandboxes/metrics", params={"sandbox_ids": "inone,itwo"}, headers=auth)
+    r = await e2b_http.get("/sandboxes/metrics", params={"sandbox_ids": "inone,itwo"}, headers=auth)
     assert (r.status, await r.json()) == (200, {"sandboxes": {}})
-    r = await http.get("/sandboxes/metrics", headers=auth)
+    r = await e2b_http.get("/sandboxes/metrics", headers=auth)
     assert r.status == 400 and "sandbox_ids" in (await r.json())["message"]
-    r = await http.get(
+    r = await e2b_http.get(
         "/sandboxes/metrics", params={"sandbox_ids": ",".join(f"i{n}" for n in range(101))}, headers=auth
     )
     assert r.status == 400

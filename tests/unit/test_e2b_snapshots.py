@@ -5,22 +5,20 @@ client here points nowhere)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import cast
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from sandboxd.client import AsyncClient
-from sandboxd.e2b import E2bSettings, make_app
 from sandboxd.e2b.app import CONTROL
 from sandboxd.e2b.control import Refused
 from sandboxd.e2b.snapshots import Book, Snap, page, parse_limit, parse_name
+from tests.unit.e2b_app import KEY
 
 pytestmark = pytest.mark.timeout(30)
 
-KEY = "e2b_" + "ab" * 20
 NOWHERE = cast(AsyncClient, object())
 """Never called: the book only holds it."""
 
@@ -102,32 +100,23 @@ def test_names_and_limits_are_checked() -> None:
             parse_limit(bad_limit)
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    client = AsyncClient("127.0.0.1:1")
-    app = make_app(client, E2bSettings(api_keys=frozenset({KEY})))
-    async with TestClient(TestServer(app)) as c:
-        yield c
-    await client.close()
-
-
-async def test_snapshot_route_refusals(http: TestClient[web.Request, web.Application]) -> None:
+async def test_snapshot_route_refusals(e2b_http: TestClient[web.Request, web.Application]) -> None:
     auth = {"X-API-Key": KEY}
-    assert (await http.get("/snapshots")).status == 401
-    r = await http.post("/sandboxes/inope/snapshots", json={}, headers=auth)
+    assert (await e2b_http.get("/snapshots")).status == 401
+    r = await e2b_http.post("/sandboxes/inope/snapshots", json={}, headers=auth)
     assert (r.status, (await r.json())["code"]) == (404, 404)
-    r = await http.get("/snapshots", headers=auth)
+    r = await e2b_http.get("/snapshots", headers=auth)
     assert (r.status, await r.json(), r.headers.get("x-next-token")) == (200, [], None)
     for query in ["limit=0", "limit=x", "nextToken=zz"]:
-        r = await http.get(f"/snapshots?{query}", headers=auth)
+        r = await e2b_http.get(f"/snapshots?{query}", headers=auth)
         assert r.status == 400, query
     # The SDK escapes ':' (and '/') in the id: the route sees the reference whole.
-    r = await http.delete("/templates/ckpt%3Av2", headers=auth)
+    r = await e2b_http.delete("/templates/ckpt%3Av2", headers=auth)
     assert (r.status, (await r.json())["message"]) == (404, "snapshot 'ckpt:v2' not found")
     # A built template is not a snapshot: deleting it is answered as not served.
-    http.app[CONTROL].catalog.template(KEY, "mine")
-    r = await http.delete("/templates/mine", headers=auth)
+    e2b_http.app[CONTROL].catalog.template(KEY, "mine")
+    r = await e2b_http.delete("/templates/mine", headers=auth)
     assert r.status == 400 and "deleting templates is not served" in (await r.json())["message"]
     # The builder's routes under /templates keep theirs.
-    r = await http.request("DELETE", "/templates/tags", json={"name": "x", "tags": ["a"]}, headers=auth)
+    r = await e2b_http.request("DELETE", "/templates/tags", json={"name": "x", "tags": ["a"]}, headers=auth)
     assert r.status == 404 and "template" in (await r.json())["message"]
