@@ -19,7 +19,14 @@ rules (min_ready 2). Measured:
   sandbox is leased narrowed). Each counts as blocked only if the same probe
   reaches ``OTHER`` from a lease of the same pool that asked for nothing
   (``details.narrowing_controls``), so a probe that cannot reach anything
-  never passes for a block.
+  never passes for a block;
+- no network and a live cut: ``none_connect``, ``none_http_by_host`` and
+  ``none_dns`` (the same probes, to the narrowed rules' own host and to
+  ``OTHER``, from a lease acquired with ``no_network``), and
+  ``cut_held_connection`` / ``cut_connect`` (a lease of the pool's rules
+  cut to no network by SetLeaseNetwork while a download from ``OTHER`` is
+  held open in it, then a fresh CONNECT). Each counts as blocked only if the
+  same probe got through from that un-narrowed lease before the cut.
 """
 
 from __future__ import annotations
@@ -66,6 +73,19 @@ def reaches_other() -> dict[str, bool]:
         "narrowed_http_by_host": proxy_status(by_host) == 200,
         "narrowed_dns": dns_rcode(OTHER) == 0,
     }
+
+
+def reaches_any() -> dict[str, bool]:
+    """Whether each probe reaches either host: ``OTHER`` or the narrowed rules' own (run inside it)."""
+    own = NARROWED[0].split(":")[0]
+    found = {name: False for name in ("connect", "http_by_host", "dns")}
+    for host in (own, OTHER):
+        found["connect"] |= (
+            proxy_status(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode()) == 200
+        )
+        found["http_by_host"] |= proxy_status(f"GET /small HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()) == 200
+        found["dns"] |= dns_rcode(host) == 0
+    return found
 
 
 def reaches_own() -> bool:
@@ -164,7 +184,44 @@ async def bypasses(app: Any, client: AsyncClient, engine: docker.DockerClient) -
     control["narrowed_held_connection"] = held_control
     blocked = {name: control[name] and not got for name, got in reached.items()}
     blocked["narrowed_held_connection"] = held_control and held_cut
+    cut, cut_control = await no_network_bypasses(app, client, engine)
+    blocked.update(cut)
+    control.update(cut_control)
     return {"blocked": blocked, "controls": control, "narrowed_reaches_own_host": own}
+
+
+async def no_network_bypasses(
+    app: Any, client: AsyncClient, engine: docker.DockerClient
+) -> tuple[dict[str, bool], dict[str, bool]]:
+    """A lease acquired with no network, and one cut to none while it runs
+    (True = blocked); their controls, taken from the second lease before its cut."""
+    await quiet(client, 2)
+    records = app.control.registry.records
+    async with (
+        client.acquire(POOL, no_network=True, timeout=60) as none,
+        client.acquire(POOL, timeout=60) as live,
+    ):
+        live_handle = records[live.id].handle
+        control = {f"none_{k}": v for k, v in (await in_sandbox(engine, live_handle, reaches_any)).items()}
+        reached = {
+            f"none_{k}": v
+            for k, v in (await in_sandbox(engine, records[none.id].handle, reaches_any)).items()
+        }
+        held = await in_sandbox(engine, live_handle, Held)
+        try:
+            await client.set_lease_network(live.lease_id, no_network=True)
+            held_cut = not await asyncio.to_thread(held.rest_arrives)
+        finally:
+            held.sock.close()
+        connect_after = (await in_sandbox(engine, live_handle, reaches_any))["connect"]
+    blocked = {name: control[name] and not got for name, got in reached.items()}
+    # The held download and the CONNECT both got through before the cut: the
+    # download was let through (Held raises otherwise), the CONNECT is the control's.
+    control["cut_held_connection"] = True
+    control["cut_connect"] = control["none_connect"]
+    blocked["cut_held_connection"] = held_cut
+    blocked["cut_connect"] = control["cut_connect"] and not connect_after
+    return blocked, control
 
 
 async def measure_narrowing(up: str, root: Path, pool_rules: Sequence[str], rounds: int) -> dict[str, Any]:
