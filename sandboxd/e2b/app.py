@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from sandboxd.client import AsyncClient
-from sandboxd.e2b import builds, envd, interpreter, lifecycle, snapshots, state, unserved
+from sandboxd.e2b import builds, envd, interpreter, lifecycle, metrics, snapshots, state, unserved
 from sandboxd.e2b import control as rest
 from sandboxd.e2b.control import Control, E2bSettings, Refused
 from sandboxd.e2b.registry import Registry
@@ -49,12 +49,12 @@ def make_app(client: AsyncClient, settings: E2bSettings) -> web.Application:
     r.add_post("/v2/sandboxes", _route(app, snapshots.from_snapshots(rest.create_v2)))
     r.add_get("/sandboxes", _route(app, rest.list_boxes))
     r.add_get("/v2/sandboxes", _route(app, rest.list_boxes))
-    r.add_get("/sandboxes/metrics", _route(app, rest.get_metrics_of))
+    r.add_get("/sandboxes/metrics", _route(app, metrics.get_metrics_of))
     r.add_get("/sandboxes/{sandbox_id}", _route(app, rest.get_info))
     r.add_delete("/sandboxes/{sandbox_id}", _route(app, rest.kill))
     r.add_post("/sandboxes/{sandbox_id}/timeout", _route(app, rest.set_timeout))
     r.add_post("/sandboxes/{sandbox_id}/refreshes", _route(app, rest.refresh))
-    r.add_get("/sandboxes/{sandbox_id}/metrics", _route(app, rest.get_metrics))
+    r.add_get("/sandboxes/{sandbox_id}/metrics", _route(app, metrics.get_metrics))
     r.add_put("/sandboxes/{sandbox_id}/network", _route(app, lifecycle.update_network))
     r.add_post("/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))
     r.add_post("/v2/sandboxes/{sandbox_id}/connect", _route(app, lifecycle.connect))

@@ -17,8 +17,8 @@ E2B id. The pause answer's ``X-Sandboxd-Pause`` header (``live`` or
 A create's ``network`` and ``allow_internet_access`` narrow the lease's
 network rules within its pool's as sandboxd.e2b.egress maps them (deny-all
 alone: no network at all); ``update_network`` replaces them on the running
-lease the same way (sandboxd.e2b.unserved). Metrics are sampled when asked
-(sandboxd.e2b.usage)."""
+lease the same way (sandboxd.e2b.lifecycle). Metrics are sampled when asked
+(sandboxd.e2b.metrics, over sandboxd.e2b.usage's samples)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from sandboxd.e2b.registry import PAUSED, RUNNING, Box, Registry, new_id, now
 from sandboxd.e2b.startcmd import StartFailed, start_command
 from sandboxd.e2b.templates import Template
 from sandboxd.e2b.uploads import Uploads
-from sandboxd.e2b.usage import Samples, sample
+from sandboxd.e2b.usage import Samples
 from sandboxd.v1 import common_pb2
 
 __all__ = ["Control", "E2bSettings", "ImageBuilder", "Refused"]
@@ -408,7 +408,7 @@ async def _create(control: Control, request: web.Request, given: dict[str, Any])
     return web.json_response(created(box), status=201)
 
 
-async def _of_running(control: Control, box: Box, call: Awaitable[T]) -> T:
+async def of_running(control: Control, box: Box, call: Awaitable[T]) -> T:
     """``call``'s answer about the box's sandbox; 404 (the box forgotten) once it ended."""
     try:
         return await call
@@ -422,7 +422,7 @@ async def _of_running(control: Control, box: Box, call: Awaitable[T]) -> T:
 async def running_sandbox(control: Control, box: Box) -> common_pb2.Sandbox:
     """The box's sandbox as sandboxd has it now, still under the box's
     lease; 404 (the box forgotten) once it ended or went to another lease."""
-    info = await _of_running(control, box, box.client.get_sandbox(box.sandbox_id))
+    info = await of_running(control, box, box.client.get_sandbox(box.sandbox_id))
     if info.lease_id != box.lease_id:
         control.registry.drop(box)
         raise Refused(404, f"sandbox {box.id} not found: it ended")
@@ -472,69 +472,6 @@ async def refresh(control: Control, request: web.Request) -> web.Response:
     if now() + dt.timedelta(seconds=duration) > box.end_at:
         await extend_box(control, box, duration)
     return web.Response(status=204)
-
-
-def _unix(request: web.Request, name: str) -> int | None:
-    raw = request.query.get(name, "")
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError as e:
-        raise Refused(400, f"{name} must be a time in unix seconds, got {raw[:40]!r}") from e
-
-
-async def _sampled(control: Control, box: Box) -> None:
-    """A metrics sample of the box's sandbox taken now and kept."""
-    usage, info = await asyncio.gather(
-        _of_running(control, box, box.client.usage(box.sandbox_id)), running_sandbox(control, box)
-    )
-    taken = sample(now(), box.started_at, box.sandbox_id, usage, info.limits, control.samples.last(box.id))
-    control.samples.add(box.id, taken)
-
-
-def _has_sandbox(box: Box) -> bool:
-    """Whether a sandboxd sandbox is behind the box now (not one filesystem-paused)."""
-    return box.state == RUNNING or box.paused_live
-
-
-async def get_metrics(control: Control, request: web.Request) -> web.Response:
-    """E2B's SandboxMetric list from ``start`` to ``end`` (unix seconds):
-    a sample taken now (where ``end`` is not past and the sandbox runs),
-    after those earlier calls took (sandboxd.e2b.usage says what is kept)."""
-    box = control.box(request)
-    start, end = _unix(request, "start"), _unix(request, "end")
-    if start is not None and end is not None and start > end:
-        raise Refused(400, "start must not be after end")
-    control.samples.keep_only(b.id for b in control.registry.all())
-    if _has_sandbox(box) and (end is None or end + 1 >= now().timestamp()):
-        await _sampled(control, box)
-    return web.json_response(control.samples.between(box.id, start, end))
-
-
-MAX_METRICS_IDS = 100
-
-
-async def get_metrics_of(control: Control, request: web.Request) -> web.Response:
-    """The latest metric of each of ``sandbox_ids`` (comma separated) that
-    this key holds and that runs, sampled now: ``{"sandboxes": {id: metric}}``;
-    others are left out."""
-    key = control.key(request)
-    ids = list(dict.fromkeys(i for i in request.query.get("sandbox_ids", "").split(",") if i))
-    if not ids or len(ids) > MAX_METRICS_IDS:
-        raise Refused(400, f"sandbox_ids must name 1 to {MAX_METRICS_IDS} sandboxes, comma separated")
-    boxes = [b for b in (control.registry.get(key, i) for i in ids) if b is not None and _has_sandbox(b)]
-    results = await asyncio.gather(*(_sampled(control, b) for b in boxes), return_exceptions=True)
-    out: dict[str, Any] = {}
-    for box, result in zip(boxes, results, strict=True):
-        if isinstance(result, BaseException):
-            if isinstance(result, Refused) and result.status == 404:
-                continue  # it ended meanwhile
-            raise result
-        last = control.samples.last(box.id)
-        if last is not None:
-            out[box.id] = last.metric
-    return web.json_response({"sandboxes": out})
 
 
 async def extend_box(control: Control, box: Box, timeout: int) -> None:
