@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Coroutine
 from typing import Any
 
 import grpc
@@ -16,6 +17,7 @@ import pytest
 
 from sandboxd.client import AsyncClient, Lease
 from sandboxd.v1 import sandboxes_pb2
+from tests.unit.cancel_moments import cancel_at, round_trip
 from tests.unit.conftest import IMAGE, MakeApp, wait_for
 from tests.unit.test_grpc import raw_code
 
@@ -28,17 +30,22 @@ async def test_a_cancelled_acquire_leaves_no_lease(make_app: MakeApp) -> None:
     async with AsyncClient(app.address) as client:
         await client.create_pool("p", IMAGE, min_ready=4, max_size=8)
         await wait_for(lambda: app.control.get_pool("p").ready >= 4, what="the pool warm")
-        kept: list[Lease] = []
+
+        def acquire() -> Coroutine[Any, Any, Lease]:
+            return client.lease("p", lease_ttl=300, timeout=5)
+
+        trip = await round_trip(acquire, lambda lease: lease.release())
+        answered = 0
         for _ in range(300):
-            task = asyncio.create_task(client.lease("p", lease_ttl=300, timeout=5))
+            task = asyncio.create_task(acquire())
             # Somewhere between before the call leaves and after its answer came.
-            await asyncio.sleep(rng.uniform(0, 0.004))
+            await asyncio.sleep(cancel_at(rng, trip))
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                kept.append(await task)
-            for lease in kept:
+                lease = await task
+                answered += 1
                 await lease.release()
-            kept.clear()
+        assert 0 < answered < 300, "the cancellations fell on both sides of the answer"
         await wait_for(lambda: len(app.control.leases) == 0, timeout=10, what="every lease released")
 
 

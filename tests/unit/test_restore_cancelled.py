@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Coroutine
+from typing import Any
 
 import grpc
 import pytest
 
 from sandboxd.client import AsyncClient, Lease
 from sandboxd.v1 import sandboxes_pb2, snapshots_pb2
+from tests.unit.cancel_moments import cancel_at, round_trip
 from tests.unit.conftest import IMAGE, MakeApp
 from tests.unit.test_grpc import raw_code
 
@@ -32,11 +35,16 @@ async def test_a_cancelled_restore_leaves_no_lease(make_app: MakeApp) -> None:
     rng = random.Random(11)
     async with AsyncClient(app.address) as client:
         source, snapshot_id = await _source(client)
+
+        def restore() -> Coroutine[Any, Any, Lease]:
+            return client.restore(snapshot_id, lease_ttl=300, timeout=5)
+
+        trip = await round_trip(restore, lambda lease: lease.release())
         answered = 0
         for _ in range(300):
-            task = asyncio.create_task(client.restore(snapshot_id, lease_ttl=300, timeout=5))
+            task = asyncio.create_task(restore())
             # Somewhere between before the call leaves and after its answer came.
-            await asyncio.sleep(rng.uniform(0, 0.004))
+            await asyncio.sleep(cancel_at(rng, trip))
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 restored = await task
