@@ -18,6 +18,7 @@ from sandboxd.app import App
 from sandboxd.cli_e2b import cache_image_builder
 from sandboxd.client import AsyncClient
 from sandboxd.e2b import E2bSettings, make_app
+from tests.integration.conftest import poll
 from tests.integration.e2b_server import point_sdk
 from tests.served import served
 
@@ -127,10 +128,16 @@ async def test_async_builder_dockerfile_in_background_and_failures(
     # Polled as Harbor polls it: logs from an offset until the build ends.
     status = await AsyncTemplate.get_build_status(info)
     offset = len(status.log_entries)
-    while status.status in (TemplateBuildStatus.BUILDING, TemplateBuildStatus.WAITING):
+
+    async def ended() -> bool:
+        nonlocal status, offset
+        if status.status not in (TemplateBuildStatus.BUILDING, TemplateBuildStatus.WAITING):
+            return True
         status = await AsyncTemplate.get_build_status(info, logs_offset=offset)
         offset += len(status.log_entries)
-        await asyncio.sleep(0.3)
+        return False
+
+    await poll(ended, 120, "the background build to end")
     assert status.status == TemplateBuildStatus.READY, status.reason
     sbx = await AsyncSandbox.create("tpl-async", timeout=60)
     try:
